@@ -1,0 +1,1 @@
+"""Collective algorithms: pure functions over ``Ctx``; one module per collective family."""

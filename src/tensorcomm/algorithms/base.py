@@ -1,0 +1,108 @@
+"""What an algorithm sees of the world: its group rank, the group size and tagged messaging.
+
+Algorithms never import ``core``; the core builds one ``Ctx`` per collective call. Every message
+of a call is tagged with the group id, the call's sequence number in its group and a ``step``
+chosen by the algorithm, so two collectives (or two groups) never mix.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import CommTimeoutError
+from ..transports.base import Request, Transport, as_bytes
+
+GROUP_BITS = 15
+SEQ_BITS = 32
+STEP_BITS = 16
+P2P_FLAG = 1 << 63
+
+
+def collective_tag(group_id: int, seq: int, step: int) -> int:
+    """Tag of message ``step`` of call ``seq`` in group ``group_id``."""
+    if not 0 <= step < (1 << STEP_BITS):
+        raise ValueError(f"step {step} out of range")
+    return (group_id << (SEQ_BITS + STEP_BITS)) | ((seq & ((1 << SEQ_BITS) - 1)) << STEP_BITS) | step
+
+
+def p2p_tag(group_id: int, user_tag: int) -> int:
+    """Tag of a user send/recv on a group; disjoint from every collective tag."""
+    return P2P_FLAG | (group_id << 32) | (user_tag & 0xFFFFFFFF)
+
+
+@dataclass
+class Ctx:
+    """One collective call's view of its group.
+
+    Attributes:
+        transport: moves bytes between global ranks.
+        ranks: global rank of each group rank.
+        rank: this process's group rank.
+        group_id: small integer naming the group in tags.
+        seq: the call's sequence number in the group.
+        timeout: seconds the whole call may take.
+        name: the collective's name, for error messages.
+        host_of: host identity of each group rank (same string = same host), for topology-aware
+            selection.
+    """
+
+    transport: Transport
+    ranks: Sequence[int]
+    rank: int
+    group_id: int
+    seq: int
+    timeout: float
+    name: str = "collective"
+    host_of: Sequence[str] = ()
+    deadline: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.deadline = time.monotonic() + self.timeout
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def remaining(self) -> float:
+        """Seconds left before the call's deadline (raise if none)."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise CommTimeoutError(f"{self.name} timed out after {self.timeout:g} s")
+        return left
+
+    def isend(self, peer: int, buf: np.ndarray, step: int = 0) -> Request:
+        """Start sending ``buf`` to group rank ``peer``."""
+        return self.transport.isend(self.ranks[peer], as_bytes(buf),
+                                    collective_tag(self.group_id, self.seq, step))
+
+    def irecv(self, peer: int, buf: np.ndarray, step: int = 0) -> Request:
+        """Post a receive into ``buf`` from group rank ``peer``."""
+        return self.transport.irecv(self.ranks[peer], as_bytes(buf),
+                                    collective_tag(self.group_id, self.seq, step))
+
+    def wait(self, request: Request) -> None:
+        """Wait for ``request`` within the call's deadline."""
+        try:
+            request.wait(self.remaining())
+        except CommTimeoutError as exc:
+            raise CommTimeoutError(f"{self.name} (group rank {self.rank}) timed out after "
+                                   f"{self.timeout:g} s: {exc}") from None
+
+    def send(self, peer: int, buf: np.ndarray, step: int = 0) -> None:
+        """Send ``buf`` to group rank ``peer`` and wait until it may be reused."""
+        self.wait(self.isend(peer, buf, step))
+
+    def recv(self, peer: int, buf: np.ndarray, step: int = 0) -> None:
+        """Receive exactly ``buf.nbytes`` bytes from group rank ``peer`` into ``buf``."""
+        self.wait(self.irecv(peer, buf, step))
+
+    def sendrecv(self, dst: int, send_buf: np.ndarray, src: int, recv_buf: np.ndarray,
+                 step: int = 0) -> None:
+        """Send to ``dst`` while receiving from ``src``; never deadlocks on socket buffers."""
+        pending = self.irecv(src, recv_buf, step)
+        self.send(dst, send_buf, step)
+        self.wait(pending)

@@ -1,0 +1,24 @@
+"""Tunables and the names of every environment variable tensorcomm reads or writes.
+
+Environment variables are *read* only in ``rendezvous/discovery.py`` and *written* only by the
+launcher (for its children); other modules import the names from here.
+"""
+
+from __future__ import annotations
+
+# --- variables the launcher writes for its ranks (torchrun-compatible names first) ---
+ENV_RANK = "RANK"
+ENV_WORLD_SIZE = "WORLD_SIZE"
+ENV_LOCAL_RANK = "LOCAL_RANK"
+ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+ENV_MASTER_ADDR = "MASTER_ADDR"
+ENV_MASTER_PORT = "MASTER_PORT"
+ENV_SECRET = "TENSORCOMM_SECRET"  # hex string; the per-job HMAC key
+ENV_STORE_HOSTED = "TENSORCOMM_STORE_HOSTED"  # "1": the launcher already serves the store
+ENV_HOST_ID = "TENSORCOMM_HOST_ID"  # overrides which ranks count as sharing a host
+ENV_TIMEOUT = "TENSORCOMM_TIMEOUT"  # seconds, default for init(timeout=None)
+ENV_TRANSPORT = "TENSORCOMM_TRANSPORT"  # "tcp" forces sockets even on one host
+
+DEFAULT_TIMEOUT = 300.0  # seconds; bounds every blocking call unless init(timeout=...) says otherwise
+CONNECT_RETRY_INTERVAL = 0.05  # seconds between attempts to reach the store or a peer
+SOCKET_BUFFER_BYTES = 4 << 20

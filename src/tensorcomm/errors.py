@@ -1,0 +1,49 @@
+"""Every exception tensorcomm raises about the job (as opposed to bad arguments).
+
+Bad arguments raise the built-in ``TypeError`` / ``ValueError`` at once, on the calling rank.
+Failures of the job raise a subclass of ``CommError``::
+
+    RuntimeError
+     └── CommError                    anything that went wrong between ranks
+          ├── CommTimeoutError        a call did not complete within the group's timeout
+          ├── PeerLostError           a peer's process or connection went away (names the rank)
+          ├── CollectiveMismatchError ranks called different collectives / shapes / dtypes / ops
+          ├── GroupAbortedError       the group was aborted or destroyed while a call was pending
+          ├── RendezvousError         the job could not assemble (store unreachable, rank missing)
+          └── AuthenticationError     a connection failed the job-secret challenge
+"""
+
+from __future__ import annotations
+
+
+class CommError(RuntimeError):
+    """Base class of every failure of a collective job."""
+
+
+class CommTimeoutError(CommError, TimeoutError):
+    """A call did not complete within the timeout."""
+
+
+class PeerLostError(CommError):
+    """A peer rank died or its connection closed; ``rank`` is its global rank."""
+
+    def __init__(self, rank: int, detail: str = "") -> None:
+        self.rank = rank
+        message = f"peer rank {rank} was lost"
+        super().__init__(f"{message}: {detail}" if detail else message)
+
+
+class CollectiveMismatchError(CommError):
+    """Ranks issued incompatible calls at the same step of a group."""
+
+
+class GroupAbortedError(CommError):
+    """The group was aborted or destroyed while the call was pending."""
+
+
+class RendezvousError(CommError):
+    """The job could not be assembled."""
+
+
+class AuthenticationError(CommError):
+    """A connection did not prove knowledge of the job secret."""

@@ -1,0 +1,1 @@
+"""Transports move bytes between ranks and know nothing of collectives."""
