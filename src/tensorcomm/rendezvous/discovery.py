@@ -1,0 +1,210 @@
+"""Read who this process is in the job from the environment: the one module that reads os.environ.
+
+Owns the environment contract below and turns it into a :class:`JobInfo`. Nothing else in
+tensorcomm reads job information from the environment (the launcher writes it, for children).
+Imports ``config`` only.
+
+The first launcher whose variables are present names the rank and world size::
+
+    source    detected by                          rank / world size / local rank / local size
+    --------  -----------------------------------  ------------------------------------------------
+    torchrun  WORLD_SIZE, or RANK without msrun's  RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE
+              RANK_ID, RANK_SIZE, MS_WORKER_NUM    (tensorcomm's own launcher writes these too)
+    openmpi   OMPI_COMM_WORLD_RANK or _SIZE        OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK
+                                                   / _LOCAL_SIZE
+    pmi       PMI_RANK or PMI_SIZE                 PMI_RANK / PMI_SIZE / MPI_LOCALRANKID
+              (MPICH, Intel MPI: Hydra)            / MPI_LOCALNRANKS
+    slurm     SLURM_PROCID or SLURM_NTASKS         SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID / -
+    msrun     RANK_ID, RANK_SIZE, MS_NODE_ID       RANK_ID (else MS_NODE_ID) / RANK_SIZE (else
+              or MS_WORKER_NUM (MindSpore)         MS_WORKER_NUM) / LOCAL_RANK / -
+    none      none of the above                    - / - / 0 / -
+
+Read whatever the source::
+
+    MASTER_ADDR, MASTER_PORT   where the store listens; for msrun, MS_SCHED_HOST and
+                               MS_SCHED_PORT when MASTER_* are unset
+    TENSORCOMM_SECRET          the per-job HMAC key (hex); the launcher sets it
+    TENSORCOMM_STORE_HOSTED    "1": the launcher serves the store, rank 0 must not; "0" or unset: no
+    TENSORCOMM_HOST_ID         which ranks share a host (default: the hostname)
+    TENSORCOMM_TIMEOUT         seconds, default for init(timeout=None)
+
+A missing variable is ``None`` (local rank: 0). A variable that is set but malformed (not an
+integer, negative, rank not below world size, port outside 0..65535, empty) is a ValueError
+naming the variable and its value. msrun exports ``RANK`` as the index *on the node*, which is
+why a lone ``RANK`` next to msrun's variables does not count as torchrun.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tensorcomm.config import (ENV_HOST_ID, ENV_LOCAL_RANK, ENV_LOCAL_WORLD_SIZE, ENV_MASTER_ADDR,
+                               ENV_MASTER_PORT, ENV_RANK, ENV_SECRET, ENV_STORE_HOSTED, ENV_TIMEOUT,
+                               ENV_WORLD_SIZE)
+
+# Names of other launchers' variables (tensorcomm's own are in config.py).
+OMPI_RANK, OMPI_SIZE = "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"
+OMPI_LOCAL_RANK, OMPI_LOCAL_SIZE = "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"
+PMI_RANK, PMI_SIZE = "PMI_RANK", "PMI_SIZE"
+PMI_LOCAL_RANK, PMI_LOCAL_SIZE = "MPI_LOCALRANKID", "MPI_LOCALNRANKS"
+SLURM_RANK, SLURM_SIZE, SLURM_LOCAL_RANK = "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"
+MS_RANK, MS_SIZE = "RANK_ID", "RANK_SIZE"
+MS_NODE_ID, MS_WORKER_NUM = "MS_NODE_ID", "MS_WORKER_NUM"
+MS_SCHED_HOST, MS_SCHED_PORT = "MS_SCHED_HOST", "MS_SCHED_PORT"
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What the environment says about this process's place in the job (None: not said)."""
+
+    rank: int | None
+    world_size: int | None
+    local_rank: int
+    local_world_size: int | None
+    master_addr: str | None
+    master_port: int | None
+    secret: str | None
+    store_hosted: bool
+    host_id: str
+    timeout: float | None
+    source: str
+
+
+@dataclass(frozen=True)
+class _Source:
+    """One launcher's variable names; ``None`` where it has no such variable."""
+
+    name: str
+    rank: tuple[str, ...]  # first one set wins
+    size: tuple[str, ...]
+    local_rank: str | None
+    local_size: str | None
+
+
+_TORCHRUN = _Source("torchrun", (ENV_RANK,), (ENV_WORLD_SIZE,), ENV_LOCAL_RANK, ENV_LOCAL_WORLD_SIZE)
+_SOURCES = (
+    _TORCHRUN,
+    _Source("openmpi", (OMPI_RANK,), (OMPI_SIZE,), OMPI_LOCAL_RANK, OMPI_LOCAL_SIZE),
+    _Source("pmi", (PMI_RANK,), (PMI_SIZE,), PMI_LOCAL_RANK, PMI_LOCAL_SIZE),
+    _Source("slurm", (SLURM_RANK,), (SLURM_SIZE,), SLURM_LOCAL_RANK, None),
+    _Source("msrun", (MS_RANK, MS_NODE_ID), (MS_SIZE, MS_WORKER_NUM), ENV_LOCAL_RANK, None),
+)
+_MSRUN_MARKERS = (MS_RANK, MS_SIZE, MS_WORKER_NUM)
+
+
+def discover(environ: Mapping[str, str] | None = None) -> JobInfo:
+    """Read the job's environment (see the module docstring for every variable).
+
+    Args:
+        environ: the variables to read; None reads ``os.environ``.
+
+    Returns:
+        The JobInfo; fields the environment does not give are None.
+
+    Raises:
+        ValueError: a variable is set but malformed; the message names it and its value.
+    """
+    env = os.environ if environ is None else environ
+    source = _detect(env)
+    rank = world_size = local_world_size = None
+    local_rank = 0
+    if source is not None:
+        rank = _first_int(env, source.rank, minimum=0)
+        world_size = _first_int(env, source.size, minimum=1)
+        local_rank = (_int(env, source.local_rank, minimum=0) if source.local_rank else None) or 0
+        local_world_size = _int(env, source.local_size, minimum=1) if source.local_size else None
+        _check_below(env, source.rank, rank, source.size, world_size)
+        if source.local_rank and source.local_size:
+            _check_below(env, (source.local_rank,), local_rank, (source.local_size,), local_world_size)
+    addr_var, port_var = ENV_MASTER_ADDR, ENV_MASTER_PORT
+    if source is not None and source.name == "msrun":
+        addr_var = ENV_MASTER_ADDR if ENV_MASTER_ADDR in env else MS_SCHED_HOST
+        port_var = ENV_MASTER_PORT if ENV_MASTER_PORT in env else MS_SCHED_PORT
+    master_port = _int(env, port_var, minimum=0)
+    if master_port is not None and master_port > 65535:
+        raise ValueError(f"{port_var}={env[port_var]!r}: a port must be in 0..65535")
+    return JobInfo(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+        master_addr=_text(env, addr_var),
+        master_port=master_port,
+        secret=_text(env, ENV_SECRET),
+        store_hosted=_flag(env, ENV_STORE_HOSTED),
+        host_id=_text(env, ENV_HOST_ID) or socket.gethostname(),
+        timeout=_seconds(env, ENV_TIMEOUT),
+        source="none" if source is None else source.name,
+    )
+
+
+def _detect(env: Mapping[str, str]) -> _Source | None:
+    if ENV_WORLD_SIZE in env or (ENV_RANK in env and not any(m in env for m in _MSRUN_MARKERS)):
+        return _TORCHRUN
+    for source in _SOURCES[1:]:
+        if any(name in env for name in source.rank + source.size):
+            return source
+    return None
+
+
+def _int(env: Mapping[str, str], name: str, minimum: int) -> int | None:
+    raw = env.get(name)
+    if raw is None:
+        return None
+    text = raw.strip()
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(f"{name}={raw!r}: expected a non-negative integer")
+    value = int(text)
+    if value < minimum:
+        raise ValueError(f"{name}={raw!r}: must be at least {minimum}")
+    return value
+
+
+def _first_int(env: Mapping[str, str], names: tuple[str, ...], minimum: int) -> int | None:
+    for name in names:
+        if name in env:
+            return _int(env, name, minimum)
+    return None
+
+
+def _check_below(env: Mapping[str, str], index_vars: tuple[str, ...], index: int | None,
+                 count_vars: tuple[str, ...], count: int | None) -> None:
+    if index is not None and count is not None and index >= count:
+        index_var = next(n for n in index_vars if n in env)
+        count_var = next(n for n in count_vars if n in env)
+        raise ValueError(f"{index_var}={env[index_var]!r} must be below {count_var}={env[count_var]!r}")
+
+
+def _text(env: Mapping[str, str], name: str) -> str | None:
+    raw = env.get(name)
+    if raw is None:
+        return None
+    if not raw.strip():
+        raise ValueError(f"{name}={raw!r}: is set but empty; unset it or give a value")
+    return raw.strip()
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "0":
+        return False
+    if raw.strip() == "1":
+        return True
+    raise ValueError(f"{name}={raw!r}: expected '1' or '0'")
+
+
+def _seconds(env: Mapping[str, str], name: str) -> float | None:
+    raw = env.get(name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}={raw!r}: expected a positive, finite number of seconds")
+    return value

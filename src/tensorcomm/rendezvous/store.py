@@ -1,0 +1,393 @@
+"""The key/value store ranks use to find each other, and its in-process, prefix and file forms.
+
+Owns: the :class:`Store` interface every store implements (``tcp_store.TCPStore`` too), argument
+checks shared by all of them, :class:`HashStore` (one process, for tests), :class:`PrefixStore`
+(a namespace inside another store, one per group) and :class:`FileStore` (processes sharing a
+file, for ``file://``). Imports nothing from tensorcomm but ``errors``.
+
+Values are bytes; ``add`` keeps its counter as the decimal ASCII text of the number, so ``get``
+on a counter returns e.g. ``b"3"`` (as torch's stores do).
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import fcntl
+import math
+import os
+import struct
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+from tensorcomm.errors import CommTimeoutError, RendezvousError
+
+MAX_KEY_BYTES = 4 << 10  # UTF-8 bytes of one key
+MAX_VALUE_BYTES = 64 << 20  # bytes of one value
+
+# FileStore polls the file while it waits; back off up to this interval between reads.
+_FILE_POLL_MAX = 0.05
+_FILE_REFCOUNT_KEY = "__tensorcomm_filestore_users"
+
+
+class Store(abc.ABC):
+    """A key/value store shared by the ranks of a job.
+
+    Args:
+        timeout: seconds ``get``/``wait`` block when called with ``timeout=None``.
+    """
+
+    def __init__(self, timeout: float = 300.0) -> None:
+        self.timeout = check_timeout(timeout, "timeout")
+
+    @abc.abstractmethod
+    def set(self, key: str, value: bytes) -> None:
+        """Store ``value`` (bytes, or str encoded as UTF-8) under ``key``, replacing any old value."""
+
+    @abc.abstractmethod
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        """Return the value of ``key``, waiting until some rank sets it.
+
+        Raises:
+            CommTimeoutError: ``key`` was not set within ``timeout`` (None: the store's default).
+        """
+
+    @abc.abstractmethod
+    def add(self, key: str, amount: int) -> int:
+        """Atomically add ``amount`` to the counter ``key`` (created at 0) and return the new value.
+
+        Raises:
+            ValueError: ``key`` holds a value that is not a counter.
+        """
+
+    @abc.abstractmethod
+    def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
+        """Block until every key in ``keys`` is set.
+
+        Raises:
+            CommTimeoutError: some keys were still missing after ``timeout``; the message names them.
+        """
+
+    @abc.abstractmethod
+    def check(self, keys: Sequence[str]) -> bool:
+        """Return whether every key in ``keys`` is set, without waiting."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> bool:
+        """Remove ``key``; return whether it existed."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release the store's resources; idempotent."""
+
+    def _timeout(self, timeout: float | None) -> float:
+        return self.timeout if timeout is None else check_timeout(timeout, "timeout")
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def check_timeout(timeout: float, argument: str) -> float:
+    """Return ``timeout`` as float seconds; TypeError if not a number, ValueError if < 0 or inf/nan."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"{argument}: expected seconds as a number, got {type(timeout).__name__}")
+    if not math.isfinite(timeout) or timeout < 0:
+        raise ValueError(f"{argument}: expected a finite number of seconds >= 0, got {timeout}")
+    return float(timeout)
+
+
+def check_key(key: str) -> str:
+    """Return ``key``; TypeError if not a str, ValueError if over MAX_KEY_BYTES in UTF-8."""
+    if not isinstance(key, str):
+        raise TypeError(f"key: expected str, got {type(key).__name__}")
+    if len(key.encode("utf-8")) > MAX_KEY_BYTES:
+        raise ValueError(f"key: at most {MAX_KEY_BYTES} UTF-8 bytes allowed, got a key starting {key[:40]!r}")
+    return key
+
+
+def check_keys(keys: Sequence[str]) -> list[str]:
+    """Return ``keys`` as a list of checked keys; TypeError for a lone str or a non-sequence."""
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
+        raise TypeError(f"keys: expected a sequence of str, got {type(keys).__name__}")
+    return [check_key(k) for k in keys]
+
+
+def check_value(value: bytes | str) -> bytes:
+    """Return ``value`` as bytes (str as UTF-8); TypeError if neither, ValueError if too large."""
+    if isinstance(value, str):
+        value = value.encode("utf-8")
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        value = bytes(value)
+    else:
+        raise TypeError(f"value: expected bytes or str, got {type(value).__name__}")
+    if len(value) > MAX_VALUE_BYTES:
+        raise ValueError(f"value: at most {MAX_VALUE_BYTES} bytes allowed, got {len(value)}")
+    return value
+
+
+def check_amount(amount: int) -> int:
+    """Return ``amount``; TypeError if not an int (or a bool), ValueError if beyond 64 signed bits."""
+    if isinstance(amount, bool) or not isinstance(amount, int):
+        raise TypeError(f"amount: expected int, got {type(amount).__name__}")
+    if not -(1 << 63) <= amount < (1 << 63):
+        raise ValueError(f"amount: must fit in 64 signed bits, got {amount}")
+    return amount
+
+
+def add_to_counter(key: str, old: bytes | None, amount: int) -> tuple[int, bytes]:
+    """Return the new count and its stored form; ValueError if ``old`` is not a decimal integer."""
+    try:
+        count = (0 if old is None else int(old.decode("ascii"))) + amount
+    except (UnicodeDecodeError, ValueError):
+        raise ValueError(f"add: key {key!r} holds {old[:40]!r}, which is not a counter") from None
+    return count, str(count).encode("ascii")
+
+
+def timeout_error(op: str, missing: Sequence[str], timeout: float) -> CommTimeoutError:
+    """Build the error a ``get``/``wait`` raises when ``missing`` keys did not appear in time."""
+    names = ", ".join(repr(k) for k in missing)
+    noun = "key" if len(missing) == 1 else "keys"
+    return CommTimeoutError(f"store {op}: {noun} {names} not set within {timeout:g} s")
+
+
+class HashStore(Store):
+    """A store held in this process's memory, shared by its threads (ranks-as-threads tests)."""
+
+    def __init__(self, timeout: float = 300.0) -> None:
+        super().__init__(timeout)
+        self._data: dict[str, bytes] = {}
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def set(self, key: str, value: bytes) -> None:
+        key, value = check_key(key), check_value(value)
+        with self._cond:
+            self._check_open()
+            self._data[key] = value
+            self._cond.notify_all()
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        return self._wait_for([check_key(key)], self._timeout(timeout), "get")[0]
+
+    def add(self, key: str, amount: int) -> int:
+        key, amount = check_key(key), check_amount(amount)
+        with self._cond:
+            self._check_open()
+            count, self._data[key] = add_to_counter(key, self._data.get(key), amount)
+            self._cond.notify_all()
+            return count
+
+    def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
+        self._wait_for(check_keys(keys), self._timeout(timeout), "wait")
+
+    def check(self, keys: Sequence[str]) -> bool:
+        keys = check_keys(keys)
+        with self._cond:
+            self._check_open()
+            return all(k in self._data for k in keys)
+
+    def delete(self, key: str) -> bool:
+        key = check_key(key)
+        with self._cond:
+            self._check_open()
+            return self._data.pop(key, None) is not None
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _wait_for(self, keys: list[str], timeout: float, op: str) -> list[bytes]:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                self._check_open()
+                missing = [k for k in keys if k not in self._data]
+                if not missing:
+                    return [self._data[k] for k in keys]
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise timeout_error(op, missing, timeout)
+                self._cond.wait(remaining)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RendezvousError("the store is closed")
+
+
+class PrefixStore(Store):
+    """A namespace inside another store: key ``k`` is stored as ``f"{prefix}/{k}"``.
+
+    The wrapped store belongs to whoever made it; closing a PrefixStore leaves it open.
+
+    Args:
+        prefix: the namespace, e.g. a group's name.
+        store: the store to share; its default timeout is inherited.
+    """
+
+    def __init__(self, prefix: str, store: Store) -> None:
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix: expected str, got {type(prefix).__name__}")
+        if not isinstance(store, Store):
+            raise TypeError(f"store: expected a tensorcomm Store, got {type(store).__name__}")
+        super().__init__(store.timeout)
+        self.prefix = prefix
+        self.store = store
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{check_key(key)}"
+
+    def set(self, key: str, value: bytes) -> None:
+        self.store.set(self._key(key), value)
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        return self.store.get(self._key(key), self._timeout(timeout))
+
+    def add(self, key: str, amount: int) -> int:
+        return self.store.add(self._key(key), amount)
+
+    def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
+        self.store.wait([self._key(k) for k in check_keys(keys)], self._timeout(timeout))
+
+    def check(self, keys: Sequence[str]) -> bool:
+        return self.store.check([self._key(k) for k in check_keys(keys)])
+
+    def delete(self, key: str) -> bool:
+        return self.store.delete(self._key(key))
+
+    def close(self) -> None:
+        """Do nothing: the wrapped store is closed by its owner."""
+
+
+# One FileStore record: op, key length, value length, then the key and value bytes.
+_RECORD = struct.Struct("!cIQ")
+_SET, _DELETE = b"S", b"D"
+
+
+class FileStore(Store):
+    """A store shared by processes through an append-only file locked with ``fcntl.flock``.
+
+    Every instance counts itself in the file; the last one to ``close`` removes the file, so a
+    later job at the same path starts empty. A file left by a crashed job must be removed by hand
+    (its keys would otherwise be seen as already set).
+
+    Args:
+        path: the file; created with mode 0600 (the store may hold the job secret).
+        timeout: default seconds for ``get``/``wait``.
+    """
+
+    def __init__(self, path: str, timeout: float = 300.0) -> None:
+        super().__init__(timeout)
+        self.path = os.fspath(path)
+        self._lock = threading.Lock()  # guards the parse cache below between threads
+        self._data: dict[str, bytes] = {}
+        self._offset = 0
+        self._closed = False
+        self.add(_FILE_REFCOUNT_KEY, 1)
+
+    def set(self, key: str, value: bytes) -> None:
+        key, value = check_key(key), check_value(value)
+        with self._locked(fcntl.LOCK_EX) as fd:
+            self._append(fd, _SET, key, value)
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        return self._wait_for([check_key(key)], self._timeout(timeout), "get")[0]
+
+    def add(self, key: str, amount: int) -> int:
+        key, amount = check_key(key), check_amount(amount)
+        with self._locked(fcntl.LOCK_EX) as fd:
+            count, stored = add_to_counter(key, self._data.get(key), amount)
+            self._append(fd, _SET, key, stored)
+            return count
+
+    def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
+        self._wait_for(check_keys(keys), self._timeout(timeout), "wait")
+
+    def check(self, keys: Sequence[str]) -> bool:
+        keys = check_keys(keys)
+        with self._locked(fcntl.LOCK_SH):
+            return all(k in self._data for k in keys)
+
+    def delete(self, key: str) -> bool:
+        key = check_key(key)
+        with self._locked(fcntl.LOCK_EX) as fd:
+            existed = key in self._data
+            if existed:
+                self._append(fd, _DELETE, key, b"")
+            return existed
+
+    def close(self) -> None:
+        try:
+            with self._locked(fcntl.LOCK_EX, closing=True) as fd:
+                count, stored = add_to_counter(_FILE_REFCOUNT_KEY, self._data.get(_FILE_REFCOUNT_KEY), -1)
+                self._append(fd, _SET, _FILE_REFCOUNT_KEY, stored)
+                if count <= 0:
+                    os.unlink(self.path)
+        except FileNotFoundError:  # removed by hand already
+            pass
+
+    def _wait_for(self, keys: list[str], timeout: float, op: str) -> list[bytes]:
+        deadline = time.monotonic() + timeout
+        pause = 0.001
+        while True:
+            with self._locked(fcntl.LOCK_SH):
+                missing = [k for k in keys if k not in self._data]
+                if not missing:
+                    return [self._data[k] for k in keys]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise timeout_error(op, missing, timeout)
+            time.sleep(min(pause, remaining))
+            pause = min(pause * 2, _FILE_POLL_MAX)
+
+    @contextlib.contextmanager
+    def _locked(self, mode: int, closing: bool = False) -> Iterator[int]:
+        """Open and flock the file and bring the parse cache up to date; yield the descriptor.
+
+        With ``closing`` the store is marked closed (once) and the file is not re-created.
+        """
+        with self._lock:
+            if self._closed:
+                if closing:
+                    raise FileNotFoundError(self.path)  # already closed: nothing to do
+                raise RendezvousError(f"FileStore {self.path} is closed")
+            self._closed = closing
+            flags = os.O_RDWR | os.O_APPEND | (0 if closing else os.O_CREAT)
+            fd = os.open(self.path, flags, 0o600)
+            try:
+                fcntl.flock(fd, mode)  # released when fd is closed
+                self._refresh(fd)
+                yield fd
+            finally:
+                os.close(fd)
+
+    def _refresh(self, fd: int) -> None:
+        """Parse the records appended since the last read (caller holds the file lock)."""
+        size = os.fstat(fd).st_size
+        if size < self._offset:
+            raise RendezvousError(f"FileStore {self.path}: the file shrank; was it replaced?")
+        chunk = os.pread(fd, size - self._offset, self._offset)
+        pos = 0
+        while pos + _RECORD.size <= len(chunk):
+            op, klen, vlen = _RECORD.unpack_from(chunk, pos)
+            end = pos + _RECORD.size + klen + vlen
+            if end > len(chunk):
+                # Writers append whole records under the exclusive lock, so a short record
+                # means a write failed (disk full?) and every later record is misaligned.
+                raise RendezvousError(f"FileStore {self.path}: truncated record at byte {self._offset + pos}")
+            key = chunk[pos + _RECORD.size:pos + _RECORD.size + klen].decode("utf-8")
+            if op == _SET:
+                self._data[key] = chunk[end - vlen:end]
+            else:
+                self._data.pop(key, None)
+            pos = end
+        self._offset += pos
+
+    def _append(self, fd: int, op: bytes, key: str, value: bytes) -> None:
+        raw_key = key.encode("utf-8")
+        os.write(fd, _RECORD.pack(op, len(raw_key), len(value)) + raw_key + value)
+        self._refresh(fd)

@@ -1,0 +1,402 @@
+"""The store over TCP: a server hosted by rank 0 (or the launcher) and the client every rank uses.
+
+Owns: :class:`TCPStoreServer`, :class:`TCPStore` and their wire protocol. Every connection runs
+the ``auth`` handshake (purpose ``b"store"``) before its first frame. Imports ``auth``, ``store``,
+``config`` and ``errors`` only.
+
+Protocol, after the handshake; all integers big-endian::
+
+    request   op:u8  key_len:u16  value_len:u64  timeout:f64  key  value
+    response  status:u8  value_len:u64  value
+
+    op      SET=1 GET=2 ADD=3 WAIT=4 CHECK=5 DELETE=6 PING=7
+    status  OK=0, TIMEOUT=1 (value: the missing keys), ERROR=2 (value: a UTF-8 message)
+
+ADD carries and returns an i64; WAIT and CHECK carry their keys in ``value`` as repeated
+``len:u16 key``; ``timeout`` (seconds) is read by GET and WAIT only, so the server answers a
+blocking request by then and the client never has to abandon a connection mid-frame. Lengths are
+checked against ``MAX_KEY_BYTES``/``MAX_VALUE_BYTES`` before anything is read or allocated; a
+frame that breaks a rule closes that connection and is logged, and the server serves on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+import struct
+import threading
+import time
+from collections.abc import Sequence
+from typing import NoReturn
+
+from tensorcomm.config import CONNECT_RETRY_INTERVAL
+from tensorcomm.errors import AuthenticationError, RendezvousError
+from tensorcomm.rendezvous.auth import handshake_client, handshake_server, recv_exact, secret_bytes
+from tensorcomm.rendezvous.store import (MAX_KEY_BYTES, MAX_VALUE_BYTES, Store, add_to_counter,
+                                         check_amount, check_key, check_keys, check_value,
+                                         timeout_error)
+
+logger = logging.getLogger("tensorcomm.store")
+
+HANDSHAKE_TIMEOUT = 10.0  # seconds a new connection may take to authenticate on the server
+# Once a frame's header has arrived its body follows at once; a peer that stalls mid-frame (or
+# stops reading a response) for this long is dropped so it cannot pin a server thread forever.
+FRAME_TIMEOUT = 60.0
+# Extra seconds a client waits, beyond a GET/WAIT's own timeout, for the server's answer.
+RESPONSE_GRACE = 10.0
+
+_REQUEST = struct.Struct("!BHQd")
+_RESPONSE = struct.Struct("!BQ")
+_KEY_LEN = struct.Struct("!H")
+_I64 = struct.Struct("!q")
+SET, GET, ADD, WAIT, CHECK, DELETE, PING = range(1, 8)
+_OP_NAMES = {SET: "set", GET: "get", ADD: "add", WAIT: "wait", CHECK: "check", DELETE: "delete", PING: "ping"}
+OK, TIMEOUT, ERROR = 0, 1, 2
+
+
+class ProtocolError(Exception):
+    """A peer broke the store protocol; the connection it came on is unusable."""
+
+
+def encode_keys(keys: Sequence[str]) -> bytes:
+    """Pack ``keys`` as repeated ``len:u16 key`` (keys already checked by ``check_key``)."""
+    parts = []
+    for key in keys:
+        raw = key.encode("utf-8")
+        parts.append(_KEY_LEN.pack(len(raw)) + raw)
+    return b"".join(parts)
+
+
+def decode_keys(data: bytes) -> list[str]:
+    """Unpack :func:`encode_keys` output; ProtocolError if it is malformed."""
+    keys, pos = [], 0
+    while pos < len(data):
+        if pos + _KEY_LEN.size > len(data):
+            raise ProtocolError("truncated key list")
+        (length,) = _KEY_LEN.unpack_from(data, pos)
+        pos += _KEY_LEN.size
+        if length > MAX_KEY_BYTES or pos + length > len(data):
+            raise ProtocolError(f"bad key length {length} in key list")
+        keys.append(_decode_key(data[pos:pos + length]))
+        pos += length
+    return keys
+
+
+def _decode_key(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("key is not UTF-8") from None
+
+
+def _peer(addr: object) -> str:
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        host = f"[{addr[0]}]" if ":" in str(addr[0]) else addr[0]
+        return f"{host}:{addr[1]}"
+    return str(addr)
+
+
+class TCPStoreServer:
+    """Serve a store on ``host:port`` to clients that know the job secret; a thread per client.
+
+    Args:
+        host: the address to bind, exactly (no wildcard unless given one).
+        port: the port; 0 picks a free one, see ``.port``.
+        secret: the job's HMAC key.
+
+    Raises:
+        RendezvousError: the address cannot be bound (in use, not local).
+    """
+
+    def __init__(self, host: str, port: int, secret: bytes) -> None:
+        self._secret = secret_bytes(secret)
+        self.host = host
+        try:
+            family, kind, proto, _, sockaddr = socket.getaddrinfo(
+                host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+            self._listener = socket.socket(family, kind, proto)
+        except OSError as exc:
+            raise RendezvousError(f"cannot serve the store on {host}:{port}: {exc}") from exc
+        try:
+            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._listener.bind(sockaddr)
+            self._listener.listen(128)
+        except OSError as exc:
+            self._listener.close()
+            raise RendezvousError(f"cannot serve the store on {host}:{port}: {exc}") from exc
+        self.port: int = self._listener.getsockname()[1]
+        self._data: dict[str, bytes] = {}
+        self._cond = threading.Condition()  # guards _data; notified on every change and on close
+        self._lock = threading.Lock()  # guards _closed, _conns, _threads
+        self._closed = False
+        self._conns: set[socket.socket] = set()
+        self._threads: set[threading.Thread] = set()
+        self._acceptor = threading.Thread(target=self._accept_loop, name=f"tensorcomm-store:{self.port}",
+                                          daemon=True)
+        self._acceptor.start()
+
+    def close(self) -> None:
+        """Stop serving, drop every client (waiting ones see the connection close), join threads."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            conns, threads = list(self._conns), list(self._threads)
+        with self._cond:
+            self._cond.notify_all()
+        for sock in [self._listener, *conns]:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in accept/recv on it
+            except OSError:
+                pass
+        self._acceptor.join(FRAME_TIMEOUT)
+        self._listener.close()
+        for thread in threads:
+            thread.join(FRAME_TIMEOUT)
+
+    def __enter__(self) -> "TCPStoreServer":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                conn, addr = self._listener.accept()
+            except OSError as exc:
+                if self._closed:
+                    return
+                logger.warning("store %s:%s: accept failed: %s", self.host, self.port, exc)
+                time.sleep(CONNECT_RETRY_INTERVAL)  # e.g. out of descriptors: do not spin
+                continue
+            thread = threading.Thread(target=self._serve, args=(conn, addr), daemon=True,
+                                      name=f"tensorcomm-store-client:{_peer(addr)}")
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                    return
+                self._conns.add(conn)
+                self._threads.add(thread)
+            thread.start()
+
+    def _serve(self, conn: socket.socket, addr: object) -> None:
+        peer = _peer(addr)
+        try:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.settimeout(FRAME_TIMEOUT)
+            handshake_server(conn, self._secret, HANDSHAKE_TIMEOUT, b"store")
+            while self._handle(conn):
+                pass
+        except AuthenticationError as exc:
+            if not self._closed:
+                logger.warning("store %s:%s: rejected connection from %s: %s", self.host, self.port, peer, exc)
+        except ProtocolError as exc:
+            logger.warning("store %s:%s: dropped connection from %s: %s", self.host, self.port, peer, exc)
+        except OSError as exc:  # the client went away, stalled, or we are closing
+            logger.debug("store %s:%s: connection from %s ended: %s", self.host, self.port, peer, exc)
+        finally:
+            conn.close()
+            with self._lock:
+                self._conns.discard(conn)
+                self._threads.discard(threading.current_thread())
+
+    def _handle(self, conn: socket.socket) -> bool:
+        """Serve one request; return False when the client closed the connection between frames."""
+        try:
+            header = recv_exact(conn, _REQUEST.size, None)  # clients may idle between requests
+        except ConnectionError:
+            return False
+        op, key_len, value_len, timeout = _REQUEST.unpack(header)
+        if op not in _OP_NAMES:
+            raise ProtocolError(f"unknown op {op}")
+        if key_len > MAX_KEY_BYTES:
+            raise ProtocolError(f"key of {key_len} bytes exceeds {MAX_KEY_BYTES}")
+        if value_len > MAX_VALUE_BYTES:
+            raise ProtocolError(f"value of {value_len} bytes exceeds {MAX_VALUE_BYTES}")
+        if not (math.isfinite(timeout) and timeout >= 0):
+            raise ProtocolError(f"bad timeout {timeout}")
+        body = recv_exact(conn, key_len + value_len, FRAME_TIMEOUT)
+        key, value = _decode_key(body[:key_len]), body[key_len:]
+        status, reply = self._dispatch(op, key, value, timeout)
+        conn.sendall(_RESPONSE.pack(status, len(reply)) + reply)
+        return True
+
+    def _dispatch(self, op: int, key: str, value: bytes, timeout: float) -> tuple[int, bytes]:
+        if op == SET:
+            with self._cond:
+                self._data[key] = value
+                self._cond.notify_all()
+            return OK, b""
+        if op == GET:
+            values, missing = self._await([key], timeout)
+            return (TIMEOUT, encode_keys(missing)) if missing else (OK, values[0])
+        if op == ADD:
+            if len(value) != _I64.size:
+                raise ProtocolError(f"add amount of {len(value)} bytes, expected {_I64.size}")
+            with self._cond:
+                try:
+                    count, stored = add_to_counter(key, self._data.get(key), _I64.unpack(value)[0])
+                    reply = _I64.pack(count)
+                except (ValueError, struct.error) as exc:
+                    return ERROR, str(exc).encode("utf-8")
+                self._data[key] = stored
+                self._cond.notify_all()
+            return OK, reply
+        if op == WAIT:
+            _, missing = self._await(decode_keys(value), timeout)
+            return (TIMEOUT, encode_keys(missing)) if missing else (OK, b"")
+        if op == CHECK:
+            keys = decode_keys(value)
+            with self._cond:
+                return OK, bytes([all(k in self._data for k in keys)])
+        if op == DELETE:
+            with self._cond:
+                return OK, bytes([self._data.pop(key, None) is not None])
+        return OK, b""  # PING
+
+    def _await(self, keys: list[str], timeout: float) -> tuple[list[bytes], list[str]]:
+        """Wait on the condition (other clients run meanwhile); return (values, missing keys)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise ConnectionAbortedError("the store server is closing")
+                missing = [k for k in keys if k not in self._data]
+                remaining = deadline - time.monotonic()
+                if not missing or remaining <= 0:
+                    return ([] if missing else [self._data[k] for k in keys]), missing
+                self._cond.wait(remaining)
+
+
+class TCPStore(Store):
+    """A :class:`Store` client of a :class:`TCPStoreServer`; thread-safe (one request at a time).
+
+    Args:
+        host, port: where the server listens; it may start later.
+        secret: the job's HMAC key.
+        timeout: seconds to keep retrying the connection (the handshake then has up to
+            ``HANDSHAKE_TIMEOUT``), and the default for ``get``/``wait`` and other requests.
+
+    Raises:
+        RendezvousError: no server answered at ``host:port`` within ``timeout``.
+        AuthenticationError: the server and this process disagree on the secret.
+    """
+
+    def __init__(self, host: str, port: int, secret: bytes, timeout: float = 300.0) -> None:
+        super().__init__(timeout)
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise ValueError(f"port: expected an int in 1..65535, got {port!r}")
+        self.host, self.port = host, port
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = _connect(host, port, secret_bytes(secret), self.timeout)
+
+    def set(self, key: str, value: bytes) -> None:
+        self._request(SET, check_key(key), check_value(value))
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        key, timeout = check_key(key), self._timeout(timeout)
+        return self._request(GET, key, b"", timeout, "get")
+
+    def add(self, key: str, amount: int) -> int:
+        reply = self._request(ADD, check_key(key), _I64.pack(check_amount(amount)))
+        if len(reply) != _I64.size:
+            self._fail("add", f"reply of {len(reply)} bytes")
+        return _I64.unpack(reply)[0]
+
+    def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
+        keys, timeout = check_keys(keys), self._timeout(timeout)
+        if keys:
+            self._request(WAIT, "", self._key_list(keys), timeout, "wait")
+
+    def check(self, keys: Sequence[str]) -> bool:
+        keys = check_keys(keys)
+        return not keys or self._request(CHECK, "", self._key_list(keys)) == b"\x01"
+
+    def delete(self, key: str) -> bool:
+        return self._request(DELETE, check_key(key), b"") == b"\x01"
+
+    def ping(self) -> None:
+        """Round-trip an empty request; RendezvousError if the server is gone."""
+        self._request(PING, "", b"")
+
+    def close(self) -> None:
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in a request
+            except OSError:
+                pass
+        with self._lock:
+            self._drop()
+
+    @staticmethod
+    def _key_list(keys: list[str]) -> bytes:
+        data = encode_keys(keys)
+        if len(data) > MAX_VALUE_BYTES:
+            raise ValueError(f"keys: the key list is {len(data)} bytes, at most {MAX_VALUE_BYTES} allowed")
+        return data
+
+    def _request(self, op: int, key: str, value: bytes, timeout: float = 0.0, waiting: str = "") -> bytes:
+        """Send one frame and return the OK reply's value; ``waiting`` names a blocking op."""
+        name = _OP_NAMES[op]
+        raw_key = key.encode("utf-8")
+        with self._lock:
+            if self._sock is None:
+                raise RendezvousError(f"the store client for {self.host}:{self.port} is closed")
+            sock = self._sock
+            try:
+                sock.settimeout(self.timeout)
+                sock.sendall(_REQUEST.pack(op, len(raw_key), len(value), timeout) + raw_key + value)
+                answer_within = timeout + RESPONSE_GRACE if waiting else self.timeout
+                status, length = _RESPONSE.unpack(recv_exact(sock, _RESPONSE.size, answer_within))
+                if length > MAX_VALUE_BYTES:
+                    raise ConnectionError(f"malformed reply: {length} bytes announced")
+                reply = recv_exact(sock, length, self.timeout)
+            except OSError as exc:  # EOF, reset, timeout: the stream may be mid-frame, so drop it
+                self._drop()
+                raise RendezvousError(f"lost the store at {self.host}:{self.port} during {name}: {exc}") from exc
+        if status == OK:
+            return reply
+        if status == TIMEOUT and waiting:
+            try:
+                missing = decode_keys(reply)
+            except ProtocolError as exc:
+                self._fail(name, str(exc))
+            raise timeout_error(waiting, missing, timeout)
+        if status == ERROR:
+            raise ValueError(reply.decode("utf-8", "replace"))
+        self._fail(name, f"status {status}")
+
+    def _fail(self, op: str, what: str) -> NoReturn:
+        with self._lock:
+            self._drop()
+        raise RendezvousError(f"the store at {self.host}:{self.port} sent a malformed {op} reply ({what})")
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+def _connect(host: str, port: int, secret: bytes, timeout: float) -> socket.socket:
+    """Connect to the store, retrying while nobody listens yet, then authenticate."""
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            sock = socket.create_connection((host, port), timeout=max(remaining, CONNECT_RETRY_INTERVAL))
+            break
+        except OSError as exc:  # refused (server not up yet), unreachable, name not resolvable yet
+            if remaining <= 0:
+                raise RendezvousError(f"could not reach the store at {host}:{port} within {timeout:g} s: "
+                                      f"{exc}") from exc
+            time.sleep(min(CONNECT_RETRY_INTERVAL, max(remaining, 0.0)))
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        handshake_client(sock, secret, HANDSHAKE_TIMEOUT, b"store")
+    except BaseException:
+        sock.close()
+        raise
+    return sock
