@@ -1,0 +1,217 @@
+"""The launcher's environment contract, written down in one place (also in ``docs/env.md``).
+
+Variables the launcher *reads*; each is the fallback of a ``tensorcomm run`` flag (the flag wins):
+
+- ``TENSORCOMM_NPROCS`` (``-n``): ranks to start on this node; default 1.
+- ``TENSORCOMM_NNODES`` (``--nnodes``): nodes in the job, one launcher each; default 1.
+- ``TENSORCOMM_NODE_RANK`` (``--node-rank``): this node's index, ``0..nnodes-1``; default 0.
+- ``TENSORCOMM_MASTER`` (``--master``): ``host:port`` where node 0's launcher hosts the store;
+  required (with a non-zero port) for nnodes > 1; default on one node: ``127.0.0.1``, free port.
+- ``TENSORCOMM_JOB_TIMEOUT`` (``--timeout``): wall-clock limit of the job in seconds; on expiry
+  all ranks are stopped and the launcher exits 124. Default: none.
+- ``TENSORCOMM_SECRET`` (no flag): the job secret. Unset on one node: a fresh
+  ``secrets.token_hex(32)``. For nnodes > 1 it is required, the same on every node.
+
+Variables the launcher *writes*, for each child only (the launcher's own ``os.environ`` is never
+modified); every other variable of the launcher's environment is inherited unchanged:
+
+- ``RANK``: ``node_rank * nprocs + local_rank``.
+- ``WORLD_SIZE``: ``nprocs * nnodes``.
+- ``LOCAL_RANK``: index of the rank on its node, ``0..nprocs-1``.
+- ``LOCAL_WORLD_SIZE``: ``nprocs``.
+- ``MASTER_ADDR``, ``MASTER_PORT``: where the job's store listens.
+- ``TENSORCOMM_SECRET``: the job secret, identical for every rank of the job.
+- ``TENSORCOMM_STORE_HOSTED``: ``1``: a launcher of this job serves the store; ranks only connect.
+- ``PYTHONUNBUFFERED``: ``1``, so output reaches the rank-prefixed stream as it is printed.
+
+Everything here is a pure function of its arguments (the environment is passed in as a mapping;
+the one impurity is drawing a fresh secret), so the contract is unit-tested without processes. Reading ``os.environ`` is the caller's
+job (``launch.cli``); ``config.py`` holds the names ranks read, this module adds the launcher's own.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tensorcomm import config
+
+# Launcher inputs (fallbacks of the ``tensorcomm run`` flags); not defined in config.py because
+# only the launcher reads them.
+ENV_NPROCS = "TENSORCOMM_NPROCS"
+ENV_NNODES = "TENSORCOMM_NNODES"
+ENV_NODE_RANK = "TENSORCOMM_NODE_RANK"
+ENV_MASTER = "TENSORCOMM_MASTER"
+ENV_JOB_TIMEOUT = "TENSORCOMM_JOB_TIMEOUT"
+ENV_PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
+
+LOCAL_STORE_HOST = "127.0.0.1"  # one node: the store is reachable on loopback only
+SECRET_BYTES = 32  # 256-bit HMAC key, written as 64 hex digits
+
+
+class LaunchConfigError(ValueError):
+    """A flag or environment variable of the launcher has a bad or missing value."""
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """What ``tensorcomm run`` was asked to do, flags and environment merged.
+
+    ``master`` is ``None`` on a single node without ``--master``: the launcher then hosts the
+    store on ``127.0.0.1`` at a free port.
+    """
+
+    nprocs: int
+    nnodes: int
+    node_rank: int
+    master: tuple[str, int] | None
+    secret: str
+    timeout: float | None
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the whole job."""
+        return self.nprocs * self.nnodes
+
+    @property
+    def hosts_store(self) -> bool:
+        """Whether this node's launcher serves the store (node 0 does, other nodes connect)."""
+        return self.node_rank == 0
+
+
+@dataclass(frozen=True)
+class StoreAddress:
+    """Where the job's store listens, as ranks should dial it."""
+
+    host: str
+    port: int
+
+
+def parse_master(text: str) -> tuple[str, int]:
+    """Split ``host:port`` (``[v6addr]:port`` for IPv6) into its parts.
+
+    Raises:
+        LaunchConfigError: no port, a port outside 0..65535, or an empty host.
+    """
+    host, sep, port_text = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise LaunchConfigError(f"--master: expected host:port, got {text!r}")
+    return host, int(port_text)
+
+
+def _int_setting(flag: str, value: int | None, environ: Mapping[str, str], name: str,
+                 default: int) -> int:
+    """The flag's value, else the environment variable's, else ``default``."""
+    if value is not None:
+        return value
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise LaunchConfigError(f"{name} (fallback of {flag}): expected an integer, "
+                                f"got {raw!r}") from None
+
+
+def resolve_secret(environ: Mapping[str, str], nnodes: int) -> str:
+    """The job secret: ``TENSORCOMM_SECRET`` if set, else a fresh one (single node only).
+
+    Several nodes cannot agree on a generated secret, so then it must come from the environment.
+
+    Raises:
+        LaunchConfigError: missing with ``nnodes > 1``.
+    """
+    secret = environ.get(config.ENV_SECRET, "")
+    if not secret:
+        if nnodes > 1:
+            raise LaunchConfigError(
+                f"--nnodes {nnodes} needs {config.ENV_SECRET} set to the same value on "
+                "every node, e.g. export "
+                f"{config.ENV_SECRET}=$(python -c 'import secrets; print(secrets.token_hex(32))')")
+        return secrets.token_hex(SECRET_BYTES)
+    return secret
+
+
+def resolve_settings(environ: Mapping[str, str], *, nprocs: int | None = None,
+                     nnodes: int | None = None, node_rank: int | None = None,
+                     master: str | None = None, timeout: float | None = None) -> LaunchSettings:
+    """Merge the flags given (``None`` = not given) with their environment fallbacks and check them.
+
+    Raises:
+        LaunchConfigError: naming the flag or variable, what was expected and what was given.
+    """
+    n = _int_setting("-n", nprocs, environ, ENV_NPROCS, 1)
+    nodes = _int_setting("--nnodes", nnodes, environ, ENV_NNODES, 1)
+    node = _int_setting("--node-rank", node_rank, environ, ENV_NODE_RANK, 0)
+    if n < 1:
+        raise LaunchConfigError(f"-n: expected at least 1 rank per node, got {n}")
+    if nodes < 1:
+        raise LaunchConfigError(f"--nnodes: expected at least 1, got {nodes}")
+    if not 0 <= node < nodes:
+        raise LaunchConfigError(f"--node-rank: expected 0..{nodes - 1}, got {node}")
+
+    master_text = master if master is not None else environ.get(ENV_MASTER) or None
+    address = parse_master(master_text) if master_text is not None else None
+    if nodes > 1 and (address is None or address[1] == 0):
+        # Other nodes must know where to dial before node 0 has bound anything.
+        raise LaunchConfigError(f"--nnodes {nodes} needs --master host:port (or {ENV_MASTER}) "
+                                "with a fixed, non-zero port")
+
+    if timeout is None and environ.get(ENV_JOB_TIMEOUT):
+        try:
+            timeout = float(environ[ENV_JOB_TIMEOUT])
+        except ValueError:
+            raise LaunchConfigError(f"{ENV_JOB_TIMEOUT} (fallback of --timeout): expected "
+                                    f"seconds, got {environ[ENV_JOB_TIMEOUT]!r}") from None
+    if timeout is not None and not timeout > 0:
+        raise LaunchConfigError(f"--timeout: expected a positive number of seconds, got {timeout}")
+
+    return LaunchSettings(nprocs=n, nnodes=nodes, node_rank=node, master=address,
+                          secret=resolve_secret(environ, nodes), timeout=timeout)
+
+
+def store_bind_address(settings: LaunchSettings) -> tuple[str, int]:
+    """The ``(host, port)`` node 0's launcher binds its store to; port 0 = any free port."""
+    if settings.master is None:
+        return LOCAL_STORE_HOST, 0
+    host, port = settings.master
+    if settings.nnodes > 1:
+        # Listen on every interface: a host name given for the other nodes often resolves to a
+        # loopback alias on the master itself (Debian's 127.0.1.1), which they could not reach.
+        # The job secret, not the interface, keeps strangers out.
+        return ("::" if ":" in host else "0.0.0.0"), port
+    return host, port
+
+
+def global_rank(settings: LaunchSettings, local_rank: int) -> int:
+    """The job-wide rank of this node's ``local_rank``."""
+    return settings.node_rank * settings.nprocs + local_rank
+
+
+def rank_env(base: Mapping[str, str], settings: LaunchSettings, store: StoreAddress,
+             local_rank: int) -> dict[str, str]:
+    """The full environment of one child: ``base`` plus the contract variables.
+
+    Raises:
+        ValueError: ``local_rank`` outside ``0..nprocs-1``.
+    """
+    if not 0 <= local_rank < settings.nprocs:
+        raise ValueError(f"local_rank: expected 0..{settings.nprocs - 1}, got {local_rank}")
+    env = dict(base)
+    env.update({
+        config.ENV_RANK: str(global_rank(settings, local_rank)),
+        config.ENV_WORLD_SIZE: str(settings.world_size),
+        config.ENV_LOCAL_RANK: str(local_rank),
+        config.ENV_LOCAL_WORLD_SIZE: str(settings.nprocs),
+        config.ENV_MASTER_ADDR: store.host,
+        config.ENV_MASTER_PORT: str(store.port),
+        config.ENV_SECRET: settings.secret,
+        # Every `tensorcomm run` job has a launcher-hosted store (node 0's), so no rank hosts one.
+        config.ENV_STORE_HOSTED: "1",
+        ENV_PYTHONUNBUFFERED: "1",
+    })
+    return env
