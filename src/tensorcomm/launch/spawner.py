@@ -1,0 +1,333 @@
+"""Start the ranks of one node, relay their output, stop them all when one fails.
+
+The process rules, in one place:
+
+- Each rank runs in its own session (``start_new_session=True``), so the launcher can signal the
+  rank *and everything it started* with ``os.killpg``, and a Ctrl-C at the terminal reaches only
+  the launcher, which forwards it.
+- On Linux each rank asks the kernel for ``SIGKILL`` when the launcher dies
+  (``prctl(PR_SET_PDEATHSIG)``), so even a SIGKILLed launcher leaves no rank behind. The signal
+  fires when the launcher *thread* that spawned the rank exits, so ``run_ranks`` must be called
+  from a thread that outlives the job (the main thread, in the CLI).
+- Fail fast: the first rank to exit non-zero (or die of a signal) decides the exit code; the others
+  get ``SIGTERM``, then ``SIGKILL`` after a grace period. A signal to the launcher (SIGINT, SIGTERM,
+  SIGHUP) is forwarded the same way and the launcher exits ``128 + signum``. A second signal
+  skips the grace period.
+- Every child is reaped and the store closed before returning, whatever happened.
+
+This module imports ``rendezvous`` lazily (only to host the store) and never ``core``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import IO, Any, TextIO
+
+from tensorcomm.errors import RendezvousError
+from tensorcomm.launch import env as launch_env
+
+KILL_GRACE_SECONDS = 3.0  # between SIGTERM and SIGKILL when stopping ranks
+POLL_INTERVAL = 0.02  # seconds between checks of the ranks' exit status
+TIMEOUT_EXIT_CODE = 124  # as coreutils `timeout`
+READER_JOIN_SECONDS = 1.0  # a grandchild may keep a pipe open; do not wait for it forever
+REAP_SECONDS = 10.0  # after SIGKILL; only a process stuck in the kernel takes longer
+_LINE_LIMIT = 1 << 16  # longer lines are relayed in pieces, so a binary dump cannot exhaust memory
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+_FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """One child to start: its global rank, command line and complete environment."""
+
+    rank: int
+    argv: list[str]
+    env: dict[str, str]
+
+
+@dataclass
+class _Rank:
+    spec: RankSpec
+    process: subprocess.Popen[bytes]
+    readers: list[threading.Thread] = field(default_factory=list)
+
+
+def exit_code_of(returncode: int) -> int:
+    """Shell-style exit code: a death by signal N (Popen's ``-N``) becomes ``128 + N``."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def describe_exit(rank: int, returncode: int) -> str:
+    """A sentence saying how a rank ended, naming the signal if it was killed by one."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"rank {rank} was killed by {name} (exit code {exit_code_of(returncode)})"
+    return f"rank {rank} exited with code {returncode}"
+
+
+def _pdeathsig_preexec() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child die with the launcher, or ``None`` off Linux.
+
+    ctypes is loaded here, before any fork, so the child only makes one foreign call between fork
+    and exec (no imports or locks that another launcher thread might hold).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    launcher_pid = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        # The launcher may have died between fork and prctl; then no signal will come.
+        if os.getppid() != launcher_pid:
+            os._exit(1)
+
+    return preexec
+
+
+class _OutputSink:
+    """A text stream shared by many reader threads; writes whole lines under a lock."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+        self._broken = False
+        self._encoding = getattr(stream, "encoding", None) or "utf-8"
+
+    def write_line(self, text: str) -> None:
+        # Round-trip through the sink's encoding so a character it cannot encode becomes "?"
+        # instead of an exception that would stop relaying (and then block the child on a pipe).
+        text = text.encode(self._encoding, "replace").decode(self._encoding)
+        with self._lock:
+            if self._broken:
+                return
+            try:
+                self._stream.write(text)
+                self._stream.flush()
+            except (BrokenPipeError, ValueError):
+                # Launcher output closed (e.g. piped into `head`): keep draining, stop writing.
+                self._broken = True
+
+
+def _relay(pipe: IO[bytes], prefix: str, sink: _OutputSink) -> None:
+    """Copy ``pipe`` to ``sink`` line by line, each line prefixed; runs until EOF."""
+    with pipe:
+        for raw in iter(lambda: pipe.readline(_LINE_LIMIT), b""):
+            text = raw.decode("utf-8", errors="replace")
+            if not text.endswith("\n"):
+                text += "\n"  # the last line had no newline (or was cut at _LINE_LIMIT)
+            sink.write_line(prefix + text)
+
+
+class _SignalCatcher:
+    """Records SIGINT/SIGTERM/SIGHUP sent to the launcher while a job runs."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received.append(signum)
+
+    @contextmanager
+    def installed(self) -> Iterator[_SignalCatcher]:
+        # Handlers can only be installed from the main thread; elsewhere the caller's own
+        # handling stays in force.
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = {sig: signal.signal(sig, self._handle) for sig in _FORWARDED_SIGNALS}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+class _Job:
+    """The ranks of one node while they run; see the module docstring for the rules."""
+
+    def __init__(self, specs: Sequence[RankSpec], grace: float, stdout: TextIO,
+                 stderr: TextIO) -> None:
+        self._specs = specs
+        self._grace = grace
+        self._out = _OutputSink(stdout)
+        self._err = _OutputSink(stderr)
+        self._ranks: list[_Rank] = []
+        self._signals = _SignalCatcher()
+
+    def say(self, message: str) -> None:
+        """Print a launcher message to the launcher's stderr."""
+        self._err.write_line(f"tensorcomm: {message}\n")
+
+    def run(self, timeout: float | None) -> int:
+        code: int | None = None
+        with self._signals.installed():
+            try:
+                code = self._start_all() or self._supervise(timeout)
+            finally:
+                # Any way out but success (failure, signal, timeout, an exception here) stops all.
+                if code != 0:
+                    self._stop(self._signals.received[0] if self._signals.received
+                               else signal.SIGTERM)
+                self._reap()
+        return code
+
+    def _start_all(self) -> int | None:
+        """Start every rank; on a command that cannot start, its shell-style code."""
+        preexec = _pdeathsig_preexec()
+        for spec in self._specs:
+            try:
+                process = subprocess.Popen(
+                    spec.argv, env=spec.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, start_new_session=True, preexec_fn=preexec)
+            except OSError as exc:
+                self.say(f"cannot start rank {spec.rank} ({spec.argv[0]}): {exc.strerror}")
+                return 127 if isinstance(exc, FileNotFoundError) else 126
+            rank = _Rank(spec, process)
+            prefix = f"[rank {spec.rank}] "
+            assert process.stdout is not None and process.stderr is not None
+            for pipe, sink in ((process.stdout, self._out), (process.stderr, self._err)):
+                reader = threading.Thread(target=_relay, args=(pipe, prefix, sink),
+                                          name=f"tensorcomm-relay-{spec.rank}", daemon=True)
+                reader.start()
+                rank.readers.append(reader)
+            self._ranks.append(rank)
+        return None
+
+    def _supervise(self, timeout: float | None) -> int:
+        """Wait until all ranks succeed, one fails, a signal arrives or time runs out."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        running = list(self._ranks)
+        while running:
+            if self._signals.received:
+                signum = self._signals.received[0]
+                self.say(f"received {signal.Signals(signum).name}, stopping all ranks")
+                return 128 + signum
+            for rank in list(running):
+                returncode = rank.process.poll()
+                if returncode is None:
+                    continue
+                running.remove(rank)
+                if returncode != 0:
+                    self.say(describe_exit(rank.spec.rank, returncode)
+                             + ("; stopping the other ranks" if running else ""))
+                    return exit_code_of(returncode)
+            if deadline is not None and time.monotonic() >= deadline:
+                self.say(f"job timed out after {timeout:g} s, stopping all ranks")
+                return TIMEOUT_EXIT_CODE
+            time.sleep(POLL_INTERVAL)
+        return 0
+
+    def _signal_groups(self, signum: int) -> None:
+        # Exited ranks too: a rank's own children may still be alive in its process group.
+        for rank in self._ranks:
+            try:
+                os.killpg(rank.process.pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass  # the group is gone (PermissionError: macOS reports a zombie-only group so)
+
+    def _stop(self, signum: int) -> None:
+        """Signal every rank's group; SIGKILL the groups once the ranks exit or grace runs out."""
+        self._signal_groups(signum)
+        handled = len(self._signals.received)
+        deadline = time.monotonic() + self._grace
+        while any(rank.process.poll() is None for rank in self._ranks):
+            # A further signal to the launcher means "now": skip the rest of the grace period.
+            if time.monotonic() >= deadline or len(self._signals.received) > handled:
+                break
+            time.sleep(POLL_INTERVAL)
+        # Also reaches what a rank started and left behind in its group.
+        self._signal_groups(signal.SIGKILL)
+
+    def _reap(self) -> None:
+        """Wait for every started rank and for its output to be relayed."""
+        for rank in self._ranks:
+            try:
+                rank.process.wait(REAP_SECONDS)
+            except subprocess.TimeoutExpired:
+                self.say(f"rank {rank.spec.rank} (pid {rank.process.pid}) did not die on SIGKILL")
+        for rank in self._ranks:
+            for reader in rank.readers:
+                reader.join(READER_JOIN_SECONDS)
+
+
+def run_ranks(specs: Sequence[RankSpec], *, timeout: float | None = None,
+              grace: float = KILL_GRACE_SECONDS, cleanup: Callable[[], None] | None = None,
+              stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    """Run the given ranks to completion with rank-prefixed output; return the job's exit code.
+
+    Args:
+        specs: the ranks of this node.
+        timeout: wall-clock limit in seconds; on expiry every rank is stopped.
+        grace: seconds between SIGTERM and SIGKILL when stopping ranks.
+        cleanup: called once after every rank is reaped (e.g. to remove the job's shared memory);
+            an exception from it is reported on stderr and does not change the exit code.
+        stdout, stderr: where the ranks' prefixed output goes (default: the launcher's own).
+
+    Returns:
+        0 if every rank succeeded; else the first failing rank's code (``128 + N`` for a death by
+        signal N), ``128 + N`` for signal N sent to the launcher, 124 on timeout, 127/126 if a
+        command cannot be started.
+    """
+    job = _Job(specs, grace, stdout or sys.stdout, stderr or sys.stderr)
+    try:
+        return job.run(timeout)
+    finally:
+        if cleanup is not None:
+            try:
+                cleanup()
+            except Exception as exc:  # noqa: BLE001 - reported, the job's result stands
+                job.say(f"cleanup after the job failed: {exc!r}")
+
+
+def _host_store(host: str, port: int, secret_hex: str) -> Any:
+    """Start the job's store server; imported lazily so ``launch`` loads without ``rendezvous``."""
+    from tensorcomm.rendezvous.auth import secret_bytes
+    from tensorcomm.rendezvous.tcp_store import TCPStoreServer
+
+    return TCPStoreServer(host, port, secret_bytes(secret_hex))
+
+
+def launch(settings: launch_env.LaunchSettings, argv: list[str], *,
+           cleanup: Callable[[], None] | None = None) -> int:
+    """Run ``argv`` as this node's ranks of the job ``settings`` describes; return the exit code.
+
+    Node 0's launcher hosts the store for the whole job and closes it after its ranks end.
+    """
+    server = None
+    if settings.hosts_store:
+        host, port = launch_env.store_bind_address(settings)
+        try:
+            server = _host_store(host, port, settings.secret)
+        except RendezvousError as exc:  # cannot bind: the message names the address
+            print(f"tensorcomm: {exc}", file=sys.stderr)
+            return 1
+        except (OSError, ImportError) as exc:
+            print(f"tensorcomm: cannot host the store at {host}:{port}: {exc}", file=sys.stderr)
+            return 1
+    try:
+        if settings.master is None:
+            store = launch_env.StoreAddress(launch_env.LOCAL_STORE_HOST, server.port)
+        else:
+            store = launch_env.StoreAddress(*settings.master)
+        if server is not None:
+            print(f"tensorcomm: store at {store.host}:{server.port}", file=sys.stderr, flush=True)
+        specs = [RankSpec(launch_env.global_rank(settings, local),
+                          argv, launch_env.rank_env(os.environ, settings, store, local))
+                 for local in range(settings.nprocs)]
+        return run_ranks(specs, timeout=settings.timeout, cleanup=cleanup)
+    finally:
+        if server is not None:
+            server.close()
