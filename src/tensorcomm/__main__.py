@@ -1,0 +1,10 @@
+"""``python -m tensorcomm ...``: the same as the ``tensorcomm`` console script."""
+
+from __future__ import annotations
+
+import sys
+
+from tensorcomm.launch.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
