@@ -1,0 +1,42 @@
+"""tensorcomm: collective communication for Python arrays, on shared memory and TCP.
+
+    import numpy as np, tensorcomm as tc
+    tc.init()
+    x = np.ones(4, np.float32)
+    tc.all_reduce(x)             # in place, every rank gets the sum
+    tc.destroy()
+
+The public surface is exactly ``__all__`` (pinned by tests/unit/test_exports.py).
+"""
+
+from .core.group import WORLD, Group
+from .core.work import Work
+from .errors import (ArgumentMismatchError, AuthenticationError, CollectiveMismatchError, CommError,
+                     CommTimeoutError, GroupAbortedError, PeerLostError, RendezvousError)
+from .frontends.functional import (all_gather, all_gather_into_tensor, all_reduce, all_to_all,
+                                   all_to_all_single, barrier, broadcast, gather, irecv, isend, recv,
+                                   reduce, reduce_scatter, reduce_scatter_tensor, scatter, send)
+from .frontends.process_group import (create_group, destroy, destroy_process_group, get_global_rank,
+                                      get_group_rank, get_local_rank, get_rank, get_world_size, init,
+                                      init_process_group, is_initialized, new_group)
+from .types import PremulSum, ReduceOp, TransportKind
+
+premul_sum = ReduceOp.premul_sum
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # lifecycle and groups
+    "init", "init_process_group", "destroy", "destroy_process_group", "is_initialized",
+    "get_rank", "get_world_size", "get_local_rank", "new_group", "create_group",
+    "get_group_rank", "get_global_rank", "Group", "WORLD",
+    # collectives and point-to-point
+    "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "gather",
+    "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+    "barrier", "send", "recv", "isend", "irecv",
+    # values and handles
+    "ReduceOp", "PremulSum", "premul_sum", "TransportKind", "Work",
+    # errors
+    "CommError", "CommTimeoutError", "PeerLostError", "CollectiveMismatchError",
+    "GroupAbortedError", "RendezvousError", "AuthenticationError", "ArgumentMismatchError",
+]

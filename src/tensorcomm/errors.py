@@ -47,3 +47,11 @@ class RendezvousError(CommError):
 
 class AuthenticationError(CommError):
     """A connection did not prove knowledge of the job secret."""
+
+
+class ArgumentMismatchError(TypeError, ValueError):
+    """Arguments disagree with each other (list length, shape or dtype of list members).
+
+    Both a ``TypeError`` (as MindSpore documents these cases) and a ``ValueError`` (as numpy
+    and torch users expect), so either ``except`` clause catches it.
+    """

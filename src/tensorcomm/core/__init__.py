@@ -1,0 +1,1 @@
+"""Group semantics, ordering and handles; knows no frameworks and no sockets."""

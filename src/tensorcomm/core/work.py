@@ -1,0 +1,87 @@
+"""``Work``: the handle an ``async_op=True`` call returns."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+from ..errors import CommTimeoutError
+
+
+class Work:
+    """A pending collective or point-to-point call.
+
+    ``wait`` blocks until it completes and re-raises its error on the waiting thread, as
+    torch.distributed's ``Work.wait`` does.
+    """
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._result: Any = None
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the call completes; return True.
+
+        Args:
+            timeout: seconds to wait; ``None`` waits as long as the group's own timeout allows.
+
+        Raises:
+            CommTimeoutError: not complete within ``timeout``.
+            CommError: the call itself failed (its own exception is re-raised).
+        """
+        if not self._done.wait(timeout):
+            raise CommTimeoutError(f"{self.description} did not complete within {timeout:g} s")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        """Whether the call has finished, successfully or not."""
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        """Whether the call has finished without an error."""
+        return self._done.is_set() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        """The call's error once it has failed, else ``None``."""
+        return self._error
+
+    def result(self) -> Any:
+        """What the call produced (e.g. the sender's rank for ``irecv``) after ``wait``."""
+        self.wait()
+        return self._result
+
+    def after(self, callback: Callable[[], None]) -> None:
+        """Run ``callback()`` once the call succeeds, before ``wait`` returns.
+
+        Frontends use it to copy results into the caller's own array. An exception from the
+        callback becomes the call's error.
+        """
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(callback)
+                return
+        if self._error is None:
+            callback()
+
+    def _complete(self, result: Any = None, error: BaseException | None = None) -> None:
+        with self._lock:
+            callbacks, self._callbacks = self._callbacks, []
+            if error is None:
+                try:
+                    for callback in callbacks:
+                        callback()
+                except BaseException as exc:  # surfaced by wait(), like the call's own errors
+                    error = exc
+            self._result = result
+            self._error = error
+            self._done.set()
+
+    def __repr__(self) -> str:
+        state = "failed" if self._error else "done" if self._done.is_set() else "pending"
+        return f"<Work {self.description} {state}>"

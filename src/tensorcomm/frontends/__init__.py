@@ -1,0 +1,1 @@
+"""Thin API layers: validate arguments, convert arrays through adapters, call the core."""

@@ -1,0 +1,270 @@
+"""torch.distributed / MindSpore ``mint.distributed`` style: in place, ``async_op`` -> ``Work``.
+
+Every function validates its arguments on the calling rank, then calls ``core.collectives``.
+Ranks in ``src``/``dst`` are global ranks, as in torch and MindSpore. With ``async_op=False`` a
+call returns ``None`` once done; with ``async_op=True`` it returns a ``Work`` at once and the
+outputs are written when the call completes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..core import collectives, p2p
+from ..core.work import Work
+from ..algorithms import kernels
+from ..types import ReduceOp, ReduceOpLike
+from . import validate
+from .arrays import Staged
+
+
+def _done(result: Work | None, outputs: Sequence[Staged], async_op: bool) -> Work | None:
+    """Write outputs back to the callers' objects now (sync) or on completion (async)."""
+    def commit() -> None:
+        for staged in outputs:
+            staged.commit()
+
+    if async_op:
+        assert result is not None
+        result.after(commit)
+        return result
+    commit()
+    return None
+
+
+def _reduce_op(op: ReduceOpLike, staged: Staged, fn: str):  # type: ignore[no-untyped-def]
+    parsed = ReduceOp.parse(op, f"{fn}: op")
+    kernels.check_op_dtype(parsed, staged.array.dtype, f"{fn}: op")
+    return parsed
+
+
+def all_reduce(tensor: Any, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
+               async_op: bool = False) -> Work | None:
+    """Reduce ``tensor`` across the group; every member ends with the result, in place.
+
+    Bool tensors reduce logically: SUM/MAX are "or", PROD/MIN are "and".
+
+    Raises:
+        TypeError: a non-array tensor, unsupported dtype, or a bad ``op``/``group``/``async_op``.
+        ValueError: an op the dtype does not support, or a read-only tensor.
+    """
+    fn = "all_reduce"
+    g = validate.group(group, fn)
+    validate.flag(async_op, "async_op", fn)
+    staged = validate.array(tensor, "tensor", fn, writable=True)
+    reduce_op = _reduce_op(op, staged, fn)
+    return _done(collectives.all_reduce(g, staged.buf, reduce_op, async_op), [staged], async_op)
+
+
+def reduce(tensor: Any, dst: int = 0, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
+           async_op: bool = False) -> Work | None:
+    """Reduce ``tensor`` across the group onto global rank ``dst``; others' tensors are unchanged."""
+    fn = "reduce"
+    g = validate.group(group, fn)
+    validate.flag(async_op, "async_op", fn)
+    root = validate.rank(dst, "dst", fn, g)
+    staged = validate.array(tensor, "tensor", fn, writable=g.rank == root)
+    reduce_op = _reduce_op(op, staged, fn)
+    outputs = [staged] if g.rank == root else []
+    return _done(collectives.reduce(g, staged.buf, root, reduce_op, async_op), outputs, async_op)
+
+
+def broadcast(tensor: Any, src: int = 0, group: Any = None, async_op: bool = False) -> Work | None:
+    """Copy global rank ``src``'s ``tensor`` into every member's ``tensor``."""
+    fn = "broadcast"
+    g = validate.group(group, fn)
+    validate.flag(async_op, "async_op", fn)
+    root = validate.rank(src, "src", fn, g)
+    staged = validate.array(tensor, "tensor", fn, writable=g.rank != root)
+    outputs = [staged] if g.rank != root else []
+    return _done(collectives.broadcast(g, staged.buf, root, async_op), outputs, async_op)
+
+
+def all_gather(tensor_list: Any, tensor: Any, group: Any = None, async_op: bool = False) -> Work | None:
+    """Every member's ``tensor`` lands in ``tensor_list[member]`` on every member.
+
+    The list's arrays must all have ``tensor``'s dtype; their shapes may differ per member (the
+    "v" variant): ``tensor_list[i]`` must be shaped like member ``i``'s ``tensor``.
+    """
+    fn = "all_gather"
+    g = validate.group(group, fn)
+    validate.flag(async_op, "async_op", fn)
+    staged = validate.array(tensor, "tensor", fn)
+    outputs = validate.array_list(tensor_list, "tensor_list", fn, g.size, writable=True)
+    validate.same_dtype(outputs, staged, "tensor_list", fn)
+    if outputs[g.rank].array.size != staged.array.size:
+        raise ValueError(f"{fn}: tensor_list[{g.rank}] ({outputs[g.rank].signature}) must hold as many "
+                         f"elements as this rank's tensor ({staged.signature})")
+    work = collectives.all_gather(g, [o.buf for o in outputs], staged.buf, async_op)
+    return _done(work, outputs, async_op)
+
+
+def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None,
+                           async_op: bool = False) -> Work | None:
+    """Concatenate every member's ``input_tensor`` (in rank order, along dim 0) into ``output_tensor``."""
+    fn = "all_gather_into_tensor"
+    g = validate.group(group, fn)
+    validate.flag(async_op, "async_op", fn)
+    staged = validate.array(input_tensor, "input_tensor", fn)
+    output = validate.array(output_tensor, "output_tensor", fn, writable=True)
+    validate.same_dtype([output], staged, "output_tensor", fn)
+    if output.array.size != staged.array.size * g.size:
+        raise ValueError(f"{fn}: output_tensor ({output.signature}) must hold group size ({g.size}) x "
+                         f"input_tensor ({staged.signature}) elements")
+    pieces = list(output.buf.reshape(g.size, -1)) if output.buf.size else [output.buf] * g.size
+    return _done(collectives.all_gather(g, pieces, staged.buf, async_op), [output], async_op)
+
+
+def gather(tensor: Any, gather_list: Any = None, dst: int = 0, group: Any = None,
+           async_op: bool = False) -> Work | None:
+    """Collect every member's ``tensor`` into ``gather_list`` on global rank ``dst`` only.
+
+    Other ranks may pass ``None`` or a list; a list passed there is left untouched.
+    """
+    fn = "gather"
+    g = validate.group(group, fn)
+    validate.flag(async_op, "async_op", fn)
+    root = validate.rank(dst, "dst", fn, g)
+    staged = validate.array(tensor, "tensor", fn)
+    outputs: list[Staged] = []
+    if g.rank == root:
+        if gather_list is None:
+            raise ValueError(f"{fn}: gather_list is required on the destination rank {dst}")
+        outputs = validate.array_list(gather_list, "gather_list", fn, g.size, writable=True)
+        validate.same_layout(outputs, staged, "gather_list", fn)
+    counts = [staged.array.size] * g.size
+    work = collectives.gather(g, staged.buf, [o.buf for o in outputs] or None, root, counts, async_op)
+    return _done(work, outputs, async_op)
+
+
+def scatter(tensor: Any, scatter_list: Any = None, src: int = 0, group: Any = None,
+            async_op: bool = False) -> Work | None:
+    """Send ``scatter_list[i]`` from global rank ``src`` into member ``i``'s ``tensor``."""
+    fn = "scatter"
+    g = validate.group(group, fn)
+    validate.flag(async_op, "async_op", fn)
+    root = validate.rank(src, "src", fn, g)
+    output = validate.array(tensor, "tensor", fn, writable=True)
+    inputs: list[Staged] | None = None
+    if g.rank == root:
+        if scatter_list is None:
+            raise ValueError(f"{fn}: scatter_list is required on the source rank {src}")
+        inputs = validate.array_list(scatter_list, "scatter_list", fn, g.size)
+        validate.same_layout(inputs, output, "scatter_list", fn)
+    counts = [output.array.size] * g.size
+    work = collectives.scatter(g, output.buf, [i.buf for i in inputs] if inputs else None, root,
+                               counts, async_op)
+    return _done(work, [output], async_op)
+
+
+def reduce_scatter(output: Any, input_list: Any, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
+                   async_op: bool = False) -> Work | None:
+    """Reduce ``input_list[i]`` across members into member ``i``'s ``output``."""
+    fn = "reduce_scatter"
+    g = validate.group(group, fn)
+    validate.flag(async_op, "async_op", fn)
+    out = validate.array(output, "output", fn, writable=True)
+    inputs = validate.array_list(input_list, "input_list", fn, g.size)
+    validate.same_layout(inputs, out, "input_list", fn)
+    reduce_op = _reduce_op(op, out, fn)
+    work = collectives.reduce_scatter(g, out.buf, [i.buf for i in inputs], reduce_op, async_op)
+    return _done(work, [out], async_op)
+
+
+def reduce_scatter_tensor(output: Any, input: Any, op: ReduceOpLike = ReduceOp.SUM,  # noqa: A002
+                          group: Any = None, async_op: bool = False) -> Work | None:
+    """Reduce ``input`` across members; member ``i`` gets the i-th of ``size`` equal dim-0 blocks."""
+    fn = "reduce_scatter_tensor"
+    g = validate.group(group, fn)
+    validate.flag(async_op, "async_op", fn)
+    out = validate.array(output, "output", fn, writable=True)
+    source = validate.array(input, "input", fn)
+    validate.same_dtype([source], out, "input", fn)
+    if source.array.size != out.array.size * g.size:
+        raise ValueError(f"{fn}: input ({source.signature}) must hold group size ({g.size}) x output "
+                         f"({out.signature}) elements")
+    reduce_op = _reduce_op(op, out, fn)
+    blocks = list(source.buf.reshape(g.size, -1)) if source.buf.size else [source.buf] * g.size
+    return _done(collectives.reduce_scatter(g, out.buf, blocks, reduce_op, async_op), [out], async_op)
+
+
+def all_to_all(output_tensor_list: Any, input_tensor_list: Any, group: Any = None,
+               async_op: bool = False) -> Work | None:
+    """Member ``i``'s ``input_tensor_list[j]`` lands in member ``j``'s ``output_tensor_list[i]``."""
+    fn = "all_to_all"
+    g = validate.group(group, fn)
+    validate.flag(async_op, "async_op", fn)
+    inputs = validate.array_list(input_tensor_list, "input_tensor_list", fn, g.size)
+    outputs = validate.array_list(output_tensor_list, "output_tensor_list", fn, g.size, writable=True)
+    validate.same_dtype(inputs[1:] + outputs, inputs[0], "input/output_tensor_list", fn)
+    work = collectives.all_to_all(g, [o.buf for o in outputs], [i.buf for i in inputs], async_op)
+    return _done(work, outputs, async_op)
+
+
+def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int] | None = None,  # noqa: A002
+                      input_split_sizes: Sequence[int] | None = None, group: Any = None,
+                      async_op: bool = False) -> Work | None:
+    """Split ``input`` along dim 0 (equally, or by ``input_split_sizes``), send block i to member i,
+    and concatenate what arrives into ``output`` (split by ``output_split_sizes``)."""
+    fn = "all_to_all_single"
+    g = validate.group(group, fn)
+    validate.flag(async_op, "async_op", fn)
+    source = validate.array(input, "input", fn)
+    out = validate.array(output, "output", fn, writable=True)
+    validate.same_dtype([out], source, "output", fn)
+    if source.array.ndim == 0 or out.array.ndim == 0:
+        raise ValueError(f"{fn}: input and output need at least one dimension")
+    if source.array.shape[1:] != out.array.shape[1:]:
+        raise ValueError(f"{fn}: input ({source.signature}) and output ({out.signature}) must agree "
+                         "beyond dim 0")
+    row = int(source.buf[:1].size) if source.array.shape[0] else int(
+        out.buf.size // max(out.array.shape[0], 1))
+    send_rows = validate.split_sizes(input_split_sizes, "input_split_sizes", fn, g.size, source.array.shape[0])
+    recv_rows = validate.split_sizes(output_split_sizes, "output_split_sizes", fn, g.size, out.array.shape[0])
+    work = collectives.all_to_all_flat(g, out.buf, [r * row for r in send_rows], source.buf,
+                                       [r * row for r in recv_rows], async_op)
+    return _done(work, [out], async_op)
+
+
+def barrier(group: Any = None, async_op: bool = False) -> Work | None:
+    """Block until every member of the group has called ``barrier``."""
+    fn = "barrier"
+    g = validate.group(group, fn)
+    validate.flag(async_op, "async_op", fn)
+    return collectives.barrier(g, async_op)
+
+
+def isend(tensor: Any, dst: int, group: Any = None, tag: int = 0) -> Work:
+    """Start sending ``tensor`` to global rank ``dst``; return a ``Work``."""
+    fn = "isend"
+    g = validate.group(group, fn)
+    validate.rank(dst, "dst", fn, g)
+    staged = validate.array(tensor, "tensor", fn)
+    return p2p.isend(g, staged.buf, dst, validate.tag(tag, fn))
+
+
+def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0) -> Work:
+    """Post a receive into ``tensor`` from global rank ``src`` (``None``: any member).
+
+    ``Work.result()`` is the sender's global rank.
+    """
+    fn = "irecv"
+    g = validate.group(group, fn)
+    if src is not None:
+        validate.rank(src, "src", fn, g)
+    staged = validate.array(tensor, "tensor", fn, writable=True)
+    work = p2p.irecv(g, staged.buf, src, validate.tag(tag, fn))
+    work.after(staged.commit)
+    return work
+
+
+def send(tensor: Any, dst: int, group: Any = None, tag: int = 0) -> None:
+    """Send ``tensor`` to global rank ``dst``, matched by ``recv`` with the same ``tag``."""
+    isend(tensor, dst, group, tag).wait()
+
+
+def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0) -> int:
+    """Receive into ``tensor`` from global rank ``src`` (``None``: any member); return the sender."""
+    work = irecv(tensor, src, group, tag)
+    work.wait()
+    return work.result()

@@ -1,0 +1,1 @@
+"""TCP transport: one authenticated connection per pair of ranks."""

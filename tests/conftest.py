@@ -1,0 +1,1 @@
+"""Shared pytest setup: every test has a hard timeout (pytest-timeout, set in pyproject.toml)."""
