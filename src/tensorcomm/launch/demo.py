@@ -1,0 +1,37 @@
+"""``tensorcomm demo``: start N local ranks of ``tensorcomm.demo`` on the embedded default.
+
+No server, MPI or configuration: the launcher hosts the store on loopback, as ``tensorcomm run``
+does. Kept apart from the demo body so ``launch`` imports no core module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable
+
+from . import env as launch_env
+from . import spawner
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-n", "--nprocs", type=int, default=4, help="number of local ranks (default 4)")
+    parser.add_argument("--sizes", type=int, nargs="+", help="float32 element counts per collective")
+    parser.add_argument("--iterations", type=int, help="timed calls per row")
+
+
+def _demo(args: argparse.Namespace) -> int:
+    settings = launch_env.resolve_settings(os.environ, nprocs=args.nprocs, nnodes=1, node_rank=0)
+    command = [sys.executable, "-m", "tensorcomm.demo"]
+    if args.sizes:
+        command += ["--sizes", *map(str, args.sizes)]
+    if args.iterations:
+        command += ["--iterations", str(args.iterations)]
+    return spawner.launch(settings, command)
+
+
+def register(register_subcommand: Callable[..., None]) -> None:
+    """Add ``tensorcomm demo`` to the CLI."""
+    register_subcommand("demo", "run every collective on N local ranks and check it against numpy",
+                        _add_arguments, _demo)
