@@ -315,6 +315,26 @@ def test_failing_rank_stops_the_others_at_once(tmp_path: Path, store: None) -> N
     _assert_gone([int(p.read_text()) for p in pids.glob("*.pid")], within=0.5)
 
 
+def test_failure_also_stops_what_an_exited_rank_left_running(tmp_path: Path) -> None:
+    pid_file = tmp_path / "grandchild.pid"
+    script = _script(tmp_path, f"""\
+        import os, subprocess, sys, time
+        from pathlib import Path
+        pid_file = Path({str(pid_file)!r})
+        if os.environ["RANK"] == "2":  # leaves a process behind in its group and succeeds
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+            pid_file.with_suffix(".tmp").write_text(str(child.pid))
+            pid_file.with_suffix(".tmp").rename(pid_file)
+        else:
+            while not pid_file.exists(): time.sleep(0.01)
+            time.sleep(0.2)  # rank 2 has exited by now
+            sys.exit(1)
+    """)
+    result = _launch("-n", "2", *NODE1_OF_2, script, TENSORCOMM_SECRET="s")
+    assert result.returncode == 1, result.stderr
+    _assert_gone([int(pid_file.read_text())])
+
+
 def test_rank_killed_by_signal(tmp_path: Path) -> None:
     script = _script(tmp_path, """\
         import os, signal, time

@@ -77,6 +77,21 @@ def describe_exit(rank: int, returncode: int) -> str:
     return f"rank {rank} exited with code {returncode}"
 
 
+def _peek(process: subprocess.Popen[bytes]) -> int | None:
+    """``process``'s return code in Popen's convention if it has exited, else ``None``.
+
+    Unlike ``Popen.poll`` this leaves the process a zombie (``WNOWAIT``): until it is reaped its
+    pid, which is also the id of its process group, stays reserved, so signalling that group can
+    never hit a stranger's. ``Popen.wait`` in ``_Job._reap`` reaps it.
+    """
+    if process.returncode is not None:
+        return process.returncode
+    status = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    if status is None:
+        return None
+    return status.si_status if status.si_code == os.CLD_EXITED else -status.si_status
+
+
 def _pdeathsig_preexec() -> Callable[[], None] | None:
     """A ``preexec_fn`` that makes the child die with the launcher, or ``None`` off Linux.
 
@@ -172,17 +187,18 @@ class _Job:
         self._err.write_line(f"tensorcomm: {message}\n")
 
     def run(self, timeout: float | None) -> int:
-        code: int | None = None
+        succeeded = False
         with self._signals.installed():
             try:
                 code = self._start_all() or self._supervise(timeout)
+                succeeded = code == 0
+                return code
             finally:
                 # Any way out but success (failure, signal, timeout, an exception here) stops all.
-                if code != 0:
+                if not succeeded:
                     self._stop(self._signals.received[0] if self._signals.received
                                else signal.SIGTERM)
                 self._reap()
-        return code
 
     def _start_all(self) -> int | None:
         """Start every rank; on a command that cannot start, its shell-style code."""
@@ -216,7 +232,7 @@ class _Job:
                 self.say(f"received {signal.Signals(signum).name}, stopping all ranks")
                 return 128 + signum
             for rank in list(running):
-                returncode = rank.process.poll()
+                returncode = _peek(rank.process)
                 if returncode is None:
                     continue
                 running.remove(rank)
@@ -231,7 +247,9 @@ class _Job:
         return 0
 
     def _signal_groups(self, signum: int) -> None:
-        # Exited ranks too: a rank's own children may still be alive in its process group.
+        # Exited ranks too: a rank's own children may still be alive in its process group. Safe
+        # because an exited rank is not reaped before _reap, so its pid (= the group's id) cannot
+        # have been reused by an unrelated process group.
         for rank in self._ranks:
             try:
                 os.killpg(rank.process.pid, signum)
@@ -243,7 +261,7 @@ class _Job:
         self._signal_groups(signum)
         handled = len(self._signals.received)
         deadline = time.monotonic() + self._grace
-        while any(rank.process.poll() is None for rank in self._ranks):
+        while any(_peek(rank.process) is None for rank in self._ranks):
             # A further signal to the launcher means "now": skip the rest of the grace period.
             if time.monotonic() >= deadline or len(self._signals.received) > handled:
                 break
