@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from tensorcomm.config import CONNECT_RETRY_INTERVAL
-from tensorcomm.errors import AuthenticationError, RendezvousError
+from tensorcomm.errors import AuthenticationError, CommTimeoutError, RendezvousError
 from tensorcomm.rendezvous.auth import handshake_client, handshake_server, recv_exact, secret_bytes
 from tensorcomm.rendezvous.store import (MAX_KEY_BYTES, MAX_VALUE_BYTES, Store, add_to_counter,
                                          check_amount, check_key, check_keys, check_value,
@@ -217,7 +217,10 @@ class TCPStoreServer:
             raise ProtocolError(f"value of {value_len} bytes exceeds {MAX_VALUE_BYTES}")
         if not (math.isfinite(timeout) and timeout >= 0):
             raise ProtocolError(f"bad timeout {timeout}")
-        body = recv_exact(conn, key_len + value_len, FRAME_TIMEOUT)
+        try:
+            body = recv_exact(conn, key_len + value_len, FRAME_TIMEOUT)
+        except (ConnectionError, CommTimeoutError) as exc:
+            raise ProtocolError(f"incomplete {_OP_NAMES[op]} frame: {exc}") from None
         key, value = _decode_key(body[:key_len]), body[key_len:]
         status, reply = self._dispatch(op, key, value, timeout)
         conn.sendall(_RESPONSE.pack(status, len(reply)) + reply)
