@@ -14,6 +14,8 @@ The process rules, in one place:
   SIGHUP) is forwarded the same way and the launcher exits ``128 + signum``. A second signal
   skips the grace period.
 - Every child is reaped and the store closed before returning, whatever happened.
+- Ranks read stdin from ``/dev/null``: several ranks cannot share the terminal, and a rank in its
+  own session has no controlling terminal anyway.
 
 This module imports ``rendezvous`` lazily (only to host the store) and never ``core``.
 """
