@@ -1,0 +1,160 @@
+"""Reduction kernels: each ``ReduceOp`` is a numpy ufunc applied with ``out=``, plus the dtype rules.
+
+Owns which (op, dtype) pairs are defined, the accumulation rule for half precision, and the
+``prepare``/``finish`` pair that turns AVG and PREMUL_SUM into a plain SUM around an algorithm.
+Imports numpy, ml_dtypes and ``types`` only; it must not import ``core``.
+
+Accumulation rule: float16 and bfloat16 SUM, AVG, PREMUL_SUM and PROD accumulate in float32.
+``prepare`` upcasts the caller's buffer once, every partial result travels and is combined in
+float32, and ``finish`` rounds once at the end, so a half-precision reduction is never less
+accurate than a float32 accumulation of the same inputs (summing in float16 instead rounds every
+partial to 11 bits: 1000 ranks adding float16(0.1) one after another reach 105.2, not 99.98). The
+price is twice the bytes on the wire for half-precision reductions. MIN and MAX are exact in any dtype and stay in half precision.
+
+bool follows numpy's own ufunc semantics: SUM is logical or, PROD logical and, MIN and, MAX or;
+BAND/BOR/BXOR are the logical and/or/xor. Integer SUM and PROD wrap around on overflow, as numpy
+does, so the result does not depend on the order of reduction.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from ..types import PremulSum, ReduceOp
+
+SUPPORTED_DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in (
+    np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+    np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.complex64, np.complex128))
+
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+_HALF = (np.dtype(np.float16), _BFLOAT16)
+_FLOAT32 = np.dtype(np.float32)
+
+_UFUNCS = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.PROD: np.multiply,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.BAND: np.bitwise_and,
+    ReduceOp.BOR: np.bitwise_or,
+    ReduceOp.BXOR: np.bitwise_xor,
+}
+_BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
+# Complex numbers have no order; PROD is refused too, as torch.distributed refuses it, so that a
+# program behaves the same under both libraries.
+_NOT_COMPLEX = (ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PROD)
+# Ops that involve a real-valued division or factor: no exact integer result.
+_NEEDS_FLOAT = (ReduceOp.AVG, ReduceOp.PREMUL_SUM)
+_WIDENED = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PREMUL_SUM, ReduceOp.PROD)
+
+
+def _base(op: ReduceOp | PremulSum) -> ReduceOp:
+    return ReduceOp.PREMUL_SUM if isinstance(op, PremulSum) else op
+
+
+def _kind(dtype: np.dtype) -> str:
+    """numpy's kind letter, with bfloat16 (kind 'V' in ml_dtypes) counted as a float."""
+    return "f" if dtype == _BFLOAT16 else dtype.kind
+
+
+def check_op_dtype(op: ReduceOp | PremulSum, dtype: np.dtype | type, argument: str = "op") -> None:
+    """Check that ``op`` is defined on arrays of ``dtype``.
+
+    Args:
+        op: the reduction.
+        dtype: the element type of the arrays to reduce.
+        argument: the caller's name for ``op``, used in messages.
+
+    Raises:
+        TypeError: ``dtype`` is not one of ``SUPPORTED_DTYPES``.
+        ValueError: ``op`` is not defined for ``dtype`` (bitwise ops on floats, MIN/MAX/PROD on
+            complex, AVG/PREMUL_SUM on integers or bool, PREMUL_SUM without a factor).
+    """
+    dtype = np.dtype(dtype)
+    if dtype not in SUPPORTED_DTYPES:
+        names = ", ".join(str(t) for t in SUPPORTED_DTYPES)
+        raise TypeError(f"cannot reduce arrays of dtype {dtype}; supported dtypes: {names}")
+    if op is ReduceOp.PREMUL_SUM:
+        raise ValueError(f"{argument}: use ReduceOp.premul_sum(factor) to give PREMUL_SUM its factor")
+    base, kind = _base(op), _kind(dtype)
+    if base in _BITWISE and kind in "fc":
+        raise ValueError(f"{argument}: {base.name} is not defined for {dtype}; bitwise reductions "
+                         "need a bool or integer dtype")
+    if base in _NOT_COMPLEX and kind == "c":
+        raise ValueError(f"{argument}: {base.name} is not defined for {dtype}")
+    if base in _NEEDS_FLOAT and kind in "biu":
+        raise ValueError(f"{argument}: {base.name} is not defined for {dtype}: there is no exact "
+                         "integer result; use SUM and divide, or a floating-point dtype")
+
+
+def accumulation_dtype(op: ReduceOp | PremulSum, dtype: np.dtype | type) -> np.dtype:
+    """The dtype partial results of ``op`` over ``dtype`` are kept in (see the module docstring)."""
+    dtype = np.dtype(dtype)
+    if dtype in _HALF and _base(op) in _WIDENED:
+        return _FLOAT32
+    return dtype
+
+
+def combine(op: ReduceOp, left: np.ndarray, right: np.ndarray, out: np.ndarray) -> None:
+    """Write ``left op right`` into ``out`` element-wise (``out`` may alias either operand).
+
+    Algorithms that need bit-identical results on every rank call this with a fixed operand
+    order: IEEE ``min(0.0, -0.0)`` and NaN payloads depend on which operand comes first.
+
+    Raises:
+        ValueError: ``op`` is AVG or PREMUL_SUM, which ``prepare`` turns into SUM first.
+    """
+    ufunc = _UFUNCS.get(op)
+    if ufunc is None:
+        raise ValueError(f"{op.name} has no kernel; run kernels.prepare() to turn it into SUM")
+    ufunc(left, right, out=out)
+
+
+def reduce_into(op: ReduceOp, acc: np.ndarray, other: np.ndarray) -> None:
+    """``acc = acc op other`` in place.
+
+    Raises:
+        ValueError: ``op`` is AVG or PREMUL_SUM, which ``prepare`` turns into SUM first.
+    """
+    combine(op, acc, other, acc)
+
+
+def prepare(op: ReduceOp | PremulSum, data: np.ndarray) -> tuple[ReduceOp, np.ndarray]:
+    """Return the op to run and a fresh working buffer for reducing ``data``.
+
+    The buffer is a contiguous 1-D copy in ``accumulation_dtype``, premultiplied by the factor of a
+    ``PremulSum`` (in the accumulation dtype). The copy is deliberate: the caller's array stays
+    untouched if the collective fails midway. AVG and PREMUL_SUM run as SUM; ``finish`` divides.
+
+    Raises:
+        TypeError, ValueError: as ``check_op_dtype``.
+    """
+    check_op_dtype(op, data.dtype)
+    work = np.empty(data.size, dtype=accumulation_dtype(op, data.dtype))
+    np.copyto(work.reshape(data.shape), data)
+    if isinstance(op, PremulSum):
+        np.multiply(work, op.factor, out=work)
+        return ReduceOp.SUM, work
+    return (ReduceOp.SUM if op is ReduceOp.AVG else op), work
+
+
+def finish(op: ReduceOp | PremulSum, work: np.ndarray, out: np.ndarray, size: int) -> None:
+    """Complete a reduction prepared by ``prepare``: divide by ``size`` for AVG, round into ``out``.
+
+    Args:
+        op: the op given to ``prepare``.
+        work: the reduced working buffer.
+        out: C-contiguous destination of any shape with ``work.size`` elements.
+        size: the number of ranks that contributed.
+
+    Raises:
+        ValueError: ``out`` does not hold ``work.size`` elements or is not C-contiguous.
+    """
+    if out.size != work.size or not out.flags.c_contiguous:
+        raise ValueError(f"out: expected a C-contiguous array of {work.size} elements, got "
+                         f"{out.size} elements (c_contiguous={out.flags.c_contiguous})")
+    if op is ReduceOp.AVG:
+        np.divide(work, size, out=work)
+    # The one rounding of the accumulation rule happens here, hence the unsafe cast.
+    np.copyto(out.reshape(-1), work, casting="unsafe")
