@@ -1,0 +1,465 @@
+"""Every algorithm x world sizes 1..7 x counts x ops x dtypes against numpy, with threads as ranks.
+
+Each test runs one thread per rank over the loopback transport; a rank issues many calls in a
+row (one ``seq`` each), the way the core's engine will. Every message is recorded so that the
+tests also check that no two messages of a call share (source, destination, tag). The loopback
+transport itself is tested at the end of the file.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import threading
+import time
+from collections import Counter
+from typing import Callable
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tensorcomm.algorithms import (allgather, allreduce, alltoall, barrier, broadcast, gather_scatter,
+                                   kernels, reduce, reduce_scatter)
+from tensorcomm.algorithms.base import Ctx
+from tensorcomm.errors import CollectiveMismatchError, CommTimeoutError, GroupAbortedError
+from tensorcomm.transports.base import ANY_SOURCE, Transport, as_bytes
+from tensorcomm.transports.loopback import LoopbackHub, LoopbackTransport, run_threads
+from tensorcomm.types import ReduceOp
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+SIZES = range(1, 8)
+DTYPES = [np.dtype(np.int32), np.dtype(np.float32), np.dtype(np.float64), BF16,
+          np.dtype(np.bool_), np.dtype(np.complex128)]
+OPS = [ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG, ReduceOp.BAND,
+       ReduceOp.BOR, ReduceOp.BXOR, ReduceOp.premul_sum(0.5)]
+UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum,
+          ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and, ReduceOp.BOR: np.bitwise_or,
+          ReduceOp.BXOR: np.bitwise_xor}
+
+
+def counts_for(size: int) -> list[int]:
+    return sorted({0, 1, max(size - 1, 0), size + 1, 1000})
+
+
+def ops_for(dtype: np.dtype) -> list:
+    """Every op defined on ``dtype``; complex is checked with SUM only (and its AVG/premul forms)."""
+    valid = []
+    for op in OPS:
+        try:
+            kernels.check_op_dtype(op, dtype)
+        except ValueError:
+            continue
+        valid.append(op)
+    return valid
+
+
+def data(dtype: np.dtype, rank: int, count: int, salt: int = 0) -> np.ndarray:
+    rng = np.random.default_rng([rank, count, salt])
+    if dtype == np.bool_:
+        return rng.random(count) < 0.5
+    if dtype.kind in "iu":
+        return rng.integers(-9, 10, count).astype(dtype)
+    values = rng.uniform(0.5, 2.0, count) * rng.choice([-1.0, 1.0], count)
+    if dtype.kind == "c":
+        values = values + 1j * rng.standard_normal(count)
+    return values.astype(dtype)
+
+
+def reference(op, arrays: list[np.ndarray]) -> np.ndarray:
+    """The reduction computed by numpy alone: exactly for integers/bool/MIN/MAX, else in 64 bits."""
+    dtype = arrays[0].dtype
+    exact = dtype.kind in "biu" or op in (ReduceOp.MIN, ReduceOp.MAX)
+    wide = arrays if exact else [a.astype(np.complex128 if dtype.kind == "c" else np.float64)
+                                 for a in arrays]
+    if not isinstance(op, ReduceOp):
+        wide = [w * op.factor for w in wide]
+    result = functools.reduce(UFUNCS.get(op, np.add), wide)
+    return result / len(arrays) if op is ReduceOp.AVG else result
+
+
+def assert_matches(result: np.ndarray, expected: np.ndarray, op, size: int) -> None:
+    if result.dtype.kind in "biu" or op in (ReduceOp.MIN, ReduceOp.MAX):
+        assert np.array_equal(result.astype(expected.dtype), expected)
+        return
+    rtol = {BF16: 1e-2, np.dtype(np.float32): 1e-5}.get(result.dtype, 1e-12)
+    # Terms lie in [0.5, 2] in magnitude: a sum can cancel down to zero, so allow an absolute error
+    # of rtol times the largest partial sum.
+    np.testing.assert_allclose(result.astype(expected.dtype), expected, rtol=rtol, atol=rtol * 2 * size)
+
+
+class RecordingTransport(Transport):
+    """Passes everything to a loopback transport and records (src, dst, tag) of each send."""
+
+    def __init__(self, inner: LoopbackTransport, log: list) -> None:
+        self.inner, self.log = inner, log
+        self.rank, self.size = inner.rank, inner.size
+
+    def isend(self, peer, data, tag):
+        self.log.append((self.rank, peer, tag))
+        return self.inner.isend(peer, data, tag)
+
+    def irecv(self, peer, out, tag):
+        return self.inner.irecv(peer, out, tag)
+
+    def abort(self, error):
+        self.inner.abort(error)
+
+    def close(self):
+        self.inner.close()
+
+
+def run_ranks(size: int, body: Callable[[Callable[[], Ctx]], object]) -> list:
+    """Run ``body(next_ctx)`` on every rank; ``next_ctx()`` makes the Ctx of the rank's next call."""
+    log: list = []
+
+    def rank_main(transport: LoopbackTransport) -> object:
+        recording = RecordingTransport(transport, log)
+        seqs = itertools.count()
+        return body(lambda: Ctx(recording, range(size), transport.rank, group_id=1, seq=next(seqs),
+                                timeout=15.0))
+
+    results = run_threads(size, rank_main, timeout=60)
+    repeated = [key for key, times in Counter(log).items() if times > 1]
+    assert not repeated, f"messages sharing (src, dst, tag): {repeated[:5]}"
+    return results
+
+
+ALLREDUCE = [allreduce.ring, allreduce.recursive_doubling]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("algorithm", ALLREDUCE, ids=lambda f: f.__name__)
+def test_allreduce(algorithm, size, dtype):
+    cases = [(count, op) for count in counts_for(size) for op in ops_for(dtype)]
+
+    def body(next_ctx):
+        results = []
+        for count, op in cases:
+            ctx = next_ctx()
+            mine = data(dtype, ctx.rank, count)
+            before = mine.copy()
+            base, work = kernels.prepare(op, mine)
+            algorithm(ctx, work, base)
+            out = np.empty_like(mine)
+            kernels.finish(op, work, out, size)
+            assert np.array_equal(mine, before)
+            results.append(out)
+        return results
+
+    per_rank = run_ranks(size, body)
+    for index, (count, op) in enumerate(cases):
+        outs = [results[index] for results in per_rank]
+        assert all(out.tobytes() == outs[0].tobytes() for out in outs), f"ranks differ: {op} {count}"
+        expected = reference(op, [data(dtype, rank, count) for rank in range(size)])
+        assert_matches(outs[0], expected, op, size)
+
+
+@settings(max_examples=40, deadline=None)
+@given(size=st.integers(1, 7), count=st.integers(0, 300), seed=st.integers(0, 2**32 - 1),
+       op=st.sampled_from([ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.BXOR]))
+def test_ring_allreduce_property(size, count, seed, op):
+    inputs = [np.random.default_rng([seed, rank]).integers(-2**40, 2**40, count) for rank in range(size)]
+
+    def body(next_ctx):
+        ctx = next_ctx()
+        buf = inputs[ctx.rank].copy()
+        allreduce.ring(ctx, buf, op)
+        return buf
+
+    expected = functools.reduce(UFUNCS[op], inputs)
+    for out in run_ranks(size, body):
+        assert np.array_equal(out, expected)
+
+
+def test_allreduce_results_are_bit_identical_with_signed_zeros():
+    """MIN over +0.0 and -0.0 depends on operand order; every rank must still agree."""
+    def body(next_ctx):
+        results = []
+        for algorithm in ALLREDUCE:
+            ctx = next_ctx()
+            buf = np.zeros(64) * (-1.0 if ctx.rank % 2 else 1.0)
+            algorithm(ctx, buf, ReduceOp.MIN)
+            results.append(buf)
+        return results
+
+    for size in (3, 5, 6):
+        per_rank = run_ranks(size, body)
+        for index in range(len(ALLREDUCE)):
+            assert len({results[index].tobytes() for results in per_rank}) == 1
+
+
+def test_allreduce_mismatched_counts_raise_collective_mismatch():
+    def body(next_ctx):
+        ctx = next_ctx()
+        allreduce.ring(ctx, np.zeros(10 + ctx.rank), ReduceOp.SUM)
+
+    with pytest.raises(CollectiveMismatchError, match="bytes"):
+        run_ranks(2, body)
+
+
+def uneven(size: int, count: int) -> list[int]:
+    """Per-rank block sizes that differ, some zero."""
+    return [(count + 3 * rank) % 5 for rank in range(size)]
+
+
+def counts_cases(size: int) -> list[list[int]]:
+    return [[count] * size for count in counts_for(size)] + [uneven(size, 1), uneven(size, 2)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("size", SIZES)
+def test_reduce_scatter_ring(size, dtype):
+    cases = [(counts, op) for counts in counts_cases(size) for op in ops_for(dtype)]
+
+    def body(next_ctx):
+        results = []
+        for counts, op in cases:
+            ctx = next_ctx()
+            mine = data(dtype, ctx.rank, sum(counts))
+            base, work = kernels.prepare(op, mine)
+            sent = work.copy()
+            out_work = np.empty(counts[ctx.rank], dtype=work.dtype)
+            reduce_scatter.ring(ctx, work, out_work, counts, base)
+            assert np.array_equal(work, sent), "send was modified"
+            out = np.empty(counts[ctx.rank], dtype=dtype)
+            kernels.finish(op, out_work, out, size)
+            results.append(out)
+        return results
+
+    per_rank = run_ranks(size, body)
+    for index, (counts, op) in enumerate(cases):
+        expected = reference(op, [data(dtype, rank, sum(counts)) for rank in range(size)])
+        offsets = allgather.bounds(counts)
+        for rank, results in enumerate(per_rank):
+            assert_matches(results[index], expected[offsets[rank]:offsets[rank + 1]], op, size)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("size", SIZES)
+def test_reduce_binomial_tree(size, dtype):
+    cases = [(count, op, root) for count in counts_for(size) for op in ops_for(dtype)
+             for root in {0, size - 1, size // 2}]
+
+    def body(next_ctx):
+        results = []
+        for count, op, root in cases:
+            ctx = next_ctx()
+            base, work = kernels.prepare(op, data(dtype, ctx.rank, count))
+            sent = work.copy()
+            out_work = np.empty_like(work) if ctx.rank == root else None
+            reduce.binomial_tree(ctx, work, out_work, root, base)
+            assert np.array_equal(work, sent), "send was modified"
+            if ctx.rank == root:
+                out = np.empty(count, dtype=dtype)
+                kernels.finish(op, out_work, out, size)
+                results.append(out)
+        return results
+
+    per_rank = run_ranks(size, body)
+    for count, op, root in cases:  # each root's list holds its results in call order
+        out = per_rank[root].pop(0)
+        assert_matches(out, reference(op, [data(dtype, rank, count) for rank in range(size)]), op, size)
+
+
+MOVERS = [np.dtype(np.int32), BF16, np.dtype(np.bool_), np.dtype(np.complex128)]
+
+
+@pytest.mark.parametrize("dtype", MOVERS, ids=str)
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("algorithm", [allgather.ring, allgather.bruck], ids=lambda f: f.__name__)
+def test_allgather(algorithm, size, dtype):
+    cases = counts_cases(size)
+
+    def body(next_ctx):
+        results = []
+        for counts in cases:
+            ctx = next_ctx()
+            send = data(dtype, ctx.rank, counts[ctx.rank])
+            sent = send.copy()
+            out = np.empty(sum(counts), dtype=dtype)
+            algorithm(ctx, send, out, counts)
+            assert np.array_equal(send, sent)
+            results.append(out)
+        return results
+
+    per_rank = run_ranks(size, body)
+    for index, counts in enumerate(cases):
+        expected = np.concatenate([data(dtype, rank, counts[rank]) for rank in range(size)])
+        for results in per_rank:
+            assert results[index].tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("algorithm", [broadcast.binomial_tree, broadcast.scatter_allgather],
+                         ids=lambda f: f.__name__)
+def test_broadcast(algorithm, size):
+    cases = [(count, root, dtype) for count in counts_for(size) for root in range(size)
+             for dtype in MOVERS]
+
+    def body(next_ctx):
+        results = []
+        for count, root, dtype in cases:
+            ctx = next_ctx()
+            buf = data(dtype, ctx.rank, count, salt=root)
+            algorithm(ctx, buf, root)
+            results.append(buf)
+        return results
+
+    per_rank = run_ranks(size, body)
+    for index, (count, root, dtype) in enumerate(cases):
+        expected = data(dtype, root, count, salt=root)
+        for results in per_rank:
+            assert results[index].tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_gather_and_scatter(size):
+    cases = [(counts, root) for counts in counts_cases(size) for root in range(size)]
+    dtype = np.dtype(np.float64)
+
+    def body(next_ctx):
+        results = []
+        for counts, root in cases:
+            ctx = next_ctx()
+            send = data(dtype, ctx.rank, counts[ctx.rank])
+            gathered = np.empty(sum(counts)) if ctx.rank == root else None
+            gather_scatter.gather(ctx, send, gathered, counts, root)
+            whole = data(dtype, root, sum(counts), salt=1) if ctx.rank == root else None
+            block = np.empty(counts[ctx.rank])
+            gather_scatter.scatter(next_ctx(), whole, block, counts, root)
+            results.append((gathered, block))
+        return results
+
+    per_rank = run_ranks(size, body)
+    for index, (counts, root) in enumerate(cases):
+        offsets = allgather.bounds(counts)
+        expected = np.concatenate([data(dtype, rank, counts[rank]) for rank in range(size)])
+        whole = data(dtype, root, sum(counts), salt=1)
+        for rank, results in enumerate(per_rank):
+            gathered, block = results[index]
+            if rank == root:
+                assert np.array_equal(gathered, expected)
+            else:
+                assert gathered is None
+            assert np.array_equal(block, whole[offsets[rank]:offsets[rank + 1]])
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_alltoall_pairwise_exchange(size):
+    def matrix(count: int) -> list[list[int]]:
+        """matrix[i][j]: elements rank i sends to rank j."""
+        return [[(count + i + 2 * j) % 4 if count > 1 else count for j in range(size)]
+                for i in range(size)]
+
+    cases = [matrix(count) for count in counts_for(size)]
+    dtype = np.dtype(np.int32)
+
+    def body(next_ctx):
+        results = []
+        for sizes in cases:
+            ctx = next_ctx()
+            send_counts = sizes[ctx.rank]
+            recv_counts = [sizes[src][ctx.rank] for src in range(size)]
+            send = data(dtype, ctx.rank, sum(send_counts))
+            sent = send.copy()
+            out = np.empty(sum(recv_counts), dtype=dtype)
+            alltoall.pairwise_exchange(ctx, send, send_counts, out, recv_counts)
+            assert np.array_equal(send, sent)
+            results.append(out)
+        return results
+
+    per_rank = run_ranks(size, body)
+    for index, sizes in enumerate(cases):
+        blocks = [np.split(data(dtype, src, sum(sizes[src])), np.cumsum(sizes[src])[:-1])
+                  for src in range(size)]
+        for rank, results in enumerate(per_rank):
+            expected = np.concatenate([blocks[src][rank] for src in range(size)])
+            assert np.array_equal(results[index], expected)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_barrier_dissemination(size):
+    entered, left = [0.0] * size, [0.0] * size
+
+    def body(next_ctx):
+        ctx = next_ctx()
+        time.sleep(0.02 * ((ctx.rank * 3) % size))  # ranks arrive at different times
+        entered[ctx.rank] = time.monotonic()
+        barrier.dissemination(ctx)
+        left[ctx.rank] = time.monotonic()
+
+    run_ranks(size, body)
+    assert max(entered) <= min(left)
+
+
+# --- the loopback transport the tests above stand on ------------------------------------------
+
+def view(array: np.ndarray) -> memoryview:
+    return as_bytes(array)
+
+
+def test_loopback_matches_fifo_per_source_and_tag():
+    hub = LoopbackHub(3)
+    a, b, c = (hub.transport(rank) for rank in range(3))
+    for value in (1, 2):
+        a.isend(2, view(np.array([value], np.int64)), tag=7)
+    b.isend(2, view(np.array([10], np.int64)), tag=7)
+    a.isend(2, view(np.array([99], np.int64)), tag=8)
+    got = [np.zeros(1, np.int64) for _ in range(4)]
+    assert c.irecv(0, view(got[0]), tag=8).wait(1) == 0
+    assert c.irecv(1, view(got[1]), tag=7).wait(1) == 1
+    assert c.irecv(0, view(got[2]), tag=7).wait(1) == 0
+    assert c.irecv(0, view(got[3]), tag=7).wait(1) == 0
+    assert [int(g[0]) for g in got] == [99, 10, 1, 2]
+
+
+def test_loopback_any_source_and_posted_before_send():
+    hub = LoopbackHub(3)
+    got = np.zeros(1, np.int64)
+    request = hub.transport(0).irecv(ANY_SOURCE, view(got), tag=5)
+    assert not request.done()
+    hub.transport(2).isend(0, view(np.array([42], np.int64)), tag=5)
+    assert request.wait(1) == 2 and got[0] == 42
+
+
+def test_loopback_size_mismatch_timeout_abort_and_close():
+    hub = LoopbackHub(2)
+    sender, receiver = hub.transport(0), hub.transport(1)
+    sender.isend(1, view(np.zeros(3, np.uint8)), tag=1)
+    with pytest.raises(CollectiveMismatchError, match="3 bytes"):
+        receiver.irecv(0, view(np.zeros(4, np.uint8)), tag=1).wait(1)
+    with pytest.raises(CommTimeoutError):
+        receiver.irecv(0, view(np.zeros(1, np.uint8)), tag=2).wait(0.01)
+    pending = receiver.irecv(0, view(np.zeros(1, np.uint8)), tag=3)
+    receiver.abort(GroupAbortedError("stop"))
+    with pytest.raises(GroupAbortedError, match="stop"):
+        pending.wait(1)
+    with pytest.raises(GroupAbortedError, match="stop"):
+        receiver.isend(0, view(np.zeros(1, np.uint8)), tag=4).wait(1)
+    sender.close()
+    sender.close()
+    with pytest.raises(GroupAbortedError):
+        sender.irecv(1, view(np.zeros(1, np.uint8)), tag=5).wait(1)
+
+
+def test_run_threads_reraises_the_first_failure_and_unblocks_the_others():
+    def body(transport):
+        if transport.rank == 1:
+            raise KeyError("rank 1 broke")
+        transport.recv(1, view(np.zeros(1, np.uint8)), tag=0, timeout=10)  # would wait forever
+
+    start = time.monotonic()
+    with pytest.raises(KeyError, match="rank 1 broke"):
+        run_threads(3, body)
+    assert time.monotonic() - start < 5
+
+
+def test_run_threads_times_out_on_a_hung_rank():
+    release = threading.Event()
+    with pytest.raises(CommTimeoutError, match=r"ranks \[0\]"):
+        run_threads(2, lambda transport: release.wait(5) if transport.rank == 0 else None, timeout=0.2)
+    release.set()
