@@ -398,59 +398,55 @@ def test_barrier_dissemination(size):
 
 # --- the loopback transport the tests above stand on ------------------------------------------
 
-def view(array: np.ndarray) -> memoryview:
-    return as_bytes(array)
-
-
 def test_loopback_matches_fifo_per_source_and_tag():
     hub = LoopbackHub(3)
     a, b, c = (hub.transport(rank) for rank in range(3))
     for value in (1, 2):
-        a.isend(2, view(np.array([value], np.int64)), tag=7)
-    b.isend(2, view(np.array([10], np.int64)), tag=7)
-    a.isend(2, view(np.array([99], np.int64)), tag=8)
+        a.isend(2, as_bytes(np.array([value], np.int64)), tag=7)
+    b.isend(2, as_bytes(np.array([10], np.int64)), tag=7)
+    a.isend(2, as_bytes(np.array([99], np.int64)), tag=8)
     got = [np.zeros(1, np.int64) for _ in range(4)]
-    assert c.irecv(0, view(got[0]), tag=8).wait(1) == 0
-    assert c.irecv(1, view(got[1]), tag=7).wait(1) == 1
-    assert c.irecv(0, view(got[2]), tag=7).wait(1) == 0
-    assert c.irecv(0, view(got[3]), tag=7).wait(1) == 0
+    assert c.irecv(0, as_bytes(got[0]), tag=8).wait(1) == 0
+    assert c.irecv(1, as_bytes(got[1]), tag=7).wait(1) == 1
+    assert c.irecv(0, as_bytes(got[2]), tag=7).wait(1) == 0
+    assert c.irecv(0, as_bytes(got[3]), tag=7).wait(1) == 0
     assert [int(g[0]) for g in got] == [99, 10, 1, 2]
 
 
 def test_loopback_any_source_and_posted_before_send():
     hub = LoopbackHub(3)
     got = np.zeros(1, np.int64)
-    request = hub.transport(0).irecv(ANY_SOURCE, view(got), tag=5)
+    request = hub.transport(0).irecv(ANY_SOURCE, as_bytes(got), tag=5)
     assert not request.done()
-    hub.transport(2).isend(0, view(np.array([42], np.int64)), tag=5)
+    hub.transport(2).isend(0, as_bytes(np.array([42], np.int64)), tag=5)
     assert request.wait(1) == 2 and got[0] == 42
 
 
 def test_loopback_size_mismatch_timeout_abort_and_close():
     hub = LoopbackHub(2)
     sender, receiver = hub.transport(0), hub.transport(1)
-    sender.isend(1, view(np.zeros(3, np.uint8)), tag=1)
+    sender.isend(1, as_bytes(np.zeros(3, np.uint8)), tag=1)
     with pytest.raises(CollectiveMismatchError, match="3 bytes"):
-        receiver.irecv(0, view(np.zeros(4, np.uint8)), tag=1).wait(1)
+        receiver.irecv(0, as_bytes(np.zeros(4, np.uint8)), tag=1).wait(1)
     with pytest.raises(CommTimeoutError):
-        receiver.irecv(0, view(np.zeros(1, np.uint8)), tag=2).wait(0.01)
-    pending = receiver.irecv(0, view(np.zeros(1, np.uint8)), tag=3)
+        receiver.irecv(0, as_bytes(np.zeros(1, np.uint8)), tag=2).wait(0.01)
+    pending = receiver.irecv(0, as_bytes(np.zeros(1, np.uint8)), tag=3)
     receiver.abort(GroupAbortedError("stop"))
     with pytest.raises(GroupAbortedError, match="stop"):
         pending.wait(1)
     with pytest.raises(GroupAbortedError, match="stop"):
-        receiver.isend(0, view(np.zeros(1, np.uint8)), tag=4).wait(1)
+        receiver.isend(0, as_bytes(np.zeros(1, np.uint8)), tag=4).wait(1)
     sender.close()
     sender.close()
     with pytest.raises(GroupAbortedError):
-        sender.irecv(1, view(np.zeros(1, np.uint8)), tag=5).wait(1)
+        sender.irecv(1, as_bytes(np.zeros(1, np.uint8)), tag=5).wait(1)
 
 
 def test_run_threads_reraises_the_first_failure_and_unblocks_the_others():
     def body(transport):
         if transport.rank == 1:
             raise KeyError("rank 1 broke")
-        transport.recv(1, view(np.zeros(1, np.uint8)), tag=0, timeout=10)  # would wait forever
+        transport.recv(1, as_bytes(np.zeros(1, np.uint8)), tag=0, timeout=10)  # would wait forever
 
     start = time.monotonic()
     with pytest.raises(KeyError, match="rank 1 broke"):
