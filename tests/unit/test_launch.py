@@ -112,12 +112,17 @@ def test_module_and_no_python_commands() -> None:
     assert cli.rank_command(_parse("--no-python", "sh", "-c", "echo")) == ["sh", "-c", "echo"]
 
 
-@pytest.mark.parametrize("argv", [["-n", "2"], ["-n", "2", "-m"], ["-m", "--no-python", "x"],
-                                  ["-n", "zero", "x.py"]])
-def test_usage_errors_exit_2(argv: list[str]) -> None:
-    result = _launch(*argv)
+def test_missing_script_is_a_usage_error() -> None:
+    result = _launch("-n", "2")
     assert result.returncode == 2
-    assert "usage: tensorcomm run" in result.stderr
+    assert "usage: tensorcomm run" in result.stderr and "TARGET is required" in result.stderr
+
+
+@pytest.mark.parametrize("argv", [["-n", "2", "-m"], ["-m", "--no-python", "x"],
+                                  ["-n", "zero", "x.py"], ["-n", "0", "x.py"]])
+def test_usage_errors_return_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", *argv]) == 2
+    assert "usage: tensorcomm run" in capsys.readouterr().err
 
 
 def test_main_returns_codes_instead_of_raising(capsys: pytest.CaptureFixture[str]) -> None:
@@ -159,6 +164,18 @@ def test_rank_env_for_second_node() -> None:
     assert base == {"PATH": "/bin", "RANK": "stale"}
     with pytest.raises(ValueError, match="local_rank"):
         env.rank_env(base, settings, store, 3)
+
+
+def test_store_address_is_the_bound_port() -> None:
+    one_node = env.resolve_settings({}, master="10.0.0.5:0")
+    assert env.store_bind_address(one_node) == ("10.0.0.5", 0)
+    assert env.store_address(one_node, 4321) == env.StoreAddress("10.0.0.5", 4321)
+    assert env.store_address(env.resolve_settings({}), 99) == env.StoreAddress("127.0.0.1", 99)
+    node0 = env.resolve_settings({"TENSORCOMM_SECRET": "s"}, nnodes=2, master="head:29500")
+    assert env.store_bind_address(node0) == ("0.0.0.0", 29500)  # reachable from other nodes
+    node1 = env.resolve_settings({"TENSORCOMM_SECRET": "s"}, nnodes=2, node_rank=1,
+                                 master="head:29500")
+    assert env.store_address(node1, None) == env.StoreAddress("head", 29500)
 
 
 def test_flags_fall_back_to_env_and_win_over_it() -> None:

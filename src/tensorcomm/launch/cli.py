@@ -160,8 +160,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if args.command is None:
             parser.error("a command is required")
+        handler: Handler = args.handler
         try:
-            return args.handler(args)
+            return handler(args)
         except launch_env.LaunchConfigError as exc:
             args.usage_error(str(exc))  # prints the subcommand's usage, raises SystemExit(2)
             raise  # not reached

@@ -187,6 +187,20 @@ def store_bind_address(settings: LaunchSettings) -> tuple[str, int]:
     return host, port
 
 
+def store_address(settings: LaunchSettings, bound_port: int | None) -> StoreAddress:
+    """Where ranks dial the store, given the port this node's store bound (``None``: not hosted).
+
+    Raises:
+        ValueError: this node neither hosts the store nor knows where it is.
+    """
+    if bound_port is not None:
+        host = LOCAL_STORE_HOST if settings.master is None else settings.master[0]
+        return StoreAddress(host, bound_port)  # the port actually bound, even for --master h:0
+    if settings.master is None:
+        raise ValueError("settings: a node that does not host the store needs its master address")
+    return StoreAddress(*settings.master)
+
+
 def global_rank(settings: LaunchSettings, local_rank: int) -> int:
     """The job-wide rank of this node's ``local_rank``."""
     return settings.node_rank * settings.nprocs + local_rank

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import IO, Any, TextIO
+from typing import IO, Any, Protocol, TextIO
 
 from tensorcomm.errors import RendezvousError
 from tensorcomm.launch import env as launch_env
@@ -312,7 +312,13 @@ def run_ranks(specs: Sequence[RankSpec], *, timeout: float | None = None,
                 job.say(f"cleanup after the job failed: {exc!r}")
 
 
-def _host_store(host: str, port: int, secret_hex: str) -> Any:
+class _StoreServer(Protocol):
+    port: int
+
+    def close(self) -> None: ...
+
+
+def _host_store(host: str, port: int, secret_hex: str) -> _StoreServer:
     """Start the job's store server; imported lazily so ``launch`` loads without ``rendezvous``."""
     from tensorcomm.rendezvous.auth import secret_bytes
     from tensorcomm.rendezvous.tcp_store import TCPStoreServer
@@ -326,7 +332,7 @@ def launch(settings: launch_env.LaunchSettings, argv: list[str], *,
 
     Node 0's launcher hosts the store for the whole job and closes it after its ranks end.
     """
-    server = None
+    server: _StoreServer | None = None
     if settings.hosts_store:
         host, port = launch_env.store_bind_address(settings)
         try:
@@ -338,12 +344,9 @@ def launch(settings: launch_env.LaunchSettings, argv: list[str], *,
             print(f"tensorcomm: cannot host the store at {host}:{port}: {exc}", file=sys.stderr)
             return 1
     try:
-        if settings.master is None:
-            store = launch_env.StoreAddress(launch_env.LOCAL_STORE_HOST, server.port)
-        else:
-            store = launch_env.StoreAddress(*settings.master)
+        store = launch_env.store_address(settings, None if server is None else server.port)
         if server is not None:
-            print(f"tensorcomm: store at {store.host}:{server.port}", file=sys.stderr, flush=True)
+            print(f"tensorcomm: store at {store.host}:{store.port}", file=sys.stderr, flush=True)
         specs = [RankSpec(launch_env.global_rank(settings, local),
                           argv, launch_env.rank_env(os.environ, settings, store, local))
                  for local in range(settings.nprocs)]
