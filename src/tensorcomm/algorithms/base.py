@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import CommTimeoutError
 from ..transports.base import Request, Transport, as_bytes
+from .signature import NO_SIGNATURE, Signature
 
 GROUP_BITS = 15
 SEQ_BITS = 32
@@ -48,6 +49,8 @@ class Ctx:
         name: the collective's name, for error messages.
         host_of: host identity of each group rank (same string = same host), for topology-aware
             selection.
+        signature: what this call is; peers compare it with theirs to detect mismatched calls.
+        group_name: the group's name, for error messages.
     """
 
     transport: Transport
@@ -58,6 +61,8 @@ class Ctx:
     timeout: float
     name: str = "collective"
     host_of: Sequence[str] = ()
+    signature: Signature = NO_SIGNATURE
+    group_name: str = ""
     deadline: float = field(init=False)
 
     def __post_init__(self) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..algorithms import kernels, select
 from ..algorithms.base import Ctx
+from ..algorithms.signature import UNCHECKED, signature
 from ..types import PremulSum, ReduceOp
 from .group import Group
 from .work import Work
@@ -42,7 +43,7 @@ def all_reduce(group: Group, array: np.ndarray, op: Op, async_op: bool) -> Work 
         _algorithm("allreduce", ctx, work.nbytes)(ctx, work, base)
         kernels.finish(op, work, flat, ctx.size)
 
-    return group.run("all_reduce", body, async_op)
+    return group.run("all_reduce", body, async_op, signature("all_reduce", flat.dtype, flat.size, op))
 
 
 def reduce(group: Group, array: np.ndarray, root: int, op: Op, async_op: bool) -> Work | None:
@@ -56,7 +57,7 @@ def reduce(group: Group, array: np.ndarray, root: int, op: Op, async_op: bool) -
         if out is not None:
             kernels.finish(op, out, flat, ctx.size)
 
-    return group.run("reduce", body, async_op)
+    return group.run("reduce", body, async_op, signature("reduce", flat.dtype, flat.size, op, root))
 
 
 def broadcast(group: Group, array: np.ndarray, root: int, async_op: bool) -> Work | None:
@@ -69,7 +70,7 @@ def broadcast(group: Group, array: np.ndarray, root: int, async_op: bool) -> Wor
         if ctx.rank != root:
             flat[...] = work
 
-    return group.run("broadcast", body, async_op)
+    return group.run("broadcast", body, async_op, signature("broadcast", flat.dtype, flat.size, root=root))
 
 
 def all_gather(group: Group, outputs: Sequence[np.ndarray], array: np.ndarray,
@@ -87,7 +88,7 @@ def all_gather(group: Group, outputs: Sequence[np.ndarray], array: np.ndarray,
         _algorithm("allgather", ctx, out.nbytes)(ctx, send, out, counts)
         _copy_out(outputs, out)
 
-    return group.run("all_gather", body, async_op)
+    return group.run("all_gather", body, async_op, signature("all_gather", send.dtype, sum(counts)))
 
 
 def gather(group: Group, array: np.ndarray, outputs: Sequence[np.ndarray] | None, root: int,
@@ -101,7 +102,7 @@ def gather(group: Group, array: np.ndarray, outputs: Sequence[np.ndarray] | None
         if out is not None and outputs is not None:
             _copy_out(outputs, out)
 
-    return group.run("gather", body, async_op)
+    return group.run("gather", body, async_op, signature("gather", send.dtype, sum(counts), root=root))
 
 
 def scatter(group: Group, array: np.ndarray, inputs: Sequence[np.ndarray] | None, root: int,
@@ -115,7 +116,7 @@ def scatter(group: Group, array: np.ndarray, inputs: Sequence[np.ndarray] | None
         _algorithm("scatter", ctx, flat.nbytes * ctx.size)(ctx, send, out, list(counts), root)
         flat[...] = out
 
-    return group.run("scatter", body, async_op)
+    return group.run("scatter", body, async_op, signature("scatter", flat.dtype, sum(counts), root=root))
 
 
 def reduce_scatter(group: Group, output: np.ndarray, inputs: Sequence[np.ndarray], op: Op,
@@ -130,7 +131,8 @@ def reduce_scatter(group: Group, output: np.ndarray, inputs: Sequence[np.ndarray
         _algorithm("reduce_scatter", ctx, send.nbytes)(ctx, send, out, counts, base)
         kernels.finish(op, out, flat, ctx.size)
 
-    return group.run("reduce_scatter", body, async_op)
+    return group.run("reduce_scatter", body, async_op,
+                     signature("reduce_scatter", flat.dtype, sum(counts), op))
 
 
 def all_to_all(group: Group, outputs: Sequence[np.ndarray], inputs: Sequence[np.ndarray],
@@ -145,7 +147,7 @@ def all_to_all(group: Group, outputs: Sequence[np.ndarray], inputs: Sequence[np.
         _algorithm("alltoall", ctx, send.nbytes)(ctx, send, send_counts, out, recv_counts)
         _copy_out(outputs, out)
 
-    return group.run("all_to_all", body, async_op)
+    return group.run("all_to_all", body, async_op, signature("all_to_all", outputs[0].dtype, UNCHECKED))
 
 
 def all_to_all_flat(group: Group, output: np.ndarray, send_counts: Sequence[int],
@@ -159,7 +161,7 @@ def all_to_all_flat(group: Group, output: np.ndarray, send_counts: Sequence[int]
         _algorithm("alltoall", ctx, send.nbytes)(ctx, send, list(send_counts), out, list(recv_counts))
         flat[...] = out
 
-    return group.run("all_to_all_single", body, async_op)
+    return group.run("all_to_all_single", body, async_op, signature("all_to_all", flat.dtype, UNCHECKED))
 
 
 def barrier(group: Group, async_op: bool) -> Work | None:
@@ -168,4 +170,4 @@ def barrier(group: Group, async_op: bool) -> Work | None:
     def body(ctx: Ctx) -> None:
         _algorithm("barrier", ctx, 0)(ctx)
 
-    return group.run("barrier", body, async_op)
+    return group.run("barrier", body, async_op, signature("barrier"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..algorithms.base import Ctx
+from ..algorithms.signature import Signature
 from .engine import Engine
 from .work import Work
 
@@ -103,7 +104,7 @@ class Group:
     def group_id(self) -> int:
         return self._target()._group_id
 
-    def run(self, name: str, body: Callable[[Ctx], Any], async_op: bool) -> Work | Any:
+    def run(self, name: str, body: Callable[[Ctx], Any], async_op: bool, signature: Signature) -> Work | Any:
         """Run ``body`` with a fresh ``Ctx`` in this group's issue order."""
         target = self._target()
         world = target._world
@@ -112,7 +113,8 @@ class Group:
         def with_ctx(seq: int) -> Any:
             ctx = Ctx(transport=world.transport, ranks=target._ranks, rank=my_rank,
                       group_id=target._group_id, seq=seq, timeout=world.timeout,
-                      name=f"{name} on group {target._name!r}", host_of=world.hosts_of(target._ranks))
+                      name=f"{name} on group {target._name!r}", host_of=world.hosts_of(target._ranks),
+                      signature=signature, group_name=target._name)
             return body(ctx)
 
         return target._engine.submit(f"{name} on group {target._name!r}", with_ctx, async_op)

@@ -5,13 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import ml_dtypes
 
 from ..adapters.registry import adapter_for
+from ..algorithms.kernels import SUPPORTED_DTYPES
 
-SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (
-    np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
-    np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.complex64, np.complex128))
 _SUPPORTED_NAMES = ", ".join(d.name for d in SUPPORTED_DTYPES)
 
 
