@@ -82,12 +82,12 @@ class Ctx:
     def isend(self, peer: int, buf: np.ndarray, step: int = 0) -> Request:
         """Start sending ``buf`` to group rank ``peer``."""
         return self.transport.isend(self.ranks[peer], as_bytes(buf),
-                                    collective_tag(self.group_id, self.seq, step))
+                                    collective_tag(self.group_id, self.seq, step), self.signature)
 
     def irecv(self, peer: int, buf: np.ndarray, step: int = 0) -> Request:
         """Post a receive into ``buf`` from group rank ``peer``."""
         return self.transport.irecv(self.ranks[peer], as_bytes(buf),
-                                    collective_tag(self.group_id, self.seq, step))
+                                    collective_tag(self.group_id, self.seq, step), self.signature)
 
     def wait(self, request: Request) -> None:
         """Wait for ``request`` within the call's deadline."""
