@@ -59,6 +59,12 @@ class Rendezvous:
         if self.server is not None:
             self.server.close()
 
+    def __enter__(self) -> "Rendezvous":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
 
 SchemeHandler = Callable[[str, "int | None", "int | None", float, JobInfo], Rendezvous]
 """``handler(url, rank, world_size, timeout, info) -> Rendezvous``; rank/world_size as passed."""
@@ -109,8 +115,9 @@ def rendezvous(init_method: str | None, rank: int | None, world_size: int | None
     url = "env://" if init_method is None else init_method
     if not isinstance(url, str):
         raise TypeError(f"init_method: expected a URL string such as 'env://', got {type(url).__name__}")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
-            or not math.isfinite(timeout) or timeout <= 0:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout: expected seconds as a number, got {type(timeout).__name__}")
+    if not math.isfinite(timeout) or timeout <= 0:
         raise ValueError(f"timeout: expected a positive, finite number of seconds, got {timeout!r}")
     scheme, sep, _ = url.partition("://")
     handler = _HANDLERS.get(scheme.lower()) if sep else None

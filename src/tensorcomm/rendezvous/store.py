@@ -382,12 +382,16 @@ class FileStore(Store):
             key = chunk[pos + _RECORD.size:pos + _RECORD.size + klen].decode("utf-8")
             if op == _SET:
                 self._data[key] = chunk[end - vlen:end]
-            else:
+            elif op == _DELETE:
                 self._data.pop(key, None)
+            else:
+                raise RendezvousError(f"FileStore {self.path}: corrupt record at byte {self._offset + pos}")
             pos = end
         self._offset += pos
 
     def _append(self, fd: int, op: bytes, key: str, value: bytes) -> None:
         raw_key = key.encode("utf-8")
-        os.write(fd, _RECORD.pack(op, len(raw_key), len(value)) + raw_key + value)
+        record = memoryview(_RECORD.pack(op, len(raw_key), len(value)) + raw_key + value)
+        while record:  # a write may be partial; we hold the exclusive lock, so nothing interleaves
+            record = record[os.write(fd, record):]
         self._refresh(fd)

@@ -60,12 +60,11 @@ class ProtocolError(Exception):
 
 
 def encode_keys(keys: Sequence[str]) -> bytes:
-    """Pack ``keys`` as repeated ``len:u16 key`` (keys already checked by ``check_key``)."""
-    parts = []
-    for key in keys:
-        raw = key.encode("utf-8")
-        parts.append(_KEY_LEN.pack(len(raw)) + raw)
-    return b"".join(parts)
+    """Pack checked ``keys`` as repeated ``len:u16 key``; ValueError if over MAX_VALUE_BYTES."""
+    data = b"".join(_KEY_LEN.pack(len(raw)) + raw for raw in (k.encode("utf-8") for k in keys))
+    if len(data) > MAX_VALUE_BYTES:
+        raise ValueError(f"keys: the key list is {len(data)} bytes, at most {MAX_VALUE_BYTES} allowed")
+    return data
 
 
 def decode_keys(data: bytes) -> list[str]:
@@ -311,11 +310,11 @@ class TCPStore(Store):
     def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
         keys, timeout = check_keys(keys), self._timeout(timeout)
         if keys:
-            self._request(WAIT, "", self._key_list(keys), timeout, "wait")
+            self._request(WAIT, "", encode_keys(keys), timeout, "wait")
 
     def check(self, keys: Sequence[str]) -> bool:
         keys = check_keys(keys)
-        return not keys or self._request(CHECK, "", self._key_list(keys)) == b"\x01"
+        return not keys or self._request(CHECK, "", encode_keys(keys)) == b"\x01"
 
     def delete(self, key: str) -> bool:
         return self._request(DELETE, check_key(key), b"") == b"\x01"
@@ -333,13 +332,6 @@ class TCPStore(Store):
                 pass
         with self._lock:
             self._drop()
-
-    @staticmethod
-    def _key_list(keys: list[str]) -> bytes:
-        data = encode_keys(keys)
-        if len(data) > MAX_VALUE_BYTES:
-            raise ValueError(f"keys: the key list is {len(data)} bytes, at most {MAX_VALUE_BYTES} allowed")
-        return data
 
     def _request(self, op: int, key: str, value: bytes, timeout: float = 0.0, waiting: str = "") -> bytes:
         """Send one frame and return the OK reply's value; ``waiting`` names a blocking op."""
