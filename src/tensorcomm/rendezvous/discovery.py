@@ -31,7 +31,9 @@ Read whatever the source::
 A missing variable is ``None`` (local rank: 0). A variable that is set but malformed (not an
 integer, negative, rank not below world size, port outside 0..65535, empty) is a ValueError
 naming the variable and its value. msrun exports ``RANK`` as the index *on the node*, which is
-why a lone ``RANK`` next to msrun's variables does not count as torchrun.
+why a lone ``RANK`` next to msrun's variables does not count as torchrun. msrun also runs the
+script in its scheduler process (``MS_ROLE=MS_SCHED``, ``RANK_ID=0``); nothing here tells that
+process apart from worker 0 yet.
 """
 
 from __future__ import annotations
