@@ -97,12 +97,15 @@ class RecordingTransport(Transport):
         self.inner, self.log = inner, log
         self.rank, self.size = inner.rank, inner.size
 
-    def isend(self, peer, data, tag):
+    def isend(self, peer, data, tag, signature=None):
         self.log.append((self.rank, peer, tag))
-        return self.inner.isend(peer, data, tag)
+        return self.inner.isend(peer, data, tag, signature)
 
-    def irecv(self, peer, out, tag):
-        return self.inner.irecv(peer, out, tag)
+    def irecv(self, peer, out, tag, signature=None):
+        return self.inner.irecv(peer, out, tag, signature)
+
+    def abort_group(self, group_id, error):
+        self.inner.abort_group(group_id, error)
 
     def abort(self, error):
         self.inner.abort(error)

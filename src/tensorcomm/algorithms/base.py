@@ -13,27 +13,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import CommTimeoutError
-from ..transports.base import Request, Transport, as_bytes
+from ..errors import CommError, CommTimeoutError
+from ..transports.base import Request, Transport, as_bytes, collective_tag, p2p_tag  # noqa: F401
 from .signature import NO_SIGNATURE, Signature
-
-GROUP_BITS = 15
-SEQ_BITS = 32
-STEP_BITS = 16
-P2P_FLAG = 1 << 63
-
-
-def collective_tag(group_id: int, seq: int, step: int) -> int:
-    """Tag of message ``step`` of call ``seq`` in group ``group_id``."""
-    if not 0 <= step < (1 << STEP_BITS):
-        raise ValueError(f"step {step} out of range")
-    return (group_id << (SEQ_BITS + STEP_BITS)) | ((seq & ((1 << SEQ_BITS) - 1)) << STEP_BITS) | step
-
-
-def p2p_tag(group_id: int, user_tag: int) -> int:
-    """Tag of a user send/recv on a group; disjoint from every collective tag."""
-    return P2P_FLAG | (group_id << 32) | (user_tag & 0xFFFFFFFF)
-
 
 @dataclass
 class Ctx:
@@ -90,12 +72,21 @@ class Ctx:
                                     collective_tag(self.group_id, self.seq, step), self.signature)
 
     def wait(self, request: Request) -> None:
-        """Wait for ``request`` within the call's deadline."""
+        """Wait for ``request`` within the call's deadline.
+
+        A failure here dooms the whole call on every member, so the group is aborted on every
+        peer at once: members waiting on someone else learn of it now, not at their timeout.
+        """
         try:
             request.wait(self.remaining())
         except CommTimeoutError as exc:
-            raise CommTimeoutError(f"{self.name} (group rank {self.rank}) timed out after "
-                                   f"{self.timeout:g} s: {exc}") from None
+            error = CommTimeoutError(f"{self.name} (group rank {self.rank}) timed out after "
+                                     f"{self.timeout:g} s: {exc}")
+            self.transport.abort_group(self.group_id, error)
+            raise error from None
+        except CommError as exc:
+            self.transport.abort_group(self.group_id, exc)
+            raise
 
     def send(self, peer: int, buf: np.ndarray, step: int = 0) -> None:
         """Send ``buf`` to group rank ``peer`` and wait until it may be reused."""

@@ -13,7 +13,38 @@ from typing import Protocol
 
 import numpy as np
 
+from ..algorithms.signature import Signature
+from ..errors import CollectiveMismatchError
+
 ANY_SOURCE = -1
+
+# Tag layout: collective messages carry (group id, call sequence number, step within the call);
+# point-to-point messages set the top bit and carry (group id, user tag). Transports read the
+# group id back to fail every pending message of an aborted group.
+GROUP_BITS = 15
+SEQ_BITS = 32
+STEP_BITS = 16
+P2P_FLAG = 1 << 63
+_GROUP_MASK = (1 << GROUP_BITS) - 1
+
+
+def collective_tag(group_id: int, seq: int, step: int) -> int:
+    """Tag of message ``step`` of call ``seq`` in group ``group_id``."""
+    if not 0 <= step < (1 << STEP_BITS):
+        raise ValueError(f"step {step} out of range")
+    return (group_id << (SEQ_BITS + STEP_BITS)) | ((seq & ((1 << SEQ_BITS) - 1)) << STEP_BITS) | step
+
+
+def p2p_tag(group_id: int, user_tag: int) -> int:
+    """Tag of a user send/recv on a group; disjoint from every collective tag."""
+    return P2P_FLAG | (group_id << 32) | (user_tag & 0xFFFFFFFF)
+
+
+def group_of_tag(tag: int) -> int:
+    """The group id a tag belongs to."""
+    if tag & P2P_FLAG:
+        return (tag >> 32) & _GROUP_MASK
+    return (tag >> (SEQ_BITS + STEP_BITS)) & _GROUP_MASK
 
 
 class Request(Protocol):
@@ -41,11 +72,17 @@ class Transport(abc.ABC):
     size: int
 
     @abc.abstractmethod
-    def isend(self, peer: int, data: memoryview, tag: int) -> Request:
-        """Start sending ``data`` (a byte view) to ``peer``; ``data`` must stay valid until done."""
+    def isend(self, peer: int, data: memoryview, tag: int,
+              signature: Signature | None = None) -> Request:
+        """Start sending ``data`` (a byte view) to ``peer``; ``data`` must stay valid until done.
+
+        ``signature`` describes the collective call the message belongs to; the receiver
+        compares it with its own and fails with ``CollectiveMismatchError`` if they differ.
+        """
 
     @abc.abstractmethod
-    def irecv(self, peer: int, out: memoryview, tag: int) -> Request:
+    def irecv(self, peer: int, out: memoryview, tag: int,
+              signature: Signature | None = None) -> Request:
         """Post a receive of exactly ``len(out)`` bytes from ``peer`` (or ``ANY_SOURCE``)."""
 
     def send(self, peer: int, data: memoryview, tag: int, timeout: float | None = None) -> None:
@@ -57,12 +94,25 @@ class Transport(abc.ABC):
         return self.irecv(peer, out, tag).wait(timeout)
 
     @abc.abstractmethod
+    def abort_group(self, group_id: int, error: BaseException) -> None:
+        """Fail every pending and future message of ``group_id`` here and on every peer."""
+
+    @abc.abstractmethod
     def abort(self, error: BaseException) -> None:
         """Fail every pending and future request with ``error`` (callable from any thread)."""
 
     @abc.abstractmethod
     def close(self) -> None:
         """Release sockets, threads and memory; idempotent."""
+
+
+def signature_mismatch(peer: int, theirs: Signature | None, rank: int,
+                       mine: Signature | None) -> CollectiveMismatchError | None:
+    """The error for a message from ``peer`` whose call differs from this rank's, if it does."""
+    if theirs is None or mine is None or theirs == mine:
+        return None
+    return CollectiveMismatchError(f"rank {peer} called {theirs.describe()} while rank {rank} "
+                                   f"called {mine.describe()}")
 
 
 def as_bytes(array: np.ndarray) -> memoryview:

@@ -14,7 +14,8 @@ import time
 from typing import Callable, TypeVar
 
 from ..errors import CollectiveMismatchError, CommTimeoutError, GroupAbortedError, PeerLostError
-from .base import ANY_SOURCE, Transport
+from ..algorithms.signature import Signature
+from .base import ANY_SOURCE, Transport, group_of_tag, signature_mismatch
 
 T = TypeVar("T")
 
@@ -54,10 +55,12 @@ class LoopbackRequest:
 class _Posted:
     """A receive waiting for its message."""
 
-    __slots__ = ("src", "out", "request")
+    __slots__ = ("src", "out", "request", "signature", "dst")
 
-    def __init__(self, src: int, out: memoryview, request: LoopbackRequest) -> None:
+    def __init__(self, src: int, out: memoryview, request: LoopbackRequest,
+                 signature: Signature | None, dst: int) -> None:
         self.src, self.out, self.request = src, out, request
+        self.signature, self.dst = signature, dst
 
 
 def _failed(peer: int, error: BaseException) -> LoopbackRequest:
@@ -79,7 +82,9 @@ class LoopbackHub:
             raise ValueError(f"size: expected a positive number of ranks, got {size}")
         self.size = size
         self._lock = threading.Lock()
-        self._unexpected: list[dict[int, list[tuple[int, bytes]]]] = [{} for _ in range(size)]
+        self._unexpected: list[dict[int, list[tuple[int, bytes, Signature | None]]]] = [
+            {} for _ in range(size)]
+        self._aborted_groups: dict[int, BaseException] = {}
         self._posted: list[dict[int, list[_Posted]]] = [{} for _ in range(size)]
         self._transports: dict[int, LoopbackTransport] = {}
         self._error: BaseException | None = None  # set by abort(); transports made later inherit it
@@ -109,25 +114,39 @@ class LoopbackHub:
         for transport in transports:
             transport.close()
 
-    def _deliver(self, src: int, dst: int, tag: int, payload: bytes) -> None:
+    def _deliver(self, src: int, dst: int, tag: int, payload: bytes, signature: Signature | None) -> None:
         with self._lock:
             waiting = self._posted[dst].get(tag, [])
             for index, posted in enumerate(waiting):
                 if posted.src in (src, ANY_SOURCE):
                     del waiting[index]
-                    _fill(posted, src, tag, payload)
+                    _fill(posted, src, tag, payload, signature)
                     return
-            self._unexpected[dst].setdefault(tag, []).append((src, payload))
+            self._unexpected[dst].setdefault(tag, []).append((src, payload, signature))
 
     def _post(self, dst: int, tag: int, posted: _Posted) -> None:
         with self._lock:
+            aborted = self._aborted_groups.get(group_of_tag(tag))
+            if aborted is not None:
+                posted.request._finish(posted.src, aborted)
+                return
             arrived = self._unexpected[dst].get(tag, [])
-            for index, (src, payload) in enumerate(arrived):
+            for index, (src, payload, signature) in enumerate(arrived):
                 if posted.src in (src, ANY_SOURCE):
                     del arrived[index]
-                    _fill(posted, src, tag, payload)
+                    _fill(posted, src, tag, payload, signature)
                     return
             self._posted[dst].setdefault(tag, []).append(posted)
+
+    def _abort_group(self, group_id: int, error: BaseException) -> None:
+        with self._lock:
+            self._aborted_groups.setdefault(group_id, error)
+            pending = []
+            for mailbox in self._posted:
+                for tag in [t for t in mailbox if group_of_tag(t) == group_id]:
+                    pending.extend(mailbox.pop(tag))
+        for posted in pending:
+            posted.request._finish(posted.src, error)
 
     def _fail_posted(self, dst: int, error: BaseException) -> None:
         with self._lock:
@@ -137,7 +156,11 @@ class LoopbackHub:
             posted.request._finish(posted.src, error)
 
 
-def _fill(posted: _Posted, src: int, tag: int, payload: bytes) -> None:
+def _fill(posted: _Posted, src: int, tag: int, payload: bytes, signature: Signature | None) -> None:
+    mismatch = signature_mismatch(src, signature, posted.dst, posted.signature)
+    if mismatch is not None:
+        posted.request._finish(src, mismatch)
+        return
     if len(payload) != len(posted.out):
         posted.request._finish(src, CollectiveMismatchError(
             f"rank {src} sent {len(payload)} bytes with tag {tag:#x}, but the receive posted for it "
@@ -161,19 +184,21 @@ class LoopbackTransport(Transport):
         if not (0 <= peer < self.size or (allow_any and peer == ANY_SOURCE)):
             raise ValueError(f"peer: expected a rank in [0, {self.size}), got {peer}")
 
-    def isend(self, peer: int, data: memoryview, tag: int) -> LoopbackRequest:
+    def isend(self, peer: int, data: memoryview, tag: int,
+              signature: Signature | None = None) -> LoopbackRequest:
         """Copy ``data`` into ``peer``'s mailbox; the request is already complete."""
         self._check_peer(peer, allow_any=False)
         if self._error is not None:
             return _failed(peer, self._error)
         if self.hub.transport(peer)._closed:
             return _failed(peer, PeerLostError(peer, "its loopback transport is closed"))
-        self.hub._deliver(self.rank, peer, tag, data.tobytes())
+        self.hub._deliver(self.rank, peer, tag, data.tobytes(), signature)
         request = LoopbackRequest(peer)
         request._finish(peer)
         return request
 
-    def irecv(self, peer: int, out: memoryview, tag: int) -> LoopbackRequest:
+    def irecv(self, peer: int, out: memoryview, tag: int,
+              signature: Signature | None = None) -> LoopbackRequest:
         """Post a receive of exactly ``len(out)`` bytes from ``peer`` (or ``ANY_SOURCE``)."""
         self._check_peer(peer, allow_any=True)
         if out.readonly:
@@ -181,11 +206,15 @@ class LoopbackTransport(Transport):
         if self._error is not None:
             return _failed(peer, self._error)
         request = LoopbackRequest(peer)
-        self.hub._post(self.rank, tag, _Posted(peer, out.cast("B"), request))
+        self.hub._post(self.rank, tag, _Posted(peer, out.cast("B"), request, signature, self.rank))
         # An abort racing with the post above must not leave this receive pending forever.
         if self._error is not None:
             self.hub._fail_posted(self.rank, self._error)
         return request
+
+    def abort_group(self, group_id: int, error: BaseException) -> None:
+        """Fail every pending and future message of ``group_id`` on every rank of the hub."""
+        self.hub._abort_group(group_id, error)
 
     def abort(self, error: BaseException) -> None:
         """Fail every pending and future request of this rank with ``error``."""

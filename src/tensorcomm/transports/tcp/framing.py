@@ -1,6 +1,8 @@
 """Frames on a data link: a fixed, typed header followed by the payload.
 
-Header (little endian, 24 bytes): magic ``u32``, kind ``u32``, tag ``u64``, payload length ``u64``.
+Header (little endian, 64 bytes): magic ``u32``, kind ``u32``, tag ``u64``, payload length ``u64``,
+then the sender's call signature (five ``i64``: collective, dtype, count, op, root; all zero for
+point-to-point messages), which the receiver compares with its own call's.
 A header with the wrong magic, an unknown kind or a length past ``MAX_FRAME_BYTES`` is a protocol
 error that closes the link; nothing is allocated from an unchecked length.
 """
@@ -10,10 +12,16 @@ from __future__ import annotations
 import socket
 import struct
 
-HEADER = struct.Struct("<IIQQ")
+from ...algorithms.signature import NO_SIGNATURE, Signature
+
+HEADER = struct.Struct("<IIQQ5q")
 MAGIC = 0x31434D54  # b"TMC1" read little-endian
 KIND_DATA = 1
 KIND_BYE = 2  # the peer is closing on purpose (destroy), not dying
+KIND_ABORT = 3  # the peer aborted a group: tag is the group id, payload says why
+_KINDS = (KIND_DATA, KIND_BYE, KIND_ABORT)
+MAX_ABORT_BYTES = 64 << 10
+ABORT_RECORD = struct.Struct("<Bi")  # error kind, rank it names; a UTF-8 message follows
 MAX_FRAME_BYTES = 1 << 40  # one message: far above any array a CPU host holds, far below 2**60
 SMALL_FRAME_BYTES = 64 << 10  # payloads up to this size go out in one syscall with the header
 
@@ -22,9 +30,9 @@ class ProtocolError(ConnectionError):
     """The peer sent bytes that are not a valid frame."""
 
 
-def pack_header(kind: int, tag: int, nbytes: int) -> bytes:
+def pack_header(kind: int, tag: int, nbytes: int, signature: Signature | None = None) -> bytes:
     """Encode one frame header."""
-    return HEADER.pack(MAGIC, kind, tag, nbytes)
+    return HEADER.pack(MAGIC, kind, tag, nbytes, *(signature or NO_SIGNATURE))
 
 
 def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
@@ -38,8 +46,8 @@ def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
         got += n
 
 
-def read_header(sock: socket.socket) -> tuple[int, int, int] | None:
-    """Read one header; return ``(kind, tag, nbytes)``, or ``None`` on a clean EOF before it."""
+def read_header(sock: socket.socket) -> tuple[int, int, int, Signature | None] | None:
+    """Read one header; return ``(kind, tag, nbytes, signature)``, or ``None`` on a clean EOF."""
     raw = bytearray(HEADER.size)
     view = memoryview(raw)
     first = sock.recv_into(view, HEADER.size)
@@ -47,17 +55,20 @@ def read_header(sock: socket.socket) -> tuple[int, int, int] | None:
         return None
     if first < HEADER.size:
         recv_exact_into(sock, view[first:])
-    magic, kind, tag, nbytes = HEADER.unpack(raw)
-    if magic != MAGIC or kind not in (KIND_DATA, KIND_BYE):
+    magic, kind, tag, nbytes, *fields = HEADER.unpack(raw)
+    if magic != MAGIC or kind not in _KINDS:
         raise ProtocolError(f"bad frame header (magic {magic:#x}, kind {kind})")
-    if nbytes > MAX_FRAME_BYTES:
-        raise ProtocolError(f"frame of {nbytes} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")
-    return kind, tag, nbytes
+    limit = MAX_ABORT_BYTES if kind == KIND_ABORT else MAX_FRAME_BYTES
+    if nbytes > limit:
+        raise ProtocolError(f"frame of {nbytes} bytes exceeds the {limit}-byte limit")
+    signature = Signature(*fields)
+    return kind, tag, nbytes, None if signature == NO_SIGNATURE else signature
 
 
-def send_frame(sock: socket.socket, kind: int, tag: int, payload: memoryview) -> None:
+def send_frame(sock: socket.socket, kind: int, tag: int, payload: memoryview,
+               signature: Signature | None = None) -> None:
     """Send a header and its payload; small payloads share one syscall with the header."""
-    header = pack_header(kind, tag, len(payload))
+    header = pack_header(kind, tag, len(payload), signature)
     if len(payload) <= SMALL_FRAME_BYTES:
         sock.sendall(header + payload.tobytes() if len(payload) else header)
     else:

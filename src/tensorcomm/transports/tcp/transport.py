@@ -4,6 +4,10 @@ Why a reader thread per peer: it always drains its socket, either straight into 
 buffer (``recv_into``, zero-copy) or into an "unexpected" queue, so a sender never blocks forever
 on full socket buffers and a ring of simultaneous sends cannot deadlock. Senders write from the
 calling thread under a per-peer lock, so frames never interleave.
+
+Failures spread: a peer's connection closing without a goodbye fails everything pending on it
+(``PeerLostError``), and ``abort_group`` tells every peer that a group is finished, so members
+waiting on someone else learn of a failure at once instead of at their timeout.
 """
 
 from __future__ import annotations
@@ -15,22 +19,30 @@ import time
 from collections import deque
 from typing import Callable
 
-from ...errors import CollectiveMismatchError, CommTimeoutError, PeerLostError
-from ..base import ANY_SOURCE, Transport
+from ...algorithms.signature import Signature
+from ...errors import (CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError,
+                       PeerLostError)
+from ..base import ANY_SOURCE, Transport, group_of_tag, signature_mismatch
 from . import framing
 
 log = logging.getLogger("tensorcomm.tcp")
+
+# How an abort's cause travels: its class as a small code, rebuilt by the receiving rank.
+_ERROR_CODES: tuple[type[CommError], ...] = (GroupAbortedError, PeerLostError, CollectiveMismatchError,
+                                             CommTimeoutError)
 
 
 class TcpRequest:
     """A send or receive; completed by whichever thread finishes it."""
 
-    __slots__ = ("peer", "tag", "out", "_event", "_error", "source")
+    __slots__ = ("peer", "tag", "out", "signature", "_event", "_error", "source")
 
-    def __init__(self, peer: int, tag: int, out: memoryview | None) -> None:
+    def __init__(self, peer: int, tag: int, out: memoryview | None,
+                 signature: Signature | None = None) -> None:
         self.peer = peer
         self.tag = tag
         self.out = out
+        self.signature = signature
         self.source = peer
         self._event = threading.Event()
         self._error: BaseException | None = None
@@ -69,8 +81,9 @@ class TcpTransport(Transport):
         self._send_locks = {peer: threading.Lock() for peer in sockets}
         self._lock = threading.Lock()  # guards the matching state below
         self._posted: dict[tuple[int, int], deque[TcpRequest]] = {}
-        self._unexpected: dict[tuple[int, int], deque[bytearray]] = {}
+        self._unexpected: dict[tuple[int, int], deque[tuple[bytearray, Signature | None]]] = {}
         self._lost: dict[int, BaseException] = {}
+        self._aborted_groups: dict[int, BaseException] = {}
         self._aborted: BaseException | None = None
         self._closing = False
         self._on_peer_lost = on_peer_lost
@@ -80,62 +93,74 @@ class TcpTransport(Transport):
         for reader in self._readers:
             reader.start()
 
+    def _refusal(self, peer: int, tag: int) -> BaseException | None:
+        """Why a new request to/from ``peer`` with ``tag`` must fail at once, if it must."""
+        return (self._aborted or self._aborted_groups.get(group_of_tag(tag))
+                or self._lost.get(peer))
+
     # -- sending -------------------------------------------------------------------------------
 
-    def isend(self, peer: int, data: memoryview, tag: int) -> TcpRequest:
+    def isend(self, peer: int, data: memoryview, tag: int,
+              signature: Signature | None = None) -> TcpRequest:
         if peer == self.rank:
-            return self._deliver_local(data, tag)
-        error = self._aborted or self._lost.get(peer)
+            self._match_or_queue(self.rank, tag, bytearray(data), signature)
+            return _completed(self.rank)
+        error = self._refusal(peer, tag)
         if error is not None:
             return _completed(peer, error)
         try:
             with self._send_locks[peer]:
-                framing.send_frame(self._sockets[peer], framing.KIND_DATA, tag, data)
+                framing.send_frame(self._sockets[peer], framing.KIND_DATA, tag, data, signature)
         except OSError as exc:
             return _completed(peer, self._lost.get(peer) or PeerLostError(peer, f"send failed: {exc}"))
         return _completed(peer)
 
-    def _deliver_local(self, data: memoryview, tag: int) -> TcpRequest:
-        self._match_or_queue(self.rank, tag, bytearray(data))
-        return _completed(self.rank)
-
     # -- receiving -----------------------------------------------------------------------------
 
-    def irecv(self, peer: int, out: memoryview, tag: int) -> TcpRequest:
-        request = TcpRequest(peer, tag, out)
+    def irecv(self, peer: int, out: memoryview, tag: int,
+              signature: Signature | None = None) -> TcpRequest:
+        request = TcpRequest(peer, tag, out, signature)
         with self._lock:
-            if self._aborted is not None:
-                request._finish(peer, self._aborted)
-                return request
-            source, data = self._take_unexpected(peer, tag)
+            source, data, theirs = self._take_unexpected(peer, tag)
             if data is None:
-                if peer != ANY_SOURCE and peer in self._lost:
-                    request._finish(peer, self._lost[peer])
+                error = self._refusal(peer, tag)
+                if error is not None:
+                    request._finish(peer, error)
                 else:
                     self._posted.setdefault((peer, tag), deque()).append(request)
                 return request
-        self._copy_into(request, source, data)
+        self._fill(request, source, data, theirs)
         return request
 
-    def _take_unexpected(self, peer: int, tag: int) -> tuple[int, bytearray | None]:
+    def _take_unexpected(self, peer: int, tag: int) -> tuple[int, bytearray | None, Signature | None]:
         peers = range(self.size) if peer == ANY_SOURCE else (peer,)
         for source in peers:
             queue = self._unexpected.get((source, tag))
             if queue:
-                data = queue.popleft()
+                data, signature = queue.popleft()
                 if not queue:
                     del self._unexpected[(source, tag)]
-                return source, data
-        return peer, None
+                return source, data, signature
+        return peer, None, None
 
-    @staticmethod
-    def _copy_into(request: TcpRequest, source: int, data: bytearray) -> None:
+    def _check(self, request: TcpRequest, source: int, nbytes: int,
+               signature: Signature | None) -> BaseException | None:
+        """The error a message of ``nbytes`` with ``signature`` raises for ``request``, if any."""
+        mismatch = signature_mismatch(source, signature, self.rank, request.signature)
+        if mismatch is not None:
+            return mismatch
         assert request.out is not None
-        if len(data) != len(request.out):
-            request._finish(source, _size_mismatch(source, len(data), len(request.out)))
-        else:
-            request.out[:] = data
-            request._finish(source)
+        if nbytes != len(request.out):
+            return CollectiveMismatchError(
+                f"rank {source} sent a {nbytes}-byte message where a {len(request.out)}-byte one was "
+                "expected: the ranks called collectives with different sizes, dtypes or orders")
+        return None
+
+    def _fill(self, request: TcpRequest, source: int, data: bytearray, signature: Signature | None) -> None:
+        error = self._check(request, source, len(data), signature)
+        if error is None:
+            request.out[:] = data  # type: ignore[index]
+        request._finish(source, error)
 
     def _pop_posted(self, source: int, tag: int) -> TcpRequest | None:
         for key in ((source, tag), (ANY_SOURCE, tag)):
@@ -147,13 +172,13 @@ class TcpTransport(Transport):
                 return request
         return None
 
-    def _match_or_queue(self, source: int, tag: int, data: bytearray) -> None:
+    def _match_or_queue(self, source: int, tag: int, data: bytearray, signature: Signature | None) -> None:
         with self._lock:
             request = self._pop_posted(source, tag)
             if request is None:
-                self._unexpected.setdefault((source, tag), deque()).append(data)
+                self._unexpected.setdefault((source, tag), deque()).append((data, signature))
                 return
-        self._copy_into(request, source, data)
+        self._fill(request, source, data, signature)
 
     def _read_loop(self, peer: int, sock: socket.socket) -> None:
         try:
@@ -161,29 +186,35 @@ class TcpTransport(Transport):
                 header = framing.read_header(sock)
                 if header is None:
                     raise ConnectionError("connection closed without a goodbye")
-                kind, tag, nbytes = header
+                kind, tag, nbytes, signature = header
                 if kind == framing.KIND_BYE:
                     self._peer_gone(peer, PeerLostError(peer, "it left the job (destroy() was called)"))
                     return
-                self._receive_payload(peer, sock, tag, nbytes)
+                if kind == framing.KIND_ABORT:
+                    payload = bytearray(nbytes)
+                    framing.recv_exact_into(sock, memoryview(payload))
+                    self._fail_group(tag, _decode_abort(peer, payload))
+                    continue
+                self._receive_payload(peer, sock, tag, nbytes, signature)
         except (OSError, framing.ProtocolError) as exc:
             if not self._closing:
                 self._peer_gone(peer, PeerLostError(peer, str(exc)))
 
-    def _receive_payload(self, peer: int, sock: socket.socket, tag: int, nbytes: int) -> None:
+    def _receive_payload(self, peer: int, sock: socket.socket, tag: int, nbytes: int,
+                         signature: Signature | None) -> None:
         with self._lock:
             request = self._pop_posted(peer, tag)
         if request is None:
             data = bytearray(nbytes)
             framing.recv_exact_into(sock, memoryview(data))
-            self._match_or_queue(peer, tag, data)
+            self._match_or_queue(peer, tag, data, signature)
             return
-        assert request.out is not None
-        if len(request.out) != nbytes:
-            framing.recv_exact_into(sock, memoryview(bytearray(nbytes)))
-            request._finish(peer, _size_mismatch(peer, nbytes, len(request.out)))
+        error = self._check(request, peer, nbytes, signature)
+        if error is not None:
+            framing.recv_exact_into(sock, memoryview(bytearray(nbytes)))  # drain; keep the link
+            request._finish(peer, error)
             return
-        framing.recv_exact_into(sock, request.out)
+        framing.recv_exact_into(sock, request.out)  # type: ignore[arg-type]
         request._finish(peer)
 
     def _peer_gone(self, peer: int, error: PeerLostError) -> None:
@@ -196,7 +227,32 @@ class TcpTransport(Transport):
         if self._on_peer_lost is not None and not self._closing:
             self._on_peer_lost(peer, error)
 
-    # -- lifecycle -----------------------------------------------------------------------------
+    # -- failure and lifecycle -----------------------------------------------------------------
+
+    def _fail_group(self, group_id: int, error: BaseException) -> bool:
+        """Mark ``group_id`` failed and fail its pending receives; False if it already was."""
+        with self._lock:
+            if group_id in self._aborted_groups:
+                return False
+            self._aborted_groups[group_id] = error
+            failed = [r for key in list(self._posted) if group_of_tag(key[1]) == group_id
+                      for r in self._posted.pop(key)]
+        for request in failed:
+            request._finish(request.peer, error)
+        return True
+
+    def abort_group(self, group_id: int, error: BaseException) -> None:
+        if not self._fail_group(group_id, error):
+            return
+        payload = _encode_abort(error)
+        for peer, sock in self._sockets.items():
+            if peer in self._lost:
+                continue
+            try:
+                with self._send_locks[peer]:
+                    framing.send_frame(sock, framing.KIND_ABORT, group_id, memoryview(payload))
+            except OSError:
+                pass  # that peer is gone; its own reader reports it
 
     def abort(self, error: BaseException) -> None:
         with self._lock:
@@ -227,10 +283,21 @@ class TcpTransport(Transport):
         self._closing = True
         for sock in self._sockets.values():
             sock.close()
-        self.abort(PeerLostError(self.rank, "this rank's transport is closed"))
+        self.abort(GroupAbortedError(f"rank {self.rank}'s transport is closed"))
 
 
-def _size_mismatch(peer: int, got: int, expected: int) -> CollectiveMismatchError:
-    return CollectiveMismatchError(
-        f"rank {peer} sent a {got}-byte message where a {expected}-byte one was expected: "
-        "the ranks called collectives with different sizes, dtypes or orders")
+def _encode_abort(error: BaseException) -> bytes:
+    code = next((i for i, kind in enumerate(_ERROR_CODES) if isinstance(error, kind)), 0)
+    rank = error.rank if isinstance(error, PeerLostError) else -1
+    message = str(error).encode("utf-8", "replace")[:framing.MAX_ABORT_BYTES - framing.ABORT_RECORD.size]
+    return framing.ABORT_RECORD.pack(code, rank) + message
+
+
+def _decode_abort(peer: int, payload: bytearray) -> CommError:
+    if len(payload) < framing.ABORT_RECORD.size:
+        return GroupAbortedError(f"rank {peer} aborted the group")
+    code, rank = framing.ABORT_RECORD.unpack_from(payload)
+    message = f"{payload[framing.ABORT_RECORD.size:].decode('utf-8', 'replace')} (reported by rank {peer})"
+    if code == 1:
+        return PeerLostError(rank, message.removeprefix(f"peer rank {rank} was lost: "))
+    return _ERROR_CODES[code if 0 <= code < len(_ERROR_CODES) else 0](message)
