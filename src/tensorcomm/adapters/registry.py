@@ -1,13 +1,26 @@
-"""Ordered lookup of the adapter for an object; unknown kinds get a TypeError listing the known."""
+"""Ordered lookup of the adapter for an object; unknown kinds get a TypeError listing the known.
+
+Order matters: exact kinds first (numpy, then the frameworks), then the protocols a framework's
+tensors also speak (``__dlpack__``, the buffer protocol), so a torch tensor is handled as a torch
+tensor (zero-copy, written in place) rather than as a generic DLPack producer. No framework is
+imported to decide: each framework adapter looks its framework up in ``sys.modules``, since an
+object of a framework that was never imported cannot exist.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from .base import Adapter
+from .buffer import BufferAdapter
+from .dlpack import DLPackAdapter
+from .jax_ import JaxAdapter
+from .mindspore_ import MindSporeAdapter
 from .numpy_ import NumpyAdapter
+from .torch_ import TorchAdapter
 
-ADAPTERS: list[Adapter] = [NumpyAdapter()]
+ADAPTERS: list[Adapter] = [NumpyAdapter(), TorchAdapter(), JaxAdapter(), MindSporeAdapter(),
+                           DLPackAdapter(), BufferAdapter()]
 
 
 def adapter_for(obj: Any, argument: str) -> Adapter:
