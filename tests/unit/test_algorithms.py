@@ -25,7 +25,8 @@ from tensorcomm.algorithms import (allgather, allreduce, alltoall, barrier, broa
                                    kernels, reduce, reduce_scatter)
 from tensorcomm.algorithms.base import Ctx
 from tensorcomm.errors import CollectiveMismatchError, CommTimeoutError, GroupAbortedError
-from tensorcomm.transports.base import ANY_SOURCE, Transport, as_bytes
+from tensorcomm.algorithms.signature import signature
+from tensorcomm.transports.base import ANY_SOURCE, Transport, as_bytes, collective_tag
 from tensorcomm.transports.loopback import LoopbackHub, LoopbackTransport, run_threads
 from tensorcomm.types import ReduceOp
 
@@ -462,3 +463,25 @@ def test_run_threads_times_out_on_a_hung_rank():
     with pytest.raises(CommTimeoutError, match=r"ranks \[0\]"):
         run_threads(2, lambda transport: release.wait(5) if transport.rank == 0 else None, timeout=0.2)
     release.set()
+
+
+def test_loopback_refuses_a_message_from_a_different_call():
+    hub = LoopbackHub(2)
+    theirs = signature("all_reduce", np.dtype(np.float32), 4, ReduceOp.SUM)
+    mine = signature("all_reduce", np.dtype(np.float32), 4, ReduceOp.MAX)
+    hub.transport(0).isend(1, as_bytes(np.zeros(4, np.float32)), tag=1, signature=theirs)
+    with pytest.raises(CollectiveMismatchError, match="rank 0 called all_reduce.*op=sum.*op=max"):
+        hub.transport(1).irecv(0, as_bytes(np.zeros(4, np.float32)), tag=1, signature=mine).wait(1)
+
+
+def test_loopback_abort_group_fails_pending_and_later_receives_of_that_group_only():
+    hub = LoopbackHub(2)
+    group_1, group_2 = collective_tag(1, 0, 0), collective_tag(2, 0, 0)
+    pending = hub.transport(1).irecv(0, as_bytes(np.zeros(1, np.uint8)), tag=group_1)
+    other = hub.transport(1).irecv(0, as_bytes(np.zeros(1, np.uint8)), tag=group_2)
+    hub.transport(0).abort_group(1, GroupAbortedError("group 1 aborted"))
+    with pytest.raises(GroupAbortedError, match="group 1"):
+        pending.wait(1)
+    with pytest.raises(GroupAbortedError, match="group 1"):
+        hub.transport(0).irecv(1, as_bytes(np.zeros(1, np.uint8)), tag=group_1).wait(1)
+    assert not other.done()

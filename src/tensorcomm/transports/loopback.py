@@ -2,9 +2,10 @@
 
 Owns the in-memory mailboxes behind fast unit tests and docs examples, and ``run_threads``, the
 helper that runs one function per rank and reports the first failure. It implements
-``transports.base.Transport`` exactly (FIFO per source and tag, ``ANY_SOURCE``, size mismatch as
-``CollectiveMismatchError``) so algorithms tested here behave the same over shm and tcp. It imports
-only ``transports.base`` and ``errors``; it must not import ``core`` or ``algorithms``.
+``transports.base.Transport`` exactly (FIFO per source and tag, ``ANY_SOURCE``, size or call
+signature mismatch as ``CollectiveMismatchError``, group aborts) so algorithms tested here behave
+the same over shm and tcp. It imports ``transports.base``, ``errors`` and, like
+``transports.base``, the ``Signature`` value type; it must not import ``core``.
 """
 
 from __future__ import annotations
