@@ -1,0 +1,188 @@
+"""The "v" collectives: dim-0 sizes that differ per member and that receivers need not know.
+
+``all_to_all_v`` (Horovod's ``alltoall`` with splits), ``all_gather_v``, ``gather_v`` and
+``scatter_v`` exchange the sizes for the caller, then move the data with one core collective, so
+nobody pads by hand. Arrays are cut and joined along dim 0; every member passes the same dtype
+and the same shape beyond dim 0. Results are new arrays; inputs are never modified.
+
+Sizes travel in a small header that every member gathers first (``all_gather`` of a few int64s,
+n + 3 of them for ``all_to_all_v``). It also carries each member's dtype and a fingerprint of its
+shape beyond dim 0, so a mismatch raises ``CollectiveMismatchError`` on every member at once
+instead of garbling the data.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..core import collectives
+from ..core.group import Group
+from ..errors import CollectiveMismatchError
+from . import validate
+from .arrays import SUPPORTED_DTYPES, Staged
+
+_CHECKED = 2  # leading header fields every member must agree on: dtype index, shape fingerprint
+
+
+def _rows(staged: Staged, fn: str) -> int:
+    if staged.array.ndim == 0:
+        raise ValueError(f"{fn}: the tensor needs at least one dimension, got a 0-d array")
+    return staged.array.shape[0]
+
+
+def _row_size(x: np.ndarray) -> int:
+    return int(np.prod(x.shape[1:], dtype=np.int64))
+
+
+def _shape_fingerprint(shape: Sequence[int]) -> int:
+    # A checksum, not the shape itself, keeps the header fixed-length for any ndim; a collision
+    # (odds 2**-32) would only let a mismatch through undetected, as without the check.
+    return zlib.crc32(np.asarray([len(shape), *shape], dtype=np.int64).tobytes())
+
+
+def _headers(group: Group, x: np.ndarray, extra: Sequence[int], fn: str) -> np.ndarray:
+    """Every member's ``[dtype, shape fingerprint, *extra]``, one row per group rank.
+
+    Raises:
+        CollectiveMismatchError: on every member, when members disagree on dtype or trailing shape.
+    """
+    mine = np.array([SUPPORTED_DTYPES.index(x.dtype), _shape_fingerprint(x.shape[1:]), *extra],
+                    dtype=np.int64)
+    table = np.empty((group.size, mine.size), dtype=np.int64)
+    collectives.all_gather(group, list(table), mine, False)
+    differ = np.flatnonzero((table[:, :_CHECKED] != table[0, :_CHECKED]).any(axis=1))
+    if differ.size:
+        raise CollectiveMismatchError(
+            f"{fn}: members disagree on the dtype or the shape beyond dim 0: group ranks "
+            f"{differ.tolist()} differ from group rank 0 (this rank passed {x.dtype}"
+            f"[*, {', '.join(map(str, x.shape[1:]))}])")
+    return table
+
+
+def exchange(group: Group, x: np.ndarray, send_rows: Sequence[int], fn: str) -> tuple[np.ndarray, list[int]]:
+    """Send ``send_rows[i]`` dim-0 rows of ``x`` to member i; return what arrives and from whom.
+
+    The numpy core of ``all_to_all_v``, shared with the ``AlltoAllV`` operator.
+    """
+    table = _headers(group, x, send_rows, fn)
+    recv_rows = table[:, _CHECKED + group.rank]
+    row = _row_size(x)
+    out = np.empty((int(recv_rows.sum()),) + x.shape[1:], dtype=x.dtype)
+    collectives.all_to_all_flat(group, out, [r * row for r in send_rows], np.ascontiguousarray(x),
+                                (recv_rows * row).tolist(), False)
+    return out, recv_rows.tolist()
+
+
+def _pieces(out: np.ndarray, rows: np.ndarray) -> list[np.ndarray]:
+    """Views of ``out`` (flattened) holding ``rows[i]`` rows each, back to back."""
+    return np.split(out.reshape(-1), np.cumsum(rows * _row_size(out))[:-1])
+
+
+def all_to_all_v(tensor: Any, splits: Sequence[int] | None = None,
+                 group: Any = None) -> tuple[Any, list[int]]:
+    """Send ``splits[i]`` dim-0 rows of ``tensor`` to member i; receive without knowing the sizes.
+
+    Args:
+        tensor: array of at least one dimension.
+        splits: rows for each member, summing to ``tensor.shape[0]`` (``None``: equal parts).
+        group: a ``Group``, a group name, or ``None`` (the world).
+
+    Returns:
+        ``(received, received_splits)``: the arriving rows concatenated in source-rank order, and
+        how many rows came from each member.
+
+    Raises:
+        TypeError: a non-array tensor, bad ``splits`` types.
+        ValueError: ``splits`` of the wrong length or sum, a 0-d tensor.
+        CollectiveMismatchError: members passed different dtypes or trailing shapes.
+    """
+    fn = "all_to_all_v"
+    g = validate.group(group, fn)
+    staged = validate.array(tensor, "tensor", fn)
+    send = validate.split_sizes(splits, "splits", fn, g.size, _rows(staged, fn))
+    out, received = exchange(g, staged.array, send, fn)
+    return staged.adapter.new_like(staged.obj, out), received
+
+
+def all_gather_v(tensor: Any, group: Any = None) -> tuple[Any, list[int]]:
+    """Concatenate every member's ``tensor`` along dim 0, whatever its dim-0 size.
+
+    Returns:
+        ``(gathered, sizes)``: the concatenation in rank order and each member's dim-0 size.
+
+    Raises:
+        TypeError, ValueError, CollectiveMismatchError: as ``all_to_all_v``.
+    """
+    fn = "all_gather_v"
+    g = validate.group(group, fn)
+    staged = validate.array(tensor, "tensor", fn)
+    x = staged.array
+    sizes = _headers(g, x, [_rows(staged, fn)], fn)[:, _CHECKED]
+    out = np.empty((int(sizes.sum()),) + x.shape[1:], dtype=x.dtype)
+    collectives.all_gather(g, _pieces(out, sizes), np.ascontiguousarray(x), False)
+    return staged.adapter.new_like(staged.obj, out), sizes.tolist()
+
+
+def gather_v(tensor: Any, dst: int = 0, group: Any = None) -> tuple[Any, list[int]] | None:
+    """Concatenate every member's ``tensor`` along dim 0 on global rank ``dst`` only.
+
+    Returns:
+        ``(gathered, sizes)`` on ``dst`` (as ``all_gather_v``), ``None`` on the other ranks.
+
+    Raises:
+        TypeError, ValueError, CollectiveMismatchError: as ``all_to_all_v``; ValueError for a
+            ``dst`` outside the group.
+    """
+    fn = "gather_v"
+    g = validate.group(group, fn)
+    root = validate.rank(dst, "dst", fn, g)
+    staged = validate.array(tensor, "tensor", fn)
+    x = staged.array
+    sizes = _headers(g, x, [_rows(staged, fn)], fn)[:, _CHECKED]
+    out = np.empty((int(sizes.sum()),) + x.shape[1:], dtype=x.dtype) if g.rank == root else None
+    collectives.gather(g, np.ascontiguousarray(x), None if out is None else _pieces(out, sizes), root,
+                       (sizes * _row_size(x)).tolist(), False)
+    return None if out is None else (staged.adapter.new_like(staged.obj, out), sizes.tolist())
+
+
+def scatter_v(tensor: Any = None, splits: Sequence[int] | None = None, src: int = 0,
+              group: Any = None) -> Any:
+    """Give member i ``splits[i]`` dim-0 rows of global rank ``src``'s ``tensor``.
+
+    Only ``src`` passes ``tensor`` and ``splits``; the others learn dtype, shape and sizes from it
+    (their ``tensor`` and ``splits`` are ignored; pass ``None``).
+
+    Returns:
+        This member's rows: an array of ``tensor``'s kind on ``src``, a numpy array elsewhere.
+
+    Raises:
+        TypeError: on ``src``, a non-array tensor or bad ``splits`` types.
+        ValueError: on ``src``, ``splits`` of the wrong length or sum, or a 0-d tensor; anywhere,
+            a ``src`` outside the group.
+    """
+    fn = "scatter_v"
+    g = validate.group(group, fn)
+    root = validate.rank(src, "src", fn, g)
+    staged: Staged | None = None
+    x: np.ndarray | None = None
+    if g.rank == root:
+        staged = validate.array(tensor, "tensor", fn)
+        sizes = validate.split_sizes(splits, "splits", fn, g.size, _rows(staged, fn))
+        x = np.ascontiguousarray(staged.array)
+        kind = np.array([SUPPORTED_DTYPES.index(x.dtype), x.ndim], dtype=np.int64)
+        layout = np.array([*x.shape, *sizes], dtype=np.int64)
+    else:
+        kind = np.empty(2, dtype=np.int64)
+    # Two small broadcasts: the dtype and ndim first, so receivers can size the second one.
+    collectives.broadcast(g, kind, root, False)
+    if x is None:
+        layout = np.empty(int(kind[1]) + g.size, dtype=np.int64)
+    collectives.broadcast(g, layout, root, False)
+    dtype, shape, rows = SUPPORTED_DTYPES[int(kind[0])], tuple(layout[:kind[1]].tolist()), layout[kind[1]:]
+    out = np.empty((int(rows[g.rank]),) + shape[1:], dtype=dtype)
+    row = int(np.prod(shape[1:], dtype=np.int64))
+    collectives.scatter(g, out, None if x is None else _pieces(x, rows), root, (rows * row).tolist(), False)
+    return out if staged is None else staged.adapter.new_like(staged.obj, out)
