@@ -40,6 +40,13 @@ def p2p_tag(group_id: int, user_tag: int) -> int:
     return P2P_FLAG | (group_id << 32) | (user_tag & 0xFFFFFFFF)
 
 
+def call_of_tag(tag: int) -> tuple[int, int] | None:
+    """``(group id, call sequence number)`` of a collective tag; None for point-to-point."""
+    if tag & P2P_FLAG:
+        return None
+    return tag >> (SEQ_BITS + STEP_BITS), (tag >> STEP_BITS) & ((1 << SEQ_BITS) - 1)
+
+
 def group_of_tag(tag: int) -> int:
     """The group id a tag belongs to."""
     if tag & P2P_FLAG:

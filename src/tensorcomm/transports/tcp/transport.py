@@ -16,18 +16,21 @@ import logging
 import socket
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Callable
 
 from ...algorithms.signature import Signature
 from ...errors import (CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError,
                        PeerLostError)
-from ..base import ANY_SOURCE, Transport, group_of_tag, signature_mismatch
+from ..base import ANY_SOURCE, Transport, call_of_tag, group_of_tag, signature_mismatch
 from . import framing
 
 log = logging.getLogger("tensorcomm.tcp")
 
 # How an abort's cause travels: its class as a small code, rebuilt by the receiving rank.
+# Signatures of this rank's recent calls, to check messages that arrive after (or for a call
+# that needed no message from) their sender: a root that only sends learns of a mismatch too.
+_REMEMBERED_CALLS = 4096
 _ERROR_CODES: tuple[type[CommError], ...] = (GroupAbortedError, PeerLostError, CollectiveMismatchError,
                                              CommTimeoutError)
 
@@ -84,6 +87,7 @@ class TcpTransport(Transport):
         self._unexpected: dict[tuple[int, int], deque[tuple[bytearray, Signature | None]]] = {}
         self._lost: dict[int, BaseException] = {}
         self._aborted_groups: dict[int, BaseException] = {}
+        self._calls: OrderedDict[tuple[int, int], Signature] = OrderedDict()
         self._aborted: BaseException | None = None
         self._closing = False
         self._on_peer_lost = on_peer_lost
@@ -105,7 +109,7 @@ class TcpTransport(Transport):
         if peer == self.rank:
             self._match_or_queue(self.rank, tag, bytearray(data), signature)
             return _completed(self.rank)
-        error = self._refusal(peer, tag)
+        error = self._refusal(peer, tag) or self._note_call(tag, signature)
         if error is not None:
             return _completed(peer, error)
         try:
@@ -120,6 +124,10 @@ class TcpTransport(Transport):
     def irecv(self, peer: int, out: memoryview, tag: int,
               signature: Signature | None = None) -> TcpRequest:
         request = TcpRequest(peer, tag, out, signature)
+        mismatch = self._note_call(tag, signature)
+        if mismatch is not None:
+            request._finish(peer, mismatch)
+            return request
         with self._lock:
             source, data, theirs = self._take_unexpected(peer, tag)
             if data is None:
@@ -131,6 +139,37 @@ class TcpTransport(Transport):
                 return request
         self._fill(request, source, data, theirs)
         return request
+
+    def _note_call(self, tag: int, signature: Signature | None) -> BaseException | None:
+        """Remember this rank's signature for the tag's call; check messages already queued for it.
+
+        Returns the error to fail the request with when a queued message disagrees (the group is
+        then aborted everywhere).
+        """
+        call = call_of_tag(tag)
+        if call is None or signature is None:
+            return None
+        with self._lock:
+            if call in self._calls:
+                return None
+            self._calls[call] = signature
+            if len(self._calls) > _REMEMBERED_CALLS:
+                self._calls.popitem(last=False)
+            mismatch = next((signature_mismatch(source, theirs, self.rank, signature)
+                             for (source, queued_tag), queue in self._unexpected.items()
+                             if call_of_tag(queued_tag) == call
+                             for _, theirs in queue if theirs != signature), None)
+        if mismatch is not None:
+            self.abort_group(call[0], mismatch)
+        return mismatch
+
+    def _check_late(self, source: int, tag: int, signature: Signature | None) -> None:
+        """Abort the group if an unmatched message contradicts the call this rank made."""
+        call = call_of_tag(tag)
+        mine = self._calls.get(call) if call is not None else None
+        mismatch = signature_mismatch(source, signature, self.rank, mine)
+        if mismatch is not None and call is not None:
+            self.abort_group(call[0], mismatch)
 
     def _take_unexpected(self, peer: int, tag: int) -> tuple[int, bytearray | None, Signature | None]:
         peers = range(self.size) if peer == ANY_SOURCE else (peer,)
@@ -160,7 +199,16 @@ class TcpTransport(Transport):
         error = self._check(request, source, len(data), signature)
         if error is None:
             request.out[:] = data  # type: ignore[index]
+            request._finish(source)
+        else:
+            self._reject(request, source, error)
+
+    def _reject(self, request: TcpRequest, source: int, error: BaseException) -> None:
+        """Fail ``request`` for a message that does not fit it, and abort its group everywhere."""
         request._finish(source, error)
+        call = call_of_tag(request.tag)
+        if call is not None:
+            self.abort_group(call[0], error)
 
     def _pop_posted(self, source: int, tag: int) -> TcpRequest | None:
         for key in ((source, tag), (ANY_SOURCE, tag)):
@@ -177,8 +225,10 @@ class TcpTransport(Transport):
             request = self._pop_posted(source, tag)
             if request is None:
                 self._unexpected.setdefault((source, tag), deque()).append((data, signature))
-                return
-        self._fill(request, source, data, signature)
+        if request is None:
+            self._check_late(source, tag, signature)
+        else:
+            self._fill(request, source, data, signature)
 
     def _read_loop(self, peer: int, sock: socket.socket) -> None:
         try:
@@ -212,9 +262,13 @@ class TcpTransport(Transport):
         error = self._check(request, peer, nbytes, signature)
         if error is not None:
             framing.recv_exact_into(sock, memoryview(bytearray(nbytes)))  # drain; keep the link
-            request._finish(peer, error)
+            self._reject(request, peer, error)
             return
-        framing.recv_exact_into(sock, request.out)  # type: ignore[arg-type]
+        try:
+            framing.recv_exact_into(sock, request.out)  # type: ignore[arg-type]
+        except OSError as exc:  # the request is no longer posted: fail it here, then the link
+            request._finish(peer, PeerLostError(peer, str(exc)))
+            raise
         request._finish(peer)
 
     def _peer_gone(self, peer: int, error: PeerLostError) -> None:

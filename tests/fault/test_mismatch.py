@@ -1,0 +1,87 @@
+"""Ranks that call different collectives, shapes, dtypes, ops, roots or split sizes at the same
+step all raise CollectiveMismatchError naming both calls; none hangs, none returns garbage."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tensorcomm as tc
+from tensorcomm.testing import run_ranks
+
+pytestmark = pytest.mark.fault
+
+TRANSPORTS = {"tcp": {"TENSORCOMM_TRANSPORT": "tcp"}, "default": {}}
+
+
+def _call(kind: str, odd: bool) -> None:
+    """Rank-dependent calls: odd ranks call the second variant of ``kind``."""
+    size = tc.get_world_size()
+    if kind == "collective":
+        if odd:
+            tc.all_gather_into_tensor(np.zeros(4 * size, np.float32), np.ones(4, np.float32))
+        else:
+            tc.all_reduce(np.ones(4, np.float32))
+    elif kind == "shape":
+        tc.all_reduce(np.ones(8 if odd else 4, np.float32))
+    elif kind == "dtype":
+        tc.all_reduce(np.ones(4, np.float64 if odd else np.float32))
+    elif kind == "op":
+        tc.all_reduce(np.ones(4, np.float32), op="max" if odd else "sum")
+    elif kind == "root":
+        tc.broadcast(np.ones(4, np.float32), src=1 if odd else 0)
+    elif kind == "split_sizes":
+        # every rank expects one row from each peer; odd ranks send two rows to rank 0
+        sends = [2] + [1] * (size - 1) if odd else [1] * size
+        tc.all_to_all_single(np.zeros((size, 2)), np.zeros((sum(sends), 2)), [1] * size, sends)
+    elif kind == "skipped_call":
+        if not odd:
+            tc.all_reduce(np.ones(4, np.float32))
+        tc.barrier()
+    else:
+        raise AssertionError(kind)
+
+
+def body_mismatch(kind: str) -> str:
+    rank = tc.get_rank()
+    try:
+        _call(kind, odd=rank % 2 == 1)
+        # A rank whose part of the call needed nothing from the others (a broadcast root) may
+        # finish it; the mismatch then reaches it on its next call on the group.
+        tc.barrier()
+    except tc.CollectiveMismatchError as exc:
+        return str(exc)
+    raise AssertionError(f"rank {rank}: no CollectiveMismatchError for a mismatched {kind}")
+
+
+KINDS = ["collective", "shape", "dtype", "op", "root", "split_sizes", "skipped_call"]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("kind", KINDS)
+def test_mismatch_raises_on_every_rank(kind, world_size, transport):
+    messages = run_ranks(body_mismatch, world_size, kind, timeout=60, env=TRANSPORTS[transport])
+    for message in messages:
+        assert "called" in message or "byte message" in message, message
+    if kind in ("shape", "dtype", "op", "collective"):
+        assert any(" while rank " in m for m in messages), messages
+
+
+def body_mismatch_message() -> str:
+    try:
+        if tc.get_rank() == 1:
+            tc.all_reduce(np.ones(4, np.float32))
+        else:
+            tc.all_gather_into_tensor(np.zeros(16, np.float32), np.ones(8, np.float32))
+    except tc.CollectiveMismatchError as exc:
+        return str(exc)
+    raise AssertionError("no mismatch raised")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_mismatch_message_names_both_calls(transport):
+    messages = run_ranks(body_mismatch_message, 2, timeout=60, env=TRANSPORTS[transport])
+    joined = "\n".join(messages)
+    assert "all_reduce(float32[4], op=sum)" in joined, joined
+    assert "all_gather(float32[16])" in joined, joined

@@ -1,0 +1,132 @@
+"""A rank that dies makes every survivor fail with PeerLostError naming it within 5 s; a rank
+that stops responding makes calls fail at the timeout with CommTimeoutError; no survivor hangs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import tensorcomm as tc
+from tensorcomm.testing import spawn_ranks
+
+pytestmark = pytest.mark.fault
+
+TRANSPORTS = {"tcp": {"TENSORCOMM_TRANSPORT": "tcp"}, "default": {}}
+VICTIM = 1
+
+
+def body_die_mid_all_reduce(how: str, stamp_dir: str) -> dict:
+    """Everyone loops over large all_reduces; the victim dies part-way through one."""
+    rank = tc.get_rank()
+    x = np.ones(1 << 20, np.float32)
+    if rank == VICTIM:
+        def die() -> None:
+            with open(os.path.join(stamp_dir, "death"), "w") as f:
+                f.write(repr(time.time()))
+            if how == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            os._exit(3)
+        threading.Timer(0.5, die).start()
+    try:
+        for _ in range(100_000):
+            tc.all_reduce(x)
+    except tc.PeerLostError as exc:
+        return {"rank": exc.rank, "at": time.time(), "message": str(exc)}
+    raise AssertionError("the loop ended without an error")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("world_size", [2, 3, 5])
+def test_killed_rank_is_named_on_every_survivor(world_size, transport, tmp_path):
+    outcomes = spawn_ranks(body_die_mid_all_reduce, world_size, "sigkill", str(tmp_path), timeout=60,
+                           env=TRANSPORTS[transport])
+    death = float((tmp_path / "death").read_text())
+    for outcome in outcomes:
+        if outcome.rank == VICTIM:
+            assert outcome.exitcode == -signal.SIGKILL
+            continue
+        assert outcome.ok, outcome.output
+        assert outcome.result["rank"] == VICTIM, outcome.result
+        assert outcome.result["at"] - death < 5.0, outcome.result
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_exited_rank_is_named(transport, tmp_path):
+    outcomes = spawn_ranks(body_die_mid_all_reduce, 3, "exit", str(tmp_path), timeout=60,
+                           env=TRANSPORTS[transport])
+    assert outcomes[VICTIM].exitcode == 3
+    for outcome in outcomes:
+        if outcome.rank != VICTIM:
+            assert outcome.ok, outcome.output
+            assert outcome.result["rank"] == VICTIM
+
+
+def body_raise_on_victim() -> str:
+    if tc.get_rank() == VICTIM:
+        raise RuntimeError("the victim's own bug")  # uncaught: the process exits with 1
+    try:
+        tc.all_reduce(np.ones(4))
+        tc.all_reduce(np.ones(4))
+    except tc.PeerLostError as exc:
+        return str(exc)
+    raise AssertionError("no PeerLostError")
+
+
+def test_uncaught_exception_is_a_lost_peer():
+    outcomes = spawn_ranks(body_raise_on_victim, 2, timeout=60)
+    assert outcomes[VICTIM].exitcode == 1
+    assert f"peer rank {VICTIM} was lost" in outcomes[0].result
+
+
+def body_stop_mid_all_reduce(stamp_dir: str) -> dict:
+    rank = tc.get_rank()
+    with open(os.path.join(stamp_dir, f"pid{rank}"), "w") as f:
+        f.write(str(os.getpid()))
+    x = np.ones(1024, np.float32)
+    tc.all_reduce(x)
+    if rank == VICTIM:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    start = time.monotonic()
+    try:
+        tc.all_reduce(x)
+    except tc.CommTimeoutError as exc:
+        os.kill(int(open(os.path.join(stamp_dir, f"pid{VICTIM}")).read()), signal.SIGKILL)
+        return {"elapsed": time.monotonic() - start, "message": str(exc)}
+    raise AssertionError("no CommTimeoutError")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_stopped_rank_times_out_naming_the_call(transport, tmp_path):
+    outcomes = spawn_ranks(body_stop_mid_all_reduce, 3, str(tmp_path), timeout=60, comm_timeout=3,
+                           env=TRANSPORTS[transport])
+    survivors = [o for o in outcomes if o.rank != VICTIM]
+    for outcome in survivors:
+        assert outcome.ok, outcome.output
+        assert "all_reduce" in outcome.result["message"], outcome.result
+        assert outcome.result["elapsed"] < 10, outcome.result
+    assert any(f"rank {VICTIM}" in o.result["message"] for o in survivors), [o.result for o in survivors]
+
+
+def body_group_stays_failed() -> list[str]:
+    """After a failure every later call on the group fails at once rather than hanging."""
+    if tc.get_rank() == VICTIM:
+        os._exit(0)  # leaves without destroy(): a crash as far as the others can tell
+    errors = []
+    for _ in range(3):
+        start = time.monotonic()
+        try:
+            tc.all_reduce(np.ones(4))
+        except tc.CommError as exc:
+            errors.append(f"{type(exc).__name__} after {time.monotonic() - start:.1f}s")
+    return errors
+
+
+def test_calls_after_a_loss_fail_fast():
+    outcomes = spawn_ranks(body_group_stays_failed, 2, timeout=60)
+    errors = outcomes[0].result
+    assert len(errors) == 3 and all(e.startswith("PeerLostError") for e in errors), errors

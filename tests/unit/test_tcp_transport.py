@@ -1,0 +1,172 @@
+"""The TCP transport on socket pairs and a threads-as-ranks mesh: matching, signatures, aborts,
+hostile bytes on a link and strangers at the door."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import threading
+
+import numpy as np
+import pytest
+
+from tensorcomm.algorithms.signature import signature
+from tensorcomm.errors import CollectiveMismatchError, GroupAbortedError, PeerLostError
+from tensorcomm.rendezvous.store import HashStore
+from tensorcomm.transports.base import ANY_SOURCE, collective_tag
+from tensorcomm.transports.tcp import framing
+from tensorcomm.transports.tcp.mesh import connect_mesh
+from tensorcomm.transports.tcp.transport import TcpTransport
+
+SECRET = b"unit-test-secret"
+
+
+@pytest.fixture
+def pair():
+    """Rank 0's transport, and the raw socket that plays rank 1."""
+    mine, theirs = socket.socketpair()
+    transport = TcpTransport(0, 2, {1: mine})
+    yield transport, theirs
+    theirs.close()
+    transport.close(linger=0.1)
+
+
+def _frame(tag: int, payload: bytes, sig=None, kind=framing.KIND_DATA) -> bytes:
+    return framing.pack_header(kind, tag, len(payload), sig) + payload
+
+
+def test_posted_and_unexpected_messages_match_in_order(pair):
+    transport, peer = pair
+    tag = collective_tag(0, 5, 1)
+    peer.sendall(_frame(tag, b"first---") + _frame(tag, b"second--"))
+    a, b = bytearray(8), bytearray(8)
+    transport.irecv(1, memoryview(a), tag).wait(5)
+    transport.irecv(ANY_SOURCE, memoryview(b), tag).wait(5)
+    assert (bytes(a), bytes(b)) == (b"first---", b"second--")
+
+
+def test_signature_mismatch_names_both_calls(pair):
+    transport, peer = pair
+    tag = collective_tag(0, 1, 0)
+    mine = signature("all_reduce", np.dtype(np.float32), 2)
+    theirs = signature("all_gather", np.dtype(np.float32), 2)
+    request = transport.irecv(1, memoryview(bytearray(8)), tag, mine)
+    peer.sendall(_frame(tag, bytes(8), theirs))
+    with pytest.raises(CollectiveMismatchError, match=r"rank 1 called all_gather\(float32\[2\]\) "
+                                                      r"while rank 0 called all_reduce"):
+        request.wait(5)
+    # the group is aborted for later calls too, and the peer was told (an ABORT frame)
+    with pytest.raises(CollectiveMismatchError):
+        transport.irecv(1, memoryview(bytearray(8)), collective_tag(0, 2, 0), mine).wait(5)
+    header = framing.read_header(peer)
+    assert header is not None and header[0] == framing.KIND_ABORT and header[1] == 0
+
+
+def test_size_mismatch_is_an_error_not_an_overflow(pair):
+    transport, peer = pair
+    tag = collective_tag(0, 1, 0)
+    out = bytearray(4)
+    request = transport.irecv(1, memoryview(out), tag)
+    peer.sendall(_frame(tag, b"12345678"))
+    with pytest.raises(CollectiveMismatchError, match="8-byte message where a 4-byte"):
+        request.wait(5)
+    assert out == bytearray(4)
+
+
+def test_abort_frame_fails_only_that_group(pair):
+    transport, peer = pair
+    doomed = transport.irecv(1, memoryview(bytearray(1)), collective_tag(3, 0, 0))
+    fine = transport.irecv(1, memoryview(bytearray(1)), collective_tag(4, 0, 0))
+    record = framing.ABORT_RECORD.pack(2, -1) + b"rank 1 saw a mismatch"
+    peer.sendall(_frame(3, record, kind=framing.KIND_ABORT))
+    with pytest.raises(CollectiveMismatchError, match="saw a mismatch .reported by rank 1."):
+        doomed.wait(5)
+    peer.sendall(_frame(collective_tag(4, 0, 0), b"x"))
+    fine.wait(5)
+
+
+@pytest.mark.parametrize("garbage", [
+    b"\x00" * framing.HEADER.size,  # wrong magic
+    struct.pack("<IIQQ5q", framing.MAGIC, 99, 0, 0, 0, 0, 0, 0, -1),  # unknown kind
+    struct.pack("<IIQQ5q", framing.MAGIC, framing.KIND_DATA, 0, 1 << 60, 0, 0, 0, 0, -1),  # 2**60 bytes
+    _frame(collective_tag(0, 0, 0), b"12345678")[:-3],  # truncated, then EOF
+], ids=["magic", "kind", "huge-length", "truncated"])
+def test_hostile_bytes_close_the_link_with_a_clear_error(pair, garbage):
+    transport, peer = pair
+    request = transport.irecv(1, memoryview(bytearray(8)), collective_tag(0, 0, 0))
+    peer.sendall(garbage)
+    peer.shutdown(socket.SHUT_WR)
+    with pytest.raises(PeerLostError, match="peer rank 1 was lost"):
+        request.wait(5)
+    with pytest.raises(PeerLostError):
+        transport.isend(1, memoryview(b"x"), 0).wait(1)
+
+
+def test_goodbye_is_not_a_crash(pair):
+    transport, peer = pair
+    peer.sendall(framing.pack_header(framing.KIND_BYE, 0, 0))
+    with pytest.raises(PeerLostError, match="left the job"):
+        transport.irecv(1, memoryview(bytearray(1)), 7).wait(5)
+
+
+def test_abort_fails_pending_requests(pair):
+    transport, _ = pair
+    request = transport.irecv(1, memoryview(bytearray(1)), 9)
+    transport.abort(GroupAbortedError("stop"))
+    with pytest.raises(GroupAbortedError, match="stop"):
+        request.wait(5)
+
+
+def _mesh(size: int, store: HashStore, secret: bytes) -> list:
+    results: list = [None] * size
+
+    def rank_main(rank: int) -> None:
+        try:
+            results[rank] = connect_mesh(rank, size, store, secret, "127.0.0.1", timeout=10)
+        except BaseException as exc:  # noqa: BLE001 - inspected by the test
+            results[rank] = exc
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(size)]
+    for thread in threads:
+        thread.start()
+    return threads, results
+
+
+@pytest.mark.parametrize("intrusion", [b"", b"GET / HTTP/1.1\r\n\r\n", b"\xff" * 4096])
+def test_stranger_cannot_join_the_mesh(intrusion, caplog):
+    store = HashStore()
+    caplog.set_level(logging.WARNING, logger="tensorcomm.tcp")
+    threads, results = _mesh(3, store, SECRET)
+    address = store.get("tcp/addr/0", timeout=10).decode()
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as stranger:
+        stranger.sendall(intrusion)
+        stranger.shutdown(socket.SHUT_WR)
+        for thread in threads:
+            thread.join(30)
+    assert all(isinstance(m, dict) and len(m) == 2 for m in results), results
+    assert "refused a data connection" in caplog.text
+    for mesh in results:
+        for sock in mesh.values():
+            sock.close()
+
+
+def test_wrong_secret_is_refused():
+    store = HashStore()
+    good, bad = b"right-secret", b"wrong-secret"
+    results: dict = {}
+
+    def rank(r: int, secret: bytes) -> None:
+        try:
+            results[r] = connect_mesh(r, 2, store, secret, "127.0.0.1", timeout=3)
+        except BaseException as exc:  # noqa: BLE001 - inspected by the test
+            results[r] = exc
+
+    threads = [threading.Thread(target=rank, args=(0, good)), threading.Thread(target=rank, args=(1, bad))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not isinstance(results[1], dict), "a rank with the wrong secret joined"
+    assert not isinstance(results[0], dict) or 1 not in results[0]
