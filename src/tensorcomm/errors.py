@@ -1,7 +1,9 @@
 """Every exception tensorcomm raises about the job (as opposed to bad arguments).
 
-Bad arguments raise the built-in ``TypeError`` / ``ValueError`` at once, on the calling rank.
-Failures of the job raise a subclass of ``CommError``::
+Bad arguments raise the built-in ``TypeError`` / ``ValueError`` at once, on the calling rank;
+arguments that disagree with each other (a list of the wrong length, list members whose shape or
+dtype differs from the tensor) raise ``ArgumentMismatchError``, which is both. Failures of the
+job raise a subclass of ``CommError``::
 
     RuntimeError
      └── CommError                    anything that went wrong between ranks
