@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import tensorcomm as tc
-from tensorcomm.ops import AllGather, AllReduce, AlltoAll, AlltoAllV, Broadcast, NeighborExchange, ReduceScatter
+from tensorcomm.ops import (AllGather, AllReduce, AlltoAll, AlltoAllV, Broadcast, NeighborExchange,
+                            ReduceScatter)
 from tensorcomm.testing import rank_data, reduce_reference, run_ranks
 
 pytestmark = pytest.mark.multiprocess
@@ -84,7 +85,8 @@ def body_alltoall() -> None:
     # AlltoAllV: rank r sends j + 1 units of block_size 2 to rank j
     for block in (1, 2):
         x = np.concatenate([np.full((j + 1) * block, 10 * rank + j, np.float64) for j in range(size)])
-        expected = np.concatenate([np.full((rank + 1) * block, 10 * r + rank, np.float64) for r in range(size)])
+        expected = np.concatenate([np.full((rank + 1) * block, 10 * r + rank, np.float64)
+                                   for r in range(size)])
         send = [j + 1 for j in range(size)]
         op = AlltoAllV(block_size=block)
         np.testing.assert_array_equal(op(x, send, [rank + 1] * size), expected)
@@ -130,9 +132,12 @@ def body_errors() -> None:
         _raises(ValueError, "is not divisible by the group size", ReduceScatter(), np.ones((size + 1, 2)))
     _raises(ValueError, "must be 1-D", AlltoAllV(), x, [0] * size)
     _raises(ValueError, "block_size must be positive", AlltoAllV, block_size=0)
-    _raises(ValueError, "send_numel_list must be non-negative and sum", AlltoAllV(), np.ones(3), [4] + [0] * (size - 1))
-    _raises(ValueError, "recv_numel_list must hold", AlltoAllV(), np.ones(size), [1] * size, [1] * (size + 1))
-    _raises(ValueError, "send_rank_ids must not repeat", NeighborExchange, [0, 0], [], [], [[1], [1]], np.float32)
+    _raises(ValueError, "send_numel_list must be non-negative and sum", AlltoAllV(), np.ones(3),
+            [4] + [0] * (size - 1))
+    _raises(ValueError, "recv_numel_list must hold", AlltoAllV(), np.ones(size), [1] * size,
+            [1] * (size + 1))
+    _raises(ValueError, "send_rank_ids must not repeat", NeighborExchange, [0, 0], [], [], [[1], [1]],
+            np.float32)
     _raises(ValueError, "send_shapes must hold 1 shapes", NeighborExchange, [0], [], [], [], np.float32)
     _raises(TypeError, "recv_type must be a dtype", NeighborExchange, [], [], [], [], "no-such-type")
     ne = NeighborExchange([0], [], [], [[2]], np.float32)

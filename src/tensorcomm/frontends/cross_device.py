@@ -89,7 +89,7 @@ def _value(value: Any, op: ReduceOp, fn: str) -> _Value:
         raise ValueError(f"{fn}: a value must hold at least one replica, got an empty list")
     staged = [validate.array(r, "value" if r is value else f"value[{i}]", fn)
               for i, r in enumerate(replicas)]
-    validate.same_layout(staged[1:], staged[0], "value", fn)
+    validate.same_layout(staged, staged[0], "value", fn)
     dtype = staged[0].array.dtype
     # MEAN has the rule of AVG (no exact integer mean); SUM accepts what the core's SUM accepts.
     kernels.check_op_dtype(CoreReduceOp.AVG if op is ReduceOp.MEAN else CoreReduceOp.SUM, dtype,
@@ -265,7 +265,8 @@ class ReductionToOneDevice(CrossDeviceOps):
         if self.reduce_to_rank is None:
             roots = [0 if t is None else t[0] for t in targets]
         else:
-            roots = [validate.rank(self.reduce_to_rank, "reduce_to_rank", type(self).__name__, group)] * len(values)
+            root = validate.rank(self.reduce_to_rank, "reduce_to_rank", type(self).__name__, group)
+            roots = [root] * len(values)
         return [_reduce_to_one(group, v, t, r) for v, t, r in zip(values, targets, roots)]
 
 
@@ -313,8 +314,7 @@ class AllReduceCrossDeviceOps(_PackedAllReduce):
 
     def __init__(self, num_packs: int = 1, group: Group | str | None = None) -> None:
         super().__init__(group)
-        packing.by_num_packs([], num_packs)  # validates
-        self.num_packs = num_packs
+        self.num_packs = packing.check_count(num_packs, "num_packs")
 
     def _layouts(self, arrays: Sequence[np.ndarray]) -> list[packing.Layout]:
         return packing.by_num_packs(arrays, self.num_packs)
@@ -337,8 +337,7 @@ class CollectiveAllReduce(_PackedAllReduce):
 
     def __init__(self, bytes_per_pack: int = 0, group: Group | str | None = None) -> None:
         super().__init__(group)
-        packing.by_bytes_per_pack([], bytes_per_pack)  # validates
-        self.bytes_per_pack = bytes_per_pack
+        self.bytes_per_pack = packing.check_count(bytes_per_pack, "bytes_per_pack")
 
     def _layouts(self, arrays: Sequence[np.ndarray]) -> list[packing.Layout]:
         return packing.by_bytes_per_pack(arrays, self.bytes_per_pack)

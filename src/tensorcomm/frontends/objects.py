@@ -120,7 +120,7 @@ class AllGather(_Operator):
         staged = self._input(input_x)
         rows = _rows(staged, self._fn)
         out = np.empty((group.size * rows,) + staged.array.shape[1:], staged.array.dtype)
-        pieces = list(out.reshape(group.size, -1))
+        pieces = list(out.reshape(group.size, out.size // group.size))
         collectives.all_gather(group, pieces, np.ascontiguousarray(staged.array), False)
         return self._new(staged, out)
 
@@ -150,7 +150,8 @@ class ReduceScatter(_Operator):
         if rows % group.size:
             raise ValueError(f"{self._fn}: dim 0 of input_x ({staged.signature}) is not divisible "
                              f"by the group size ({group.size})")
-        blocks = list(np.ascontiguousarray(staged.array).reshape(group.size, -1))
+        x = np.ascontiguousarray(staged.array)
+        blocks = list(x.reshape(group.size, x.size // group.size))
         out = np.empty((rows // group.size,) + staged.array.shape[1:], staged.array.dtype)
         collectives.reduce_scatter(group, out, blocks, self.op, False)
         return self._new(staged, out)

@@ -57,7 +57,13 @@ class Layout:
                 for k, index in enumerate(self.indices)}
 
 
-def _check_count(value: int, argument: str) -> int:
+def check_count(value: int, argument: str) -> int:
+    """Validate ``num_packs`` / ``bytes_per_pack``: a non-negative int, returned as ``int``.
+
+    Raises:
+        TypeError: ``value`` is not an int (bool included).
+        ValueError: ``value`` is negative.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{argument} must be an int, got {type(value).__name__}")
     if value < 0:
@@ -91,7 +97,7 @@ def by_num_packs(arrays: Sequence[np.ndarray], num_packs: int) -> list[Layout]:
         TypeError: ``num_packs`` is not an int.
         ValueError: ``num_packs`` is negative.
     """
-    num_packs = _check_count(num_packs, "num_packs")
+    num_packs = check_count(num_packs, "num_packs")
     layouts = []
     for dtype, indices in _by_dtype(arrays).items():
         offsets = _offsets(arrays, indices)
@@ -111,7 +117,7 @@ def by_bytes_per_pack(arrays: Sequence[np.ndarray], bytes_per_pack: int) -> list
         TypeError: ``bytes_per_pack`` is not an int.
         ValueError: ``bytes_per_pack`` is negative.
     """
-    limit = _check_count(bytes_per_pack, "bytes_per_pack")
+    limit = check_count(bytes_per_pack, "bytes_per_pack")
     layouts = []
     for dtype, forward in _by_dtype(arrays).items():
         indices = forward[::-1]
