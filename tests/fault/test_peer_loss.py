@@ -34,8 +34,11 @@ def body_die_mid_all_reduce(how: str, stamp_dir: str) -> dict:
         threading.Timer(0.5, die).start()
     try:
         for _ in range(100_000):
+            x[...] = 1
             tc.all_reduce(x)
     except tc.PeerLostError as exc:
+        # a failed in-place call leaves the array untouched (all 1) or complete (all size)
+        assert len(np.unique(x)) == 1 and x[0] in (1, tc.get_world_size()), np.unique(x)
         return {"rank": exc.rank, "at": time.time(), "message": str(exc)}
     raise AssertionError("the loop ended without an error")
 

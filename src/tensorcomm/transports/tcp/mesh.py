@@ -20,12 +20,24 @@ from ...rendezvous import auth
 from ...rendezvous.store import Store
 
 _RANK = struct.Struct("<I")
+KEEPALIVE_IDLE_SECONDS = 5
+KEEPALIVE_INTERVAL_SECONDS = 2
+KEEPALIVE_PROBES = 3
+USER_TIMEOUT_MS = 30_000
 log = logging.getLogger("tensorcomm.tcp")
 
 
 def _tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    # A peer whose host vanishes sends no FIN: keep-alive probes (and a bound on unacknowledged
+    # data) turn that silence into a closed link, hence a PeerLostError, within seconds.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in ((getattr(socket, "TCP_KEEPIDLE", None), KEEPALIVE_IDLE_SECONDS),
+                          (getattr(socket, "TCP_KEEPINTVL", None), KEEPALIVE_INTERVAL_SECONDS),
+                          (getattr(socket, "TCP_KEEPCNT", None), KEEPALIVE_PROBES),
+                          (getattr(socket, "TCP_USER_TIMEOUT", None), USER_TIMEOUT_MS)):
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
     for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
         sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
 

@@ -205,10 +205,10 @@ class TcpTransport(Transport):
 
     def _reject(self, request: TcpRequest, source: int, error: BaseException) -> None:
         """Fail ``request`` for a message that does not fit it, and abort its group everywhere."""
-        request._finish(source, error)
         call = call_of_tag(request.tag)
         if call is not None:
             self.abort_group(call[0], error)
+        request._finish(source, error)
 
     def _pop_posted(self, source: int, tag: int) -> TcpRequest | None:
         for key in ((source, tag), (ANY_SOURCE, tag)):
@@ -243,7 +243,9 @@ class TcpTransport(Transport):
                 if kind == framing.KIND_ABORT:
                     payload = bytearray(nbytes)
                     framing.recv_exact_into(sock, memoryview(payload))
-                    self._fail_group(tag, _decode_abort(peer, payload))
+                    # Passed on to every peer before anything else this rank sends them (its
+                    # goodbye, say), so the cause reaches everyone ahead of its consequences.
+                    self.abort_group(tag, _decode_abort(peer, payload))
                     continue
                 self._receive_payload(peer, sock, tag, nbytes, signature)
         except (OSError, framing.ProtocolError) as exc:
@@ -283,21 +285,20 @@ class TcpTransport(Transport):
 
     # -- failure and lifecycle -----------------------------------------------------------------
 
-    def _fail_group(self, group_id: int, error: BaseException) -> bool:
-        """Mark ``group_id`` failed and fail its pending receives; False if it already was."""
+    def abort_group(self, group_id: int, error: BaseException) -> None:
+        # Peers are told before local waiters wake: a waiter that goes on to destroy() must not
+        # get its goodbye to a peer ahead of the abort that explains it.
         with self._lock:
             if group_id in self._aborted_groups:
-                return False
+                return
             self._aborted_groups[group_id] = error
             failed = [r for key in list(self._posted) if group_of_tag(key[1]) == group_id
                       for r in self._posted.pop(key)]
+        self._tell_peers(group_id, error)
         for request in failed:
             request._finish(request.peer, error)
-        return True
 
-    def abort_group(self, group_id: int, error: BaseException) -> None:
-        if not self._fail_group(group_id, error):
-            return
+    def _tell_peers(self, group_id: int, error: BaseException) -> None:
         payload = _encode_abort(error)
         for peer, sock in self._sockets.items():
             if peer in self._lost:
@@ -351,7 +352,9 @@ def _decode_abort(peer: int, payload: bytearray) -> CommError:
     if len(payload) < framing.ABORT_RECORD.size:
         return GroupAbortedError(f"rank {peer} aborted the group")
     code, rank = framing.ABORT_RECORD.unpack_from(payload)
-    message = f"{payload[framing.ABORT_RECORD.size:].decode('utf-8', 'replace')} (reported by rank {peer})"
+    message = payload[framing.ABORT_RECORD.size:].decode("utf-8", "replace")
+    if "(reported by rank" not in message:
+        message += f" (reported by rank {peer})"
     if code == 1:
         return PeerLostError(rank, message.removeprefix(f"peer rank {rank} was lost: "))
     return _ERROR_CODES[code if 0 <= code < len(_ERROR_CODES) else 0](message)
