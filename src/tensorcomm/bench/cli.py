@@ -1,0 +1,148 @@
+"""``tensorcomm bench``: the subcommand's entry point (``register`` is called by launch.cli).
+
+Two ways to run, chosen from the environment:
+
+- ``-n RANKS`` (or no launcher around): start a job per library (``runner.PeerJob``) and drive
+  them from here, interleaved per size.
+- Under ``tensorcomm run``, torchrun or mpirun without ``-n``: this process is one rank; tensorcomm
+  is measured in place and rank 0 prints.
+
+Exit code: 0, or 1 when tensorcomm returned a wrong element or could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+
+from ..launch.env import LaunchConfigError
+from ..rendezvous.discovery import discover
+from . import options as bench_options
+from . import peers, report, runner
+from .formulas import COLLECTIVES
+from .options import BenchOptions
+from .progress import progress
+from .results import TENSORCOMM, Row
+from .timing import Plan
+
+DEFAULT_RANKS = 2
+
+
+def _say(message: str) -> None:
+    print(f"tensorcomm bench: {message}", file=sys.stderr, flush=True)
+
+
+def _plan(opts: BenchOptions) -> Plan:
+    return Plan(budget=opts.budget, warmup=opts.warmup, iters=opts.iters, check=opts.check)
+
+
+def _footer(rows: Sequence[Row]) -> list[str]:
+    """nccl-tests' closing lines: wrong elements, and the average busbw per library."""
+    lines = []
+    for library in dict.fromkeys(r.library for r in rows):
+        mine = [r for r in rows if r.library == library and r.busbw is not None]
+        wrong = sum(r.wrong or 0 for r in mine)
+        average = statistics.fmean(r.busbw for r in mine) if mine else 0.0
+        lines.append(f"# {library}: wrong elements {wrong} ({'OK' if wrong == 0 else 'WRONG'}),"
+                     f" average busbw {average:.3f} GB/s over {len(mine)} sizes")
+    return lines
+
+
+def _finish(opts: BenchOptions, rows: list[Row], machine: Mapping[str, object],
+            ranks: int) -> int:
+    """Print the summary, write the requested files; return the exit code."""
+    for line in report.ratio_summary(rows) + _footer(rows):
+        print(line)
+    if opts.csv:
+        report.write_csv(opts.csv, rows)
+    if opts.json:
+        report.write_json(opts.json, machine, opts, rows)
+    if opts.plot:
+        from .plot import PlotUnavailable, plot
+        try:
+            plot(rows, opts.plot, f"tensorcomm bench: {ranks} ranks, {opts.dtype}, "
+                                  f"{machine['cpu']}")
+        except PlotUnavailable as exc:
+            _say(str(exc))
+            return 1
+    ours = [r for r in rows if r.library == TENSORCOMM]
+    broken = any(r.wrong for r in ours) or any(r.note.startswith("failed") for r in ours)
+    return 1 if broken else 0
+
+
+def _steps(opts: BenchOptions, ranks: int, libraries: int) -> int:
+    return len(runner.tasks(opts, ranks)) * opts.rounds * libraries
+
+
+def _launched(opts: BenchOptions, ranks: int) -> int:
+    env = dict(os.environ)
+    # One compute thread per rank, as torchrun sets it: here ranks share the cores.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    names = [TENSORCOMM]
+    for name in opts.compare:
+        reason = peers.missing(name)
+        if reason:
+            print(f"# {name} {reason}")
+        else:
+            names.append(name)
+    jobs: dict[str, runner.PeerJob] = {}
+    reduces = {name: c.reduces for name, c in COLLECTIVES.items()}
+    try:
+        with progress(_steps(opts, ranks, len(names)), sys.stdout.isatty()) as advance:
+            advance(f"starting {', '.join(names)}")
+            jobs = runner.start_jobs(names, ranks, env, opts.timeout, _say)
+            if TENSORCOMM not in jobs:
+                return 1
+            machine = report.machine_info(env, {n: j.version for n, j in jobs.items()})
+            print("\n".join(report.header(opts, ranks, machine)))
+            runs: dict[str, runner.Run] = {n: partial(j.run, plan=_plan(opts))
+                                           for n, j in jobs.items()}
+            table = report.TableWriter(sys.stdout, reduces)
+            rows = runner.sweep(opts, ranks, runs, _say, advance, table.emit)
+    finally:
+        for job in jobs.values():
+            job.stop()
+    return _finish(opts, rows, machine, ranks)
+
+
+def _in_process(opts: BenchOptions) -> int:
+    from .peers import tensorcomm_
+
+    if opts.compare:
+        _say("--compare needs bench to start the ranks (-n); measuring tensorcomm only")
+    peer = tensorcomm_.open()
+    leader = peer.rank == 0
+    emit: Callable[[list[Row]], None] = lambda rows: None
+    try:
+        machine = report.machine_info(os.environ, {TENSORCOMM: peer.version})
+        if leader:
+            print("\n".join(report.header(opts, peer.size, machine)))
+            emit = report.TableWriter(sys.stdout, {n: c.reduces for n, c in
+                                                   COLLECTIVES.items()}).emit
+        runs = {TENSORCOMM: runner.local_run(peer, _plan(opts))}
+        rows = runner.sweep(opts, peer.size, runs, _say, lambda step: None, emit)
+    finally:
+        peer.close()
+    code = _finish(opts, rows, machine, peer.size) if leader else 0
+    return code or (1 if any(r.wrong for r in rows) else 0)
+
+
+def _main(args: argparse.Namespace) -> int:
+    opts = bench_options.from_args(args)
+    try:
+        under_launcher = discover().world_size is not None
+    except ValueError as exc:  # a malformed launcher variable
+        raise LaunchConfigError(str(exc)) from None
+    if opts.ranks is None and under_launcher:
+        return _in_process(opts)
+    return _launched(opts, opts.ranks or DEFAULT_RANKS)
+
+
+def register(register_subcommand: Callable[..., None]) -> None:
+    """Add ``tensorcomm bench`` to the CLI."""
+    register_subcommand("bench", "time collectives nccl-tests style, optionally side by side "
+                        "with gloo, mpi and mindspore", bench_options.add_arguments, _main)

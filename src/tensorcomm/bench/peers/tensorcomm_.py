@@ -1,0 +1,90 @@
+"""tensorcomm itself as a benchmark peer, through its public API only.
+
+Ranks are started by ``tensorcomm run`` (the spawner), so the job runs exactly as a user's does;
+the transport is whatever tensorcomm picks (``TENSORCOMM_TRANSPORT`` passes through).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+import tensorcomm as tc
+from tensorcomm.algorithms import kernels  # the op x dtype rule the frontends apply
+
+from ..check import DTYPES, ROOT
+from ..formulas import COLLECTIVES
+from ..timing import Case
+from . import Command
+from .base import ArrayCase, Peer, Task, Unsupported
+
+
+def commands(ranks: int, worker: list[str], env: dict[str, str]) -> list[Command]:
+    """One ``tensorcomm run -n ranks`` launcher running the worker on every rank."""
+    return [Command([sys.executable, "-m", "tensorcomm", "run", "-n", str(ranks),
+                     "-m", *worker[2:]], env)]
+
+
+def _call(task: Task, case: ArrayCase) -> Callable[[], Any]:
+    op = tc.ReduceOp.parse(task.op)
+    x, out, rank, size = case.input, case.output, case.rank, case.ranks
+    if task.collective == "gather":
+        pieces = list(out.reshape(size, -1)) if rank == ROOT else None
+        return lambda: tc.gather(x, pieces, dst=ROOT)
+    if task.collective == "scatter":
+        pieces = list(x.reshape(size, -1)) if rank == ROOT else None
+        return lambda: tc.scatter(out, pieces, src=ROOT)
+    return {
+        "all_reduce": lambda: tc.all_reduce(x, op),
+        "broadcast": lambda: tc.broadcast(x, src=ROOT),
+        "reduce": lambda: tc.reduce(x, dst=ROOT, op=op),
+        "all_gather": lambda: tc.all_gather_into_tensor(out, x),
+        "reduce_scatter": lambda: tc.reduce_scatter_tensor(out, x, op),
+        "all_to_all": lambda: tc.all_to_all_single(out, x),
+    }[task.collective]
+
+
+class TensorcommPeer(Peer):
+    """tensorcomm joined through ``tc.init()`` (the launcher's environment)."""
+
+    name = "tensorcomm"
+
+    def __init__(self) -> None:
+        tc.init()
+        self.version = f"tensorcomm {tc.__version__}"
+        self.rank, self.size = tc.get_rank(), tc.get_world_size()
+
+    def case(self, task: Task) -> Case:
+        if COLLECTIVES[task.collective].reduces:
+            _check_op(task)
+        case = ArrayCase(task, self.size, self.rank)
+        case.run = _call(task, case)
+        return case
+
+    def barrier(self) -> None:
+        tc.barrier()
+
+    def close(self) -> None:
+        tc.destroy()
+
+    def reduce(self, values: Sequence[float], op: str) -> list[float]:
+        """The coordinator of in-process runs: tensorcomm's own all_reduce on float64."""
+        array = np.asarray(values, np.float64)
+        tc.all_reduce(array, tc.ReduceOp.MAX if op == "max" else tc.ReduceOp.SUM)
+        return [float(v) for v in array]
+
+
+def _check_op(task: Task) -> None:
+    """Raise Unsupported where tensorcomm itself would reject op x dtype."""
+    try:
+        kernels.check_op_dtype(tc.ReduceOp.parse(task.op), DTYPES[task.dtype], "op")
+    except (TypeError, ValueError) as exc:
+        raise Unsupported(str(exc)) from None
+
+
+def open(init_method: str | None = None) -> TensorcommPeer:  # noqa: A001 - the peer contract
+    """Join the job the launcher's environment describes."""
+    return TensorcommPeer()

@@ -1,0 +1,179 @@
+"""What ``tensorcomm bench`` prints and writes: the machine header, the table, CSV and JSON.
+
+The table follows nccl-tests' layout (size, count, type, redop, time, algbw, busbw, #wrong), with
+the median time and the min/max across batches, a library column, and on each peer's row the
+ratio of tensorcomm's speed to that peer's (busbw ratio; above 1: tensorcomm is faster).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import os
+import platform
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, fields
+from typing import Any, TextIO
+
+import numpy as np
+
+import tensorcomm
+
+from .options import BenchOptions
+from .results import TENSORCOMM, Row, ratios
+
+# Settings that change what a run measures; shown in the header whether set or not.
+ENV_SHOWN = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "TENSORCOMM_TRANSPORT")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _memory_gib() -> float | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def machine_info(env: Mapping[str, str], versions: Mapping[str, str]) -> dict[str, Any]:
+    """The machine and software a run measured: cores, memory, versions, thread settings.
+
+    Args:
+        env: the environment the ranks ran with.
+        versions: library name -> version string, as each job reported it.
+    """
+    affinity = getattr(os, "sched_getaffinity", None)
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "usable_cores": len(affinity(0)) if affinity else os.cpu_count(),
+        "memory_gib": _memory_gib(),
+        "system": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "tensorcomm": tensorcomm.__version__,
+        "libraries": dict(versions),
+        "env": {name: env.get(name) for name in ENV_SHOWN},
+    }
+
+
+def header(options: BenchOptions, ranks: int, machine: Mapping[str, Any]) -> list[str]:
+    """The comment lines above the table."""
+    memory = machine["memory_gib"]
+    env = " ".join(f"{k}={v if v is not None else 'unset'}" for k, v in machine["env"].items())
+    timing = (f"{options.iters} timed calls" if options.iters else
+              f"{options.budget:g} s of timed calls")
+    return [
+        f"# tensorcomm bench: {', '.join(options.collectives)}; {ranks} ranks; {options.dtype}; "
+        f"op {options.op}; check {'on' if options.check else 'off'}",
+        f"# machine: {machine['cpu']}, {machine['cores']} cores ({machine['usable_cores']} usable)"
+        + (f", {memory:.1f} GiB" if memory else "") + f"; {machine['system']}",
+        f"# software: Python {machine['python']}, numpy {machine['numpy']}; "
+        + "; ".join(machine["libraries"].values()),
+        f"# env: {env}",
+        f"# timing: per size and library, {timing}, in batches after a barrier; time = median "
+        f"of the batches' slowest rank (min, max beside it); {options.rounds} round(s), "
+        "libraries interleaved per size",
+    ]
+
+
+_COLUMNS = (("size(B)", ">12"), ("count", ">11"), ("type", ">9"), ("redop", ">6"),
+            ("library", "<11"), ("time(us)", ">10"), ("min(us)", ">10"), ("max(us)", ">10"),
+            ("algbw(GB/s)", ">12"), ("busbw(GB/s)", ">12"), ("#wrong", ">7"), ("tc/peer", ">8"))
+
+
+def _cells(row: Row, ratio: float | None, reduces: bool) -> list[str]:
+    def num(value: float | None, digits: int = 2) -> str:
+        return "" if value is None else f"{value:.{digits}f}"
+
+    base = [str(row.size), str(row.count), row.dtype, row.op if reduces else "none",
+            row.library]
+    if row.time_us is None:
+        return base + [row.note]
+    return base + [num(row.time_us, 1), num(row.min_us, 1), num(row.max_us, 1), num(row.algbw),
+                   num(row.busbw), "n/a" if row.wrong is None else str(row.wrong),
+                   "" if ratio is None else f"{ratio:.2f}x"]
+
+
+def _line(cells: Sequence[str]) -> str:
+    parts = [f"{cell:{fmt}}" for cell, (_, fmt) in zip(cells, _COLUMNS)]
+    parts += cells[len(_COLUMNS):]  # a note past the last column
+    return " ".join(parts).rstrip()
+
+
+class TableWriter:
+    """Prints rows as each size finishes, with a column header per collective."""
+
+    def __init__(self, out: TextIO, reduces: Mapping[str, bool]) -> None:
+        self._out = out
+        self._reduces = reduces
+        self._collective: str | None = None
+
+    def emit(self, rows: Sequence[Row]) -> None:
+        """Print the rows of one size (every library's)."""
+        if not rows:
+            return
+        if rows[0].collective != self._collective:
+            self._collective = rows[0].collective
+            print(f"#\n# {self._collective}", file=self._out)
+            names = [name for name, _ in _COLUMNS]
+            print(_line(["#" + names[0].rjust(11), *names[1:]]), file=self._out)
+        speed = ratios(rows)
+        for row in rows:
+            ratio = speed.get((row.collective, row.size, row.library))
+            print(_line(_cells(row, ratio, self._reduces[row.collective])), file=self._out)
+        self._out.flush()
+
+
+def ratio_summary(rows: Sequence[Row]) -> list[str]:
+    """Per collective, a size x peer table of tensorcomm's speed over the peer's."""
+    speed = ratios(rows)
+    peers = list(dict.fromkeys(r.library for r in rows if r.library != TENSORCOMM))
+    if not peers:
+        return []
+    lines = ["#", "# tensorcomm speed / peer speed (above 1: tensorcomm faster)"]
+    for collective in dict.fromkeys(r.collective for r in rows):
+        lines.append(f"# {collective:<14}" + "".join(f"{p:>12}" for p in peers))
+        for size in dict.fromkeys(r.size for r in rows if r.collective == collective):
+            cells = [speed.get((collective, size, p)) for p in peers]
+            lines.append(f"{size:>16}" + "".join(f"{c:>11.2f}x" if c else f"{'-':>12}"
+                                                 for c in cells))
+    return lines
+
+
+def write_csv(path: str, rows: Sequence[Row]) -> None:
+    """Write one CSV line per row, with tensorcomm's speed ratio on peer rows."""
+    speed = ratios(rows)
+    names = [f.name for f in fields(Row)] + ["tensorcomm_speedup"]
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=names)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**asdict(row), "tensorcomm_speedup":
+                             speed.get((row.collective, row.size, row.library), "")})
+
+
+def write_json(path: str, machine: Mapping[str, Any], options: BenchOptions,
+               rows: Sequence[Row]) -> None:
+    """Write the machine, the options, every row and every ratio as one JSON document."""
+    document = {
+        "machine": dict(machine),
+        "options": asdict(options),
+        "rows": [row.to_json() for row in rows],
+        "ratios": [{"collective": c, "size": s, "peer": p, "tensorcomm_speedup": v}
+                   for (c, s, p), v in ratios(rows).items()],
+    }
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(document, handle, indent=1)
+        handle.write("\n")
