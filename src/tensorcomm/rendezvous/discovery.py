@@ -27,6 +27,8 @@ Read whatever the source::
     TENSORCOMM_STORE_HOSTED    "1": the launcher serves the store, rank 0 must not; "0" or unset: no
     TENSORCOMM_HOST_ID         which ranks share a host (default: the hostname)
     TENSORCOMM_TIMEOUT         seconds, default for init(timeout=None)
+    TENSORCOMM_TRANSPORT       "tcp": sockets even between ranks on one host; "auto" or unset:
+                               shared memory where every member of a group shares a host
 
 A missing variable is ``None`` (local rank: 0). A variable that is set but malformed (not an
 integer, negative, rank not below world size, port outside 0..65535, empty) is a ValueError
@@ -46,7 +48,7 @@ from dataclasses import dataclass
 
 from tensorcomm.config import (ENV_HOST_ID, ENV_LOCAL_RANK, ENV_LOCAL_WORLD_SIZE, ENV_MASTER_ADDR,
                                ENV_MASTER_PORT, ENV_RANK, ENV_SECRET, ENV_STORE_HOSTED, ENV_TIMEOUT,
-                               ENV_WORLD_SIZE)
+                               ENV_TRANSPORT, ENV_WORLD_SIZE)
 
 # Names of other launchers' variables (tensorcomm's own are in config.py).
 OMPI_RANK, OMPI_SIZE = "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"
@@ -74,6 +76,7 @@ class JobInfo:
     host_id: str
     timeout: float | None
     source: str
+    transport: str = "auto"  # "tcp" or "auto"
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,7 @@ def discover(environ: Mapping[str, str] | None = None) -> JobInfo:
         host_id=_text(env, ENV_HOST_ID) or socket.gethostname(),
         timeout=_seconds(env, ENV_TIMEOUT),
         source="none" if source is None else source.name,
+        transport=_transport(env),
     )
 
 
@@ -197,6 +201,16 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
     if raw.strip() == "1":
         return True
     raise ValueError(f"{name}={raw!r}: expected '1' or '0'")
+
+
+def _transport(env: Mapping[str, str]) -> str:
+    raw = env.get(ENV_TRANSPORT)
+    if raw is None:
+        return "auto"
+    value = raw.strip().lower()
+    if value not in ("tcp", "auto"):
+        raise ValueError(f"{ENV_TRANSPORT}={raw!r}: expected 'tcp' (sockets only) or 'auto'")
+    return value
 
 
 def _seconds(env: Mapping[str, str], name: str) -> float | None:
