@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -137,9 +138,15 @@ def _main(args: argparse.Namespace) -> int:
         under_launcher = discover().world_size is not None
     except ValueError as exc:  # a malformed launcher variable
         raise LaunchConfigError(str(exc)) from None
-    if opts.ranks is None and under_launcher:
-        return _in_process(opts)
-    return _launched(opts, opts.ranks or DEFAULT_RANKS)
+    try:
+        if opts.ranks is None and under_launcher:
+            return _in_process(opts)
+        return _launched(opts, opts.ranks or DEFAULT_RANKS)
+    except BrokenPipeError:
+        # Output closed (piped into `head`): stop quietly, as a shell tool killed by SIGPIPE,
+        # and keep the interpreter's final flush from raising again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 def register(register_subcommand: Callable[..., None]) -> None:

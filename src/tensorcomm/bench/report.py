@@ -12,6 +12,7 @@ import datetime
 import json
 import os
 import platform
+import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, fields
 from typing import Any, TextIO
@@ -45,6 +46,24 @@ def _memory_gib() -> float | None:
         return None
 
 
+def _source_revision() -> str | None:
+    """The git commit tensorcomm runs from, ``+modified`` if its sources differ; None if no checkout.
+
+    Benchmarks are often run from a working tree: the commit alone would not say what ran.
+    """
+    package = os.path.dirname(os.path.abspath(tensorcomm.__file__))
+    try:
+        head = subprocess.run(["git", "-C", package, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=5)
+        if head.returncode != 0:
+            return None
+        status = subprocess.run(["git", "-C", package, "status", "--porcelain", "--", "."],
+                                capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+modified" if status.stdout.strip() else "")
+
+
 def machine_info(env: Mapping[str, str], versions: Mapping[str, str]) -> dict[str, Any]:
     """The machine and software a run measured: cores, memory, versions, thread settings.
 
@@ -63,6 +82,7 @@ def machine_info(env: Mapping[str, str], versions: Mapping[str, str]) -> dict[st
         "python": platform.python_version(),
         "numpy": np.__version__,
         "tensorcomm": tensorcomm.__version__,
+        "tensorcomm_git": _source_revision(),
         "libraries": dict(versions),
         "env": {name: env.get(name) for name in ENV_SHOWN},
     }
@@ -80,7 +100,9 @@ def header(options: BenchOptions, ranks: int, machine: Mapping[str, Any]) -> lis
         f"# machine: {machine['cpu']}, {machine['cores']} cores ({machine['usable_cores']} usable)"
         + (f", {memory:.1f} GiB" if memory else "") + f"; {machine['system']}",
         f"# software: Python {machine['python']}, numpy {machine['numpy']}; "
-        + "; ".join(machine["libraries"].values()),
+        + "; ".join(machine["libraries"].values())
+        + (f"; tensorcomm from git {machine['tensorcomm_git']}" if machine["tensorcomm_git"]
+           else ""),
         f"# env: {env}",
         f"# timing: per size and library, {timing}, in batches after a barrier; time = median "
         f"of the batches' slowest rank (min, max beside it); {options.rounds} round(s), "

@@ -41,7 +41,9 @@ class MpiPeer(Peer):
         from mpi4py import MPI
 
         self.MPI, self.comm = MPI, MPI.COMM_WORLD
-        library = MPI.Get_library_version().strip().splitlines()[0].replace("\t", " ")
+        # First line only, e.g. "MPICH Version:\t4.0.2" or "Open MPI v4.1.4, package: ...".
+        first = MPI.Get_library_version().strip().splitlines()[0]
+        library = " ".join(first.replace("Version:", "").split(",")[0].split())
         self.version = f"mpi4py {mpi4py.__version__} ({library})"
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.ops = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
