@@ -308,7 +308,7 @@ def test_csv_and_json_shapes(tmp_path):
 
 def test_table_lines(capsys):
     import sys as _sys
-    writer = report.TableWriter(_sys.stdout, {"all_reduce": True})
+    writer = report.TableWriter(_sys.stdout)
     writer.emit(_rows())
     lines = capsys.readouterr().out.splitlines()
     assert lines[1] == "# all_reduce" and lines[2].startswith("#    size(B)")

@@ -24,21 +24,15 @@ from ..launch.env import LaunchConfigError
 from ..rendezvous.discovery import discover
 from . import options as bench_options
 from . import peers, report, runner
-from .formulas import COLLECTIVES
 from .options import BenchOptions
 from .progress import progress
 from .results import TENSORCOMM, Row
-from .timing import Plan
 
 DEFAULT_RANKS = 2
 
 
 def _say(message: str) -> None:
     print(f"tensorcomm bench: {message}", file=sys.stderr, flush=True)
-
-
-def _plan(opts: BenchOptions) -> Plan:
-    return Plan(budget=opts.budget, warmup=opts.warmup, iters=opts.iters, check=opts.check)
 
 
 def _footer(rows: Sequence[Row]) -> list[str]:
@@ -70,9 +64,14 @@ def _finish(opts: BenchOptions, rows: list[Row], machine: Mapping[str, object],
         except PlotUnavailable as exc:
             _say(str(exc))
             return 1
+    return _exit_code(rows)
+
+
+def _exit_code(rows: Sequence[Row]) -> int:
+    """1 when tensorcomm returned a wrong element or failed, else 0 (peers' troubles are shown,
+    not fatal)."""
     ours = [r for r in rows if r.library == TENSORCOMM]
-    broken = any(r.wrong for r in ours) or any(r.note.startswith("failed") for r in ours)
-    return 1 if broken else 0
+    return 1 if any(r.wrong or r.note.startswith("failed") for r in ours) else 0
 
 
 def _steps(opts: BenchOptions, ranks: int, libraries: int) -> int:
@@ -91,7 +90,6 @@ def _launched(opts: BenchOptions, ranks: int) -> int:
         else:
             names.append(name)
     jobs: dict[str, runner.PeerJob] = {}
-    reduces = {name: c.reduces for name, c in COLLECTIVES.items()}
     try:
         with progress(_steps(opts, ranks, len(names)), sys.stdout.isatty()) as advance:
             advance(f"starting {', '.join(names)}")
@@ -100,9 +98,9 @@ def _launched(opts: BenchOptions, ranks: int) -> int:
                 return 1
             machine = report.machine_info(env, {n: j.version for n, j in jobs.items()})
             print("\n".join(report.header(opts, ranks, machine)))
-            runs: dict[str, runner.Run] = {n: partial(j.run, plan=_plan(opts))
+            runs: dict[str, runner.Run] = {n: partial(j.run, plan=opts.plan())
                                            for n, j in jobs.items()}
-            table = report.TableWriter(sys.stdout, reduces)
+            table = report.TableWriter(sys.stdout)
             rows = runner.sweep(opts, ranks, runs, _say, advance, table.emit)
     finally:
         for job in jobs.values():
@@ -122,14 +120,13 @@ def _in_process(opts: BenchOptions) -> int:
         machine = report.machine_info(os.environ, {TENSORCOMM: peer.version})
         if leader:
             print("\n".join(report.header(opts, peer.size, machine)))
-            emit = report.TableWriter(sys.stdout, {n: c.reduces for n, c in
-                                                   COLLECTIVES.items()}).emit
-        runs = {TENSORCOMM: runner.local_run(peer, _plan(opts))}
+            emit = report.TableWriter(sys.stdout).emit
+        runs = {TENSORCOMM: runner.local_run(peer, opts.plan())}
         rows = runner.sweep(opts, peer.size, runs, _say, lambda step: None, emit)
     finally:
         peer.close()
-    code = _finish(opts, rows, machine, peer.size) if leader else 0
-    return code or (1 if any(r.wrong for r in rows) else 0)
+    # Every rank holds the same rows; only rank 0 prints and writes files.
+    return _finish(opts, rows, machine, peer.size) if leader else _exit_code(rows)
 
 
 def _main(args: argparse.Namespace) -> int:

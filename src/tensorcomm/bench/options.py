@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from ..launch.env import LaunchConfigError
 from . import check, peers
 from .formulas import COLLECTIVES
+from .timing import Plan
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
@@ -42,6 +43,10 @@ class BenchOptions:
     csv: str | None
     json: str | None
     plot: str | None
+
+    def plan(self) -> Plan:
+        """How each size is timed (the same on every rank and library)."""
+        return Plan(budget=self.budget, warmup=self.warmup, iters=self.iters, check=self.check)
 
 
 def parse_size(text: str) -> int:

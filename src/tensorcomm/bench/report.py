@@ -21,6 +21,7 @@ import numpy as np
 
 import tensorcomm
 
+from .formulas import COLLECTIVES
 from .options import BenchOptions
 from .results import TENSORCOMM, Row, ratios
 
@@ -137,9 +138,8 @@ def _line(cells: Sequence[str]) -> str:
 class TableWriter:
     """Prints rows as each size finishes, with a column header per collective."""
 
-    def __init__(self, out: TextIO, reduces: Mapping[str, bool]) -> None:
+    def __init__(self, out: TextIO) -> None:
         self._out = out
-        self._reduces = reduces
         self._collective: str | None = None
 
     def emit(self, rows: Sequence[Row]) -> None:
@@ -154,7 +154,7 @@ class TableWriter:
         speed = ratios(rows)
         for row in rows:
             ratio = speed.get((row.collective, row.size, row.library))
-            print(_line(_cells(row, ratio, self._reduces[row.collective])), file=self._out)
+            print(_line(_cells(row, ratio, COLLECTIVES[row.collective].reduces)), file=self._out)
         self._out.flush()
 
 

@@ -117,11 +117,6 @@ class PeerJob:
         self._log.close()
 
 
-def _plan(options: BenchOptions) -> Plan:
-    return Plan(budget=options.budget, warmup=options.warmup, iters=options.iters,
-                check=options.check)
-
-
 def tasks(options: BenchOptions, ranks: int) -> list[Task]:
     """Every (collective, size) of the sweep as a task; sizes that round alike are run once."""
     itemsize = check.DTYPES[options.dtype].itemsize
