@@ -43,6 +43,7 @@ class PeerJob:
         self.name, self.ranks, self.timeout = name, ranks, timeout
         self.version = ""
         self._stopped = False
+        self._tail = ""
         self.channel = JobChannel()
         self._log = tempfile.TemporaryFile()
         worker = [sys.executable, "-m", "tensorcomm.bench.worker", "--peer", name,
@@ -78,20 +79,16 @@ class PeerJob:
             return self.channel.run({"task": task.to_json(), "plan": asdict(plan)},
                                     time.monotonic() + self.timeout, self._alive)
         except JobFailed as exc:
-            tail = self.log_tail()
-            self.stop()
-            raise JobFailed(f"{exc}\n{tail}".rstrip()) from None
+            raise JobFailed(f"{exc}\n{self.stop()}".rstrip()) from None
 
-    def log_tail(self) -> str:
-        """The last lines the job printed, to show why it failed."""
-        self._log.seek(0)
-        lines = self._log.read().decode("utf-8", "replace").splitlines()
-        return "\n".join(lines[-LOG_TAIL_LINES:])
+    def stop(self) -> str:
+        """Ask the ranks to exit, stop what is left of the job's process groups; idempotent.
 
-    def stop(self) -> None:
-        """Ask the ranks to exit; stop whatever is left of the job's process groups. Idempotent."""
+        Returns:
+            The last lines the job printed (launcher messages included), to show why it failed.
+        """
         if self._stopped:
-            return
+            return self._tail
         self._stopped = True
         try:
             self.channel.send_all({"exit": True})
@@ -114,7 +111,11 @@ class PeerJob:
                 time.sleep(0.2 if any(p.poll() is None for p in self._processes) else 0)
         for process in self._processes:
             process.wait()
+        self._log.seek(0)
+        lines = self._log.read().decode("utf-8", "replace").splitlines()
         self._log.close()
+        self._tail = "\n".join(lines[-LOG_TAIL_LINES:])
+        return self._tail
 
 
 def tasks(options: BenchOptions, ranks: int) -> list[Task]:
@@ -185,7 +186,6 @@ def start_jobs(names: list[str], ranks: int, env: Mapping[str, str], timeout: fl
         try:
             job.ready()
         except JobFailed as exc:
-            say(f"{name}: could not start: {exc}\n{job.log_tail()}".rstrip())
-            job.stop()
+            say(f"{name}: could not start: {exc}\n{job.stop()}".rstrip())
             del jobs[name]
     return jobs
