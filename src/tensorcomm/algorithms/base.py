@@ -8,8 +8,9 @@ chosen by the algorithm, so two collectives (or two groups) never mix.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Sequence
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -17,38 +18,81 @@ from ..errors import CommError, CommTimeoutError
 from ..transports.base import Request, Transport, as_bytes, collective_tag, p2p_tag  # noqa: F401
 from .signature import NO_SIGNATURE, Signature
 
-@dataclass
-class Ctx:
-    """One collective call's view of its group.
+_new = object.__new__
+_monotonic = time.monotonic
+
+
+@dataclass(frozen=True)
+class Team:
+    """What every call on one group shares; the core builds it once per group.
 
     Attributes:
         transport: moves bytes between global ranks.
         ranks: global rank of each group rank.
         rank: this process's group rank.
         group_id: small integer naming the group in tags.
-        seq: the call's sequence number in the group.
-        timeout: seconds the whole call may take.
-        name: the collective's name, for error messages.
+        timeout: seconds one call may take.
         host_of: host identity of each group rank (same string = same host), for topology-aware
             selection.
-        signature: what this call is; peers compare it with theirs to detect mismatched calls.
         group_name: the group's name, for error messages.
+        shm: the group's shared-memory domain (``transports.shm.domain.ShmDomain``) when every
+            member shares this host and shared memory could be set up; else None.
     """
 
     transport: Transport
     ranks: Sequence[int]
     rank: int
     group_id: int
-    seq: int
     timeout: float
-    name: str = "collective"
     host_of: Sequence[str] = ()
-    signature: Signature = NO_SIGNATURE
     group_name: str = ""
-    deadline: float = field(init=False)
+    shm: Any = None
 
-    def __post_init__(self) -> None:
-        self.deadline = time.monotonic() + self.timeout
+
+class Ctx:
+    """One collective call's view of its group: the group's ``Team`` plus the call itself.
+
+    Attributes:
+        team: what the group's calls share (the attributes below read through it).
+        seq: the call's sequence number in the group.
+        name: the collective's name, for error messages.
+        signature: what this call is; peers compare it with theirs to detect mismatched calls.
+        deadline: ``time.monotonic()`` value the call must finish by.
+
+    ``Ctx(transport, ranks, rank, group_id, seq, timeout, ...)`` builds a one-off team (tests do);
+    the core reuses its group's team through ``Ctx.of``, which costs a few attribute stores.
+    """
+
+    __slots__ = ("team", "seq", "name", "signature", "deadline")
+
+    def __init__(self, transport: Transport, ranks: Sequence[int], rank: int, group_id: int, seq: int,
+                 timeout: float, name: str = "collective", host_of: Sequence[str] = (),
+                 signature: Signature = NO_SIGNATURE, group_name: str = "", shm: Any = None) -> None:
+        self.team = Team(transport, ranks, rank, group_id, timeout, host_of, group_name, shm)
+        self.seq = seq
+        self.name = name
+        self.signature = signature
+        self.deadline = time.monotonic() + timeout
+
+    @classmethod
+    def of(cls, team: Team, seq: int, name: str, signature: Signature) -> "Ctx":
+        """A call's context on ``team``; its deadline starts now."""
+        ctx = _new(cls)
+        ctx.team = team
+        ctx.seq = seq
+        ctx.name = name
+        ctx.signature = signature
+        ctx.deadline = _monotonic() + team.timeout
+        return ctx
+
+    transport = property(attrgetter("team.transport"), doc="Moves bytes between global ranks.")
+    ranks = property(attrgetter("team.ranks"), doc="Global rank of each group rank.")
+    rank = property(attrgetter("team.rank"), doc="This process's group rank.")
+    group_id = property(attrgetter("team.group_id"), doc="Small integer naming the group in tags.")
+    timeout = property(attrgetter("team.timeout"), doc="Seconds the whole call may take.")
+    host_of = property(attrgetter("team.host_of"), doc="Host identity of each group rank.")
+    group_name = property(attrgetter("team.group_name"), doc="The group's name.")
+    shm = property(attrgetter("team.shm"), doc="The group's shared-memory domain, or None.")
 
     @property
     def size(self) -> int:

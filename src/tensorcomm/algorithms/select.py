@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-from . import allgather, allreduce, alltoall, barrier, broadcast, gather_scatter, reduce, reduce_scatter
+from . import (allgather, allreduce, alltoall, barrier, broadcast, gather_scatter, reduce, reduce_scatter,
+               shm_allgather, shm_allreduce, shm_alltoall, shm_barrier, shm_broadcast, shm_reduce_scatter)
 from .base import Ctx
 
 # Up to this many bytes a message costs about one latency, so algorithms with fewer rounds win;
@@ -23,12 +24,18 @@ Predicate = Callable[[Ctx, int], bool]
 
 
 class Row(NamedTuple):
-    """One candidate: ``fn`` runs ``collective`` when ``predicate(ctx, nbytes)`` holds."""
+    """One candidate: ``fn`` runs ``collective`` when ``predicate(ctx, nbytes)`` holds.
+
+    ``direct`` rows (the shared-memory ones) take the caller's arrays and op and write the results
+    themselves; the others take scratch buffers prepared by the core (see ``core/collectives.py``
+    for both calling conventions of each collective).
+    """
 
     collective: str
     name: str
     predicate: Predicate
     fn: Callable[..., None]
+    direct: bool = False
 
 
 def _always(ctx: Ctx, nbytes: int) -> bool:
@@ -48,32 +55,56 @@ def _large_and_three_or_more(ctx: Ctx, nbytes: int) -> bool:
     return nbytes > SMALL_MESSAGE_BYTES and ctx.size > 2
 
 
+def _shm(ctx: Ctx, nbytes: int) -> bool:
+    return ctx.team.shm is not None
+
+
+def _shm_one_slot(ctx: Ctx, nbytes: int) -> bool:
+    shm = ctx.team.shm
+    return shm is not None and nbytes <= shm.slot_bytes
+
+
 # ``nbytes`` is the size of the largest buffer a rank passes: the buffer for allreduce, broadcast
 # and reduce; the gathered output for allgather and gather; the input for reduce_scatter, scatter
 # and alltoall; 0 for barrier.
 #
-# Shared-memory rows go first in their collective, guarded by predicates on ``ctx`` (for example
-# every entry of ``ctx.host_of`` equal: all ranks on one host), so that they win whenever they
-# apply and the rows below remain the fallback across hosts.
+# Shared-memory rows go first in their collective, guarded by "the group has a shared-memory
+# domain" (every member on this host, set up at group creation), so that they win whenever they
+# apply and the rows below remain the fallback across hosts. Every collective of a group with a
+# domain runs on it: the domain's per-call announcements are what detect mismatched calls there.
 ROWS: tuple[Row, ...] = (
+    Row("allreduce", "shm_direct", _shm_one_slot, shm_allreduce.direct, direct=True),
+    Row("allreduce", "shm_pipelined", _shm, shm_allreduce.pipelined, direct=True),
     Row("allreduce", "recursive_doubling", _small_or_pair, allreduce.recursive_doubling),
     Row("allreduce", "ring", _always, allreduce.ring),
+    Row("allgather", "shm_rounds", _shm, shm_allgather.allgather, direct=True),
     Row("allgather", "bruck", _small, allgather.bruck),
     Row("allgather", "ring", _always, allgather.ring),
+    Row("reduce_scatter", "shm_rounds", _shm, shm_reduce_scatter.reduce_scatter, direct=True),
     Row("reduce_scatter", "ring", _always, reduce_scatter.ring),
+    Row("broadcast", "shm_rounds", _shm, shm_broadcast.broadcast, direct=True),
     Row("broadcast", "scatter_allgather", _large_and_three_or_more, broadcast.scatter_allgather),
     Row("broadcast", "binomial_tree", _always, broadcast.binomial_tree),
+    Row("reduce", "shm_direct", _shm_one_slot, shm_allreduce.reduce_direct, direct=True),
+    Row("reduce", "shm_pipelined", _shm, shm_allreduce.reduce_pipelined, direct=True),
     Row("reduce", "binomial_tree", _always, reduce.binomial_tree),
+    Row("gather", "shm_rounds", _shm, shm_allgather.gather, direct=True),
     Row("gather", "linear", _always, gather_scatter.gather),
+    Row("scatter", "shm_rounds", _shm, shm_broadcast.scatter, direct=True),
     Row("scatter", "linear", _always, gather_scatter.scatter),
+    Row("alltoall", "shm_rounds", _shm, shm_alltoall.alltoall, direct=True),
     Row("alltoall", "pairwise_exchange", _always, alltoall.pairwise_exchange),
+    Row("barrier", "shm_counters", _shm, shm_barrier.barrier, direct=True),
     Row("barrier", "dissemination", _always, barrier.dissemination),
 )
+_BY_COLLECTIVE: dict[str, tuple[Row, ...]] = {}
+for _row in ROWS:
+    _BY_COLLECTIVE[_row.collective] = _BY_COLLECTIVE.get(_row.collective, ()) + (_row,)
 
 
-def _rows(collective: str) -> list[Row]:
-    rows = [row for row in ROWS if row.collective == collective]
-    if not rows:
+def _rows(collective: str) -> tuple[Row, ...]:
+    rows = _BY_COLLECTIVE.get(collective)
+    if rows is None:
         known = ", ".join(dict.fromkeys(row.collective for row in ROWS))
         raise ValueError(f"collective: unknown collective {collective!r}; expected one of {known}")
     return rows
@@ -100,14 +131,23 @@ def choose(collective: str, ctx: Ctx, nbytes: int, override: str | None = None) 
     Raises:
         ValueError: ``collective`` is unknown, or ``override`` names no algorithm of it.
     """
+    return pick(collective, ctx, nbytes, override).fn
+
+
+def pick(collective: str, ctx: Ctx, nbytes: int, override: str | None = None) -> Row:
+    """The row ``choose`` would take (its ``direct`` flag tells the calling convention).
+
+    Raises:
+        ValueError: as ``choose``.
+    """
     rows = _rows(collective)
     if override is not None:
         for row in rows:
             if row.name == override:
-                return row.fn
+                return row
         raise ValueError(f"override: unknown {collective} algorithm {override!r}; expected one of "
                          f"{', '.join(row.name for row in rows)}")
     for row in rows:
         if row.predicate(ctx, nbytes):
-            return row.fn
+            return row
     raise AssertionError(f"no {collective} row matched; the last row of each collective must always hold")

@@ -2,8 +2,16 @@
 
 Arguments arrive validated by a frontend (types, lengths, shapes, writability, group ranks),
 C-contiguous. Each function picks an algorithm through ``algorithms.select`` and runs it in the
-group's issue order. Algorithms write into scratch buffers; results are copied to the caller's
-arrays only once the whole collective has succeeded, so a failed call leaves them untouched.
+group's issue order. Either way a failed call leaves the caller's arrays untouched:
+
+- *direct* rows (shared memory, ``row.direct``) take the caller's arrays and op and write results
+  themselves, only once every peer's data is in, or under a journal that undoes a failed call;
+- transport rows work on scratch buffers (``kernels.prepare`` for reductions), and the results
+  are copied to the caller's arrays only once the whole collective has succeeded.
+
+The per-call path is the latency budget of small messages, so what does not change between calls
+is cached: signatures (``_signature``), each group's ``Team`` and labels (``Group``), reduction
+plans (``algorithms.shm_common``).
 """
 
 from __future__ import annotations
@@ -14,16 +22,49 @@ import numpy as np
 
 from ..algorithms import kernels, select
 from ..algorithms.base import Ctx
-from ..algorithms.signature import UNCHECKED, signature
+from ..algorithms.signature import UNCHECKED, Signature, signature
 from ..types import PremulSum, ReduceOp
 from .group import Group
 from .work import Work
 
 Op = ReduceOp | PremulSum
 
+_SIGNATURES: dict[tuple, Signature] = {}  # type: ignore[type-arg]
+_REDUCTIONS: dict[tuple, tuple[Signature, int]] = {}  # type: ignore[type-arg]
+_CACHE_LIMIT = 4096
 
-def _algorithm(collective: str, ctx: Ctx, nbytes: int):  # type: ignore[no-untyped-def]
-    return select.choose(collective, ctx, nbytes)
+
+def _op_key(op: Op | None) -> object:
+    # ReduceOp members hash through Python code (Enum.__hash__); their value hashes in C.
+    return op._value_ if type(op) is ReduceOp else op  # type: ignore[union-attr]
+
+
+def _signature(collective: str, dtype: np.dtype | None = None, count: int = 0, op: Op | None = None,
+               root: int = -1) -> Signature:
+    """``signature(...)``, cached: calls repeat the same few signatures."""
+    key = (collective, dtype, count, _op_key(op), root)
+    found = _SIGNATURES.get(key)
+    if found is None:
+        if len(_SIGNATURES) >= _CACHE_LIMIT:
+            _SIGNATURES.clear()
+        found = _SIGNATURES[key] = signature(collective, dtype, count, op, root)
+    return found
+
+
+def _reduction(collective: str, flat: np.ndarray, op: Op, root: int = -1) -> tuple[Signature, int]:
+    """The signature of a reduction of ``flat`` and the bytes it moves (accumulation dtype), cached."""
+    key = (flat.size, flat.dtype, op._value_ if type(op) is ReduceOp else op, collective, root)
+    found = _REDUCTIONS.get(key)
+    if found is None:
+        if len(_REDUCTIONS) >= _CACHE_LIMIT:
+            _REDUCTIONS.clear()
+        nbytes = flat.size * kernels.accumulation_dtype(op, flat.dtype).itemsize
+        found = _REDUCTIONS[key] = (signature(collective, flat.dtype, flat.size, op, root), nbytes)
+    return found
+
+
+def _flat(array: np.ndarray) -> np.ndarray:
+    return array if array.ndim == 1 else array.reshape(-1)
 
 
 def _copy_out(pieces: Sequence[np.ndarray], flat: np.ndarray) -> None:
@@ -36,41 +77,55 @@ def _copy_out(pieces: Sequence[np.ndarray], flat: np.ndarray) -> None:
 
 def all_reduce(group: Group, array: np.ndarray, op: Op, async_op: bool) -> Work | None:
     """Reduce ``array`` across the group, in place on every member."""
-    flat = array.reshape(-1)
+    flat = array if array.ndim == 1 else array.reshape(-1)
+    sig, nbytes = _reduction("all_reduce", flat, op)
 
     def body(ctx: Ctx) -> None:
+        row = select.pick("allreduce", ctx, nbytes)
+        if row.direct:
+            row.fn(ctx, flat, op)
+            return
         base, work = kernels.prepare(op, flat)
-        _algorithm("allreduce", ctx, work.nbytes)(ctx, work, base)
+        row.fn(ctx, work, base)
         kernels.finish(op, work, flat, ctx.size)
 
-    return group.run("all_reduce", body, async_op, signature("all_reduce", flat.dtype, flat.size, op))
+    return group.run("all_reduce", body, async_op, sig)
 
 
 def reduce(group: Group, array: np.ndarray, root: int, op: Op, async_op: bool) -> Work | None:
     """Reduce ``array`` onto group rank ``root``; other members' arrays are left as they are."""
-    flat = array.reshape(-1)
+    flat = _flat(array)
+    sig, nbytes = _reduction("reduce", flat, op, root)
 
     def body(ctx: Ctx) -> None:
+        row = select.pick("reduce", ctx, nbytes)
+        if row.direct:
+            row.fn(ctx, flat, root, op)
+            return
         base, work = kernels.prepare(op, flat)
         out = np.empty_like(work) if ctx.rank == root else None
-        _algorithm("reduce", ctx, work.nbytes)(ctx, work, out, root, base)
+        row.fn(ctx, work, out, root, base)
         if out is not None:
             kernels.finish(op, out, flat, ctx.size)
 
-    return group.run("reduce", body, async_op, signature("reduce", flat.dtype, flat.size, op, root))
+    return group.run("reduce", body, async_op, sig)
 
 
 def broadcast(group: Group, array: np.ndarray, root: int, async_op: bool) -> Work | None:
     """Copy group rank ``root``'s ``array`` into every member's."""
-    flat = array.reshape(-1)
+    flat = _flat(array)
 
     def body(ctx: Ctx) -> None:
+        row = select.pick("broadcast", ctx, flat.nbytes)
+        if row.direct:
+            row.fn(ctx, flat, root)
+            return
         work = flat if ctx.rank == root else np.empty_like(flat)
-        _algorithm("broadcast", ctx, work.nbytes)(ctx, work, root)
+        row.fn(ctx, work, root)
         if ctx.rank != root:
             flat[...] = work
 
-    return group.run("broadcast", body, async_op, signature("broadcast", flat.dtype, flat.size, root=root))
+    return group.run("broadcast", body, async_op, _signature("broadcast", flat.dtype, flat.size, root=root))
 
 
 def all_gather(group: Group, outputs: Sequence[np.ndarray], array: np.ndarray,
@@ -80,59 +135,77 @@ def all_gather(group: Group, outputs: Sequence[np.ndarray], array: np.ndarray,
     ``outputs`` may have different sizes per member (the "v" variant); ``outputs[i].size`` is
     what member ``i`` sends.
     """
-    send = array.reshape(-1)
+    send = _flat(array)
     counts = [o.size for o in outputs]
+    total = sum(counts)
 
     def body(ctx: Ctx) -> None:
-        out = np.empty(sum(counts), dtype=send.dtype)
-        _algorithm("allgather", ctx, out.nbytes)(ctx, send, out, counts)
+        row = select.pick("allgather", ctx, total * send.itemsize)
+        if row.direct:
+            row.fn(ctx, send, [_flat(o) for o in outputs])
+            return
+        out = np.empty(total, dtype=send.dtype)
+        row.fn(ctx, send, out, counts)
         _copy_out(outputs, out)
 
-    return group.run("all_gather", body, async_op, signature("all_gather", send.dtype, sum(counts)))
+    return group.run("all_gather", body, async_op, _signature("all_gather", send.dtype, total))
 
 
 def gather(group: Group, array: np.ndarray, outputs: Sequence[np.ndarray] | None, root: int,
            counts: Sequence[int], async_op: bool) -> Work | None:
     """Member ``i``'s ``array`` lands in ``outputs[i]`` on ``root`` only (``counts[i]`` elements)."""
-    send = array.reshape(-1)
+    send = _flat(array)
 
     def body(ctx: Ctx) -> None:
+        row = select.pick("gather", ctx, send.nbytes * ctx.size)
+        if row.direct:
+            row.fn(ctx, send, None if outputs is None else [_flat(o) for o in outputs], root)
+            return
         out = np.empty(sum(counts), dtype=send.dtype) if ctx.rank == root else None
-        _algorithm("gather", ctx, send.nbytes * ctx.size)(ctx, send, out, list(counts), root)
+        row.fn(ctx, send, out, list(counts), root)
         if out is not None and outputs is not None:
             _copy_out(outputs, out)
 
-    return group.run("gather", body, async_op, signature("gather", send.dtype, sum(counts), root=root))
+    return group.run("gather", body, async_op, _signature("gather", send.dtype, sum(counts), root=root))
 
 
 def scatter(group: Group, array: np.ndarray, inputs: Sequence[np.ndarray] | None, root: int,
             counts: Sequence[int], async_op: bool) -> Work | None:
     """``inputs[i]`` on ``root`` lands in member ``i``'s ``array``."""
-    flat = array.reshape(-1)
+    flat = _flat(array)
 
     def body(ctx: Ctx) -> None:
+        row = select.pick("scatter", ctx, flat.nbytes * ctx.size)
+        if row.direct:
+            row.fn(ctx, flat, None if inputs is None else [_flat(i) for i in inputs], list(counts), root)
+            return
         send = np.concatenate([i.reshape(-1) for i in inputs]) if inputs is not None else None
         out = np.empty_like(flat)
-        _algorithm("scatter", ctx, flat.nbytes * ctx.size)(ctx, send, out, list(counts), root)
+        row.fn(ctx, send, out, list(counts), root)
         flat[...] = out
 
-    return group.run("scatter", body, async_op, signature("scatter", flat.dtype, sum(counts), root=root))
+    return group.run("scatter", body, async_op, _signature("scatter", flat.dtype, sum(counts), root=root))
 
 
 def reduce_scatter(group: Group, output: np.ndarray, inputs: Sequence[np.ndarray], op: Op,
                    async_op: bool) -> Work | None:
     """Reduce ``inputs[i]`` across members into member ``i``'s ``output``."""
-    flat = output.reshape(-1)
+    flat = _flat(output)
     counts = [i.size for i in inputs]
+    total = sum(counts)
 
     def body(ctx: Ctx) -> None:
+        row = select.pick("reduce_scatter", ctx, total * flat.itemsize)
+        if row.direct:
+            row.fn(ctx, flat, [_flat(i) for i in inputs], op)
+            return
         base, send = kernels.prepare(op, np.concatenate([i.reshape(-1) for i in inputs]))
         out = np.empty(counts[ctx.rank], dtype=send.dtype)
-        _algorithm("reduce_scatter", ctx, send.nbytes)(ctx, send, out, counts, base)
+        row.fn(ctx, send, out, counts, base)
         kernels.finish(op, out, flat, ctx.size)
 
     return group.run("reduce_scatter", body, async_op,
-                     signature("reduce_scatter", flat.dtype, sum(counts), op))
+                     _signature("reduce_scatter", flat.dtype, total, op))
 
 
 def all_to_all(group: Group, outputs: Sequence[np.ndarray], inputs: Sequence[np.ndarray],
@@ -142,32 +215,48 @@ def all_to_all(group: Group, outputs: Sequence[np.ndarray], inputs: Sequence[np.
     recv_counts = [o.size for o in outputs]
 
     def body(ctx: Ctx) -> None:
+        row = select.pick("alltoall", ctx, sum(send_counts) * inputs[0].itemsize)
+        if row.direct:
+            row.fn(ctx, [_flat(o) for o in outputs], [_flat(i) for i in inputs])
+            return
         send = np.concatenate([i.reshape(-1) for i in inputs])
         out = np.empty(sum(recv_counts), dtype=send.dtype)
-        _algorithm("alltoall", ctx, send.nbytes)(ctx, send, send_counts, out, recv_counts)
+        row.fn(ctx, send, send_counts, out, recv_counts)
         _copy_out(outputs, out)
 
-    return group.run("all_to_all", body, async_op, signature("all_to_all", outputs[0].dtype, UNCHECKED))
+    return group.run("all_to_all", body, async_op, _signature("all_to_all", outputs[0].dtype, UNCHECKED))
 
 
 def all_to_all_flat(group: Group, output: np.ndarray, send_counts: Sequence[int],
                     array: np.ndarray, recv_counts: Sequence[int], async_op: bool) -> Work | None:
     """``all_to_all`` on two flat arrays cut into per-member blocks of the given element counts."""
-    send = array.reshape(-1)
-    flat = output.reshape(-1)
+    send = _flat(array)
+    flat = _flat(output)
 
     def body(ctx: Ctx) -> None:
+        row = select.pick("alltoall", ctx, send.nbytes)
+        if row.direct:
+            row.fn(ctx, _split(flat, recv_counts), _split(send, send_counts))
+            return
         out = np.empty_like(flat)
-        _algorithm("alltoall", ctx, send.nbytes)(ctx, send, list(send_counts), out, list(recv_counts))
+        row.fn(ctx, send, list(send_counts), out, list(recv_counts))
         flat[...] = out
 
-    return group.run("all_to_all_single", body, async_op, signature("all_to_all", flat.dtype, UNCHECKED))
+    return group.run("all_to_all_single", body, async_op, _signature("all_to_all", flat.dtype, UNCHECKED))
+
+
+def _split(flat: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
+    pieces, offset = [], 0
+    for count in counts:
+        pieces.append(flat[offset:offset + count])
+        offset += count
+    return pieces
 
 
 def barrier(group: Group, async_op: bool) -> Work | None:
     """Return once every member has entered the barrier."""
 
     def body(ctx: Ctx) -> None:
-        _algorithm("barrier", ctx, 0)(ctx)
+        select.pick("barrier", ctx, 0).fn(ctx)
 
-    return group.run("barrier", body, async_op, signature("barrier"))
+    return group.run("barrier", body, async_op, _signature("barrier"))

@@ -22,7 +22,8 @@ class Engine:
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._lock = threading.Condition()
+        self._mutex = threading.Lock()  # taken directly on the inline path (cheaper than the Condition)
+        self._lock = threading.Condition(self._mutex)
         self._queue: deque[tuple[int, Body, Work]] = deque()
         self._busy = False
         self._seq = 0
@@ -31,7 +32,26 @@ class Engine:
 
     def submit(self, description: str, body: Body, async_op: bool) -> Work | Any:
         """Run ``body(seq)`` in issue order; return a ``Work`` if async, else body's result."""
-        with self._lock:
+        with self._mutex:
+            inline = not (async_op or self._busy or self._queue or self._stopped is not None)
+            if inline:
+                seq = self._seq
+                self._seq = seq + 1
+                self._busy = True
+        if not inline:
+            return self._submit_queued(description, body, async_op)
+        try:
+            return body(seq)
+        finally:
+            # Without the lock: the worker (the only thread waiting on the condition) either
+            # sees _busy cleared when it next looks, or finds its call queued here and is woken.
+            self._busy = False
+            if self._queue:
+                with self._mutex:
+                    self._lock.notify_all()
+
+    def _submit_queued(self, description: str, body: Body, async_op: bool) -> Work | Any:
+        with self._mutex:
             if self._stopped is not None:
                 raise self._stopped
             seq = self._seq
@@ -48,9 +68,10 @@ class Engine:
             try:
                 return body(seq)
             finally:
-                with self._lock:
+                with self._mutex:
                     self._busy = False
-                    self._lock.notify_all()
+                    if self._queue:
+                        self._lock.notify_all()
         if async_op:
             return work
         work.wait()

@@ -1,20 +1,23 @@
 """``Group``: which ranks take part, how group ranks map to global ranks, and where calls run.
 
-Each group owns an ``Engine`` (issue order and sequence numbers) and builds one ``Ctx`` per call
-for the algorithms. ``WORLD`` is a handle that always means the current world group, so it can
-be imported before ``init()``.
+Each group owns an ``Engine`` (issue order and sequence numbers), a ``Team`` (what the
+algorithms see of the group: transport, ranks, and the shared-memory domain when every member
+shares this host) and builds one ``Ctx`` per call from it. ``WORLD`` is a handle that always
+means the current world group, so it can be imported before ``init()``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ..algorithms.base import Ctx
+from ..algorithms.base import Ctx, Team
 from ..algorithms.signature import Signature
+from ..types import TransportKind
 from .engine import Engine
 from .work import Work
 
 if TYPE_CHECKING:
+    from ..transports.shm.domain import ShmDomain
     from .world import World
 
 
@@ -25,13 +28,20 @@ class Group:
     is not a member holds a ``Group`` too (``is_member`` is False); using it raises ValueError.
     """
 
-    def __init__(self, name: str, ranks: Sequence[int], group_id: int, world: "World") -> None:
+    def __init__(self, name: str, ranks: Sequence[int], group_id: int, world: "World",
+                 shm: "ShmDomain | None" = None) -> None:
         self._name = name
         self._ranks = tuple(ranks)
         self._group_id = group_id
         self._world = world
         self._index = {g: i for i, g in enumerate(self._ranks)}
         self._engine = Engine(name)
+        self._shm = shm
+        self._team: Team | None = None
+        if world.rank in self._index:
+            self._team = Team(world.transport, self._ranks, self._index[world.rank], group_id,
+                              world.timeout, world.hosts_of(self._ranks), name, shm)
+        self._labels: dict[str, str] = {}  # collective -> "all_reduce on group 'world'"
 
     # The WORLD handle overrides this to follow whichever world is current.
     def _target(self) -> "Group":
@@ -55,8 +65,13 @@ class Group:
     @property
     def is_member(self) -> bool:
         """Whether this process belongs to the group."""
-        target = self._target()
-        return target._world.rank in target._index
+        return self._target()._team is not None
+
+    @property
+    def transport_kind(self) -> TransportKind:
+        """How this group's collectives move data: ``SHM`` when every member shares this host
+        (and ``TENSORCOMM_TRANSPORT`` is not ``tcp``), else ``TCP``."""
+        return TransportKind.TCP if self._target()._shm is None else TransportKind.SHM
 
     @property
     def rank(self) -> int:
@@ -105,22 +120,38 @@ class Group:
         return self._target()._group_id
 
     def run(self, name: str, body: Callable[[Ctx], Any], async_op: bool, signature: Signature) -> Work | Any:
-        """Run ``body`` with a fresh ``Ctx`` in this group's issue order."""
+        """Run ``body`` with a fresh ``Ctx`` in this group's issue order.
+
+        A call that fails on a group with a shared-memory domain fails the domain too: its
+        members' post counts no longer match, so every later call is refused, and the peers'
+        pending waits learn of the failure at once (``ShmDomain.fail``).
+        """
         target = self._target()
-        world = target._world
-        my_rank = target.rank  # raises for non-members
+        team = target._team
+        if team is None:
+            target.rank  # raises the non-member error
+        label = target._labels.get(name)
+        if label is None:
+            label = target._labels[name] = f"{name} on group {target._name!r}"
 
         def with_ctx(seq: int) -> Any:
-            ctx = Ctx(transport=world.transport, ranks=target._ranks, rank=my_rank,
-                      group_id=target._group_id, seq=seq, timeout=world.timeout,
-                      name=f"{name} on group {target._name!r}", host_of=world.hosts_of(target._ranks),
-                      signature=signature, group_name=target._name)
-            return body(ctx)
+            ctx = Ctx.of(team, seq, label, signature)
+            try:
+                return body(ctx)
+            except BaseException as exc:
+                if team.shm is not None:
+                    team.shm.fail(exc, ctx)
+                raise
 
-        return target._engine.submit(f"{name} on group {target._name!r}", with_ctx, async_op)
+        return target._engine.submit(label, with_ctx, async_op)
 
     def _stop(self, error: BaseException) -> None:
+        """Fail pending and later calls with ``error``; leave the shared-memory domain."""
+        if self._shm is not None:
+            self._shm.abort(error, tell_peers=False)  # peers learn we left from close()
         self._engine.stop(error)
+        if self._shm is not None:
+            self._shm.close()
 
     def __repr__(self) -> str:
         return f"Group(name={self.name!r}, ranks={list(self.ranks)})"
@@ -133,12 +164,20 @@ class _WorldHandle(Group):
         pass
 
     def _target(self) -> Group:
-        from .world import current_world  # world imports group: resolve at call time
-
-        return current_world().world_group
+        return _current_world().world_group
 
     def __repr__(self) -> str:
         return "tensorcomm.WORLD"
+
+
+def _current_world() -> "World":
+    """``world.current_world()``; world imports group, so the function is looked up on first use
+    (an import statement inside a function costs a lookup on every call: this is per call)."""
+    global _current_world
+    from .world import current_world
+
+    _current_world = current_world  # type: ignore[assignment]
+    return current_world()
 
 
 WORLD: Group = _WorldHandle()

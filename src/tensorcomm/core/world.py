@@ -2,23 +2,35 @@
 
 The world owns the rendezvous store, the transport between all ranks, the registry of named
 groups and the job's timeout. Nothing else in tensorcomm keeps global state.
+
+Every group whose members all share this host (same host identity, see ``TENSORCOMM_HOST_ID``)
+gets a shared-memory domain, set up by its members when the group is made, unless a member runs
+with ``TENSORCOMM_TRANSPORT=tcp`` or is not on x86-64; if setting it up fails on any member
+(e.g. members in different network namespaces), the whole group falls back to TCP.
 """
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
+import logging
 import socket
 import threading
+import time
 from typing import Sequence
 
 from .. import config
+from ..algorithms.signature import Signature
 from ..errors import GroupAbortedError
 from ..rendezvous.init_method import Rendezvous, rendezvous
 from ..transports.base import Transport
+from ..transports.shm import slots as shm_slots
+from ..transports.shm.domain import ShmDomain, ShmUnavailable, open_domain
 from ..transports.tcp.mesh import connect_mesh
 from ..transports.tcp.transport import TcpTransport
 from .group import Group
+
+log = logging.getLogger("tensorcomm.shm")
 
 WORLD_NAME = "world"
 MAX_GROUP_ID = (1 << 15) - 1
@@ -30,7 +42,7 @@ _current_lock = threading.Lock()
 class World:
     """Everything one initialised process knows about its job."""
 
-    def __init__(self, rdzv: Rendezvous, timeout: float) -> None:
+    def __init__(self, rdzv: Rendezvous, timeout: float, transport: str = "auto") -> None:
         self.rendezvous = rdzv
         self.rank = rdzv.rank
         self.size = rdzv.world_size
@@ -38,12 +50,22 @@ class World:
         self.timeout = timeout
         store = rdzv.store
         store.set(f"host/{self.rank}", rdzv.host_id.encode())
+        # Whether this rank may use shared memory; a group uses it only if all its members may.
+        store.set(f"shm/allowed/{self.rank}", b"1" if transport != "tcp" and shm_slots.SUPPORTED else b"0")
         self._hosts = tuple(store.get(f"host/{r}", timeout=timeout).decode() for r in range(self.size))
+        self._shm_allowed = tuple(store.get(f"shm/allowed/{r}", timeout=timeout) == b"1"
+                                  for r in range(self.size))
         sockets = connect_mesh(self.rank, self.size, store, rdzv.secret, _bind_address(store), timeout)
         self.transport: Transport = TcpTransport(self.rank, self.size, sockets)
-        self.world_group = Group(WORLD_NAME, range(self.size), 0, self)
+        self._groups: list[Group] = []
+        try:
+            self.world_group = Group(WORLD_NAME, range(self.size), 0, self,
+                                     self._shared_memory(tuple(range(self.size)), 0, WORLD_NAME))
+        except BaseException:
+            self.transport.close()
+            raise
         self._named: dict[str, Group] = {WORLD_NAME: self.world_group}
-        self._groups: list[Group] = [self.world_group]
+        self._groups.append(self.world_group)
         self._lock = threading.Lock()
 
     def hosts_of(self, ranks: Sequence[int]) -> tuple[str, ...]:
@@ -61,10 +83,11 @@ class World:
                 raise ValueError(f"group name {name!r} is already registered")
             occurrence = sum(1 for g in self._groups if g._ranks == tuple(ranks))
             label = name or f"group{len(self._groups)}"
-            group_id = -1
+            group_id, shm = -1, None
             if self.rank in ranks:
                 group_id = self._agree_group_id(tuple(ranks), occurrence, name)
-            group = Group(label, ranks, group_id, self)
+                shm = self._shared_memory(tuple(ranks), group_id, label)
+            group = Group(label, ranks, group_id, self, shm)
             self._groups.append(group)
             if name is not None:
                 self._named[name] = group
@@ -79,6 +102,49 @@ class World:
                 raise ValueError(f"a job can create at most {MAX_GROUP_ID} groups")
             store.set(key, str(group_id).encode())
         return int(store.get(key, timeout=self.timeout))
+
+    def _shared_memory(self, ranks: tuple[int, ...], group_id: int, name: str) -> ShmDomain | None:
+        """Set up the shared-memory domain of a group this rank belongs to, if it can have one.
+
+        Every member calls this together. A group gets a domain when it has two or more members,
+        all on this host and all allowed shared memory; if setting up fails on any member, every
+        member gets None (the group uses TCP) and the failing one logs why.
+        """
+        if len(ranks) < 2 or len(set(self.hosts_of(ranks))) != 1 \
+                or not all(self._shm_allowed[r] for r in ranks):
+            return None
+        store = self.rendezvous.store
+        prefix = f"shm/{group_id}/"
+
+        def publish(address: str) -> None:
+            store.set(prefix + "address", address.encode())
+
+        def lookup(seconds: float) -> str | None:
+            if store.check([prefix + "address"]):
+                return store.get(prefix + "address").decode()
+            time.sleep(min(seconds, 0.005))
+            return None
+
+        def failed() -> str | None:
+            return store.get(prefix + "failed").decode() if store.check([prefix + "failed"]) else None
+
+        rank = ranks.index(self.rank)
+        domain = None
+        try:
+            domain = open_domain(rank, ranks, name, self.rendezvous.secret, publish, lookup, failed,
+                                 self.timeout, _describe)
+        except ShmUnavailable as exc:
+            log.warning("group %r: rank %d cannot use shared memory (%s); the group uses TCP",
+                        name, self.rank, exc)
+            store.set(prefix + "failed", f"rank {self.rank}: {exc}".encode())
+        store.set(prefix + f"ready/{rank}", b"1" if domain is not None else b"0")
+        keys = [prefix + f"ready/{q}" for q in range(len(ranks))]
+        store.wait(keys, timeout=self.timeout)
+        if all(store.get(key) == b"1" for key in keys):
+            return domain
+        if domain is not None:
+            domain.close()
+        return None
 
     def named_group(self, name: str) -> Group:
         """The group registered under ``name``.
@@ -98,6 +164,10 @@ class World:
             group._stop(error)
         self.transport.close()
         self.rendezvous.close()
+
+
+def _describe(codes: Sequence[int]) -> str:
+    return Signature(*codes).describe()
 
 
 def _bind_address(store: object) -> str:
@@ -149,10 +219,11 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
             raise RuntimeError("tensorcomm is already initialized; call destroy() first")
         from ..rendezvous.discovery import discover
 
-        seconds = _seconds(timeout, discover().timeout or config.DEFAULT_TIMEOUT)
+        info = discover()
+        seconds = _seconds(timeout, info.timeout or config.DEFAULT_TIMEOUT)
         rdzv = rendezvous(init_method, rank, world_size, seconds)
         try:
-            _current = World(rdzv, seconds)
+            _current = World(rdzv, seconds, info.transport)
         except BaseException:
             rdzv.close()
             raise

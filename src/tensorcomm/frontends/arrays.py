@@ -6,10 +6,14 @@ from typing import Any
 
 import numpy as np
 
+from ..adapters.base import Adapter
 from ..adapters.registry import adapter_for
 from ..algorithms.kernels import SUPPORTED_DTYPES
 
+_SUPPORTED = frozenset(SUPPORTED_DTYPES)  # a set: ``in`` on the tuple compares dtypes one by one
 _SUPPORTED_NAMES = ", ".join(d.name for d in SUPPORTED_DTYPES)
+_ndarray = np.ndarray
+_numpy_adapter: Adapter | None = None  # the registry's adapter for plain ndarrays, found once
 
 
 class Staged:
@@ -17,19 +21,39 @@ class Staged:
 
     ``buf`` is the view itself when it is already C-contiguous (the usual case: zero-copy);
     otherwise a contiguous copy that ``commit`` writes back after a successful call.
+    ``needs_commit`` is False when ``commit`` has nothing to do (a contiguous numpy array).
+
+    This runs on every call, so the common case (a plain, contiguous numpy array) avoids the
+    registry walk and copies, but goes through the same checks.
     """
 
+    __slots__ = ("obj", "adapter", "array", "writable", "buf", "needs_commit")
+
     def __init__(self, obj: Any, where: str, writable: bool) -> None:
+        global _numpy_adapter
         self.obj = obj
-        self.adapter = adapter_for(obj, where)
-        self.array: np.ndarray = self.adapter.as_numpy(obj, writable)
-        if self.array.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{where}: dtype {self.array.dtype} is not supported; expected one of "
+        if type(obj) is _ndarray and _numpy_adapter is not None:
+            adapter = _numpy_adapter
+            array = adapter.as_numpy(obj, writable)
+        else:
+            adapter = adapter_for(obj, where)
+            array = adapter.as_numpy(obj, writable)
+            if type(obj) is _ndarray:
+                _numpy_adapter = adapter
+        self.adapter = adapter
+        self.array: np.ndarray = array
+        if array.dtype not in _SUPPORTED:
+            raise TypeError(f"{where}: dtype {array.dtype} is not supported; expected one of "
                             f"{_SUPPORTED_NAMES}")
-        if writable and not self.array.flags.writeable:
+        if writable and not array.flags.writeable:
             raise ValueError(f"{where}: the output array is read-only")
         self.writable = writable
-        self.buf = np.ascontiguousarray(self.array)
+        if array.flags.c_contiguous and array.ndim:
+            self.buf = array
+            self.needs_commit = adapter is not _numpy_adapter or array is not obj
+        else:
+            self.buf = np.ascontiguousarray(array)
+            self.needs_commit = True
 
     def commit(self) -> None:
         """Make the caller's object hold ``buf`` (after an in-place call succeeded)."""

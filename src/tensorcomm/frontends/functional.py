@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from ..core import collectives, p2p
 from ..core.work import Work
 from ..algorithms import kernels
-from ..types import ReduceOp, ReduceOpLike
+from ..types import PremulSum, ReduceOp, ReduceOpLike
 from . import validate
 from .arrays import Staged
 
@@ -32,9 +32,35 @@ def _done(result: Work | None, outputs: Sequence[Staged], async_op: bool) -> Wor
     return None
 
 
+def _done1(result: Work | None, staged: Staged, async_op: bool) -> Work | None:
+    """``_done`` for one output: nothing to do for a contiguous numpy array called synchronously."""
+    if async_op or staged.needs_commit:
+        return _done(result, [staged], async_op)
+    return None
+
+
+# (op, dtype) pairs already checked, with the parsed op; keyed by the op's value for ReduceOp
+# members because Enum.__hash__ runs Python code on every lookup.
+_CHECKED_OPS: dict[tuple[Any, Any], Any] = {}
+
+
 def _reduce_op(op: ReduceOpLike, staged: Staged, fn: str):  # type: ignore[no-untyped-def]
-    parsed = ReduceOp.parse(op, f"{fn}: op")
-    kernels.check_op_dtype(parsed, staged.array.dtype, f"{fn}: op")
+    dtype = staged.array.dtype
+    kind = type(op)
+    if kind is ReduceOp:
+        key = (op._value_, dtype)  # type: ignore[union-attr]
+    elif kind is str or kind is PremulSum:
+        key = (op, dtype)
+    else:  # not cacheable (maybe not even hashable): parse raises the argument's error
+        key = None
+    parsed = _CHECKED_OPS.get(key) if key is not None else None
+    if parsed is None:
+        parsed = ReduceOp.parse(op, f"{fn}: op")
+        kernels.check_op_dtype(parsed, dtype, f"{fn}: op")
+        if key is not None:
+            if len(_CHECKED_OPS) > 1024:
+                _CHECKED_OPS.clear()
+            _CHECKED_OPS[key] = parsed
     return parsed
 
 
@@ -53,7 +79,7 @@ def all_reduce(tensor: Any, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
     validate.flag(async_op, "async_op", fn)
     staged = validate.array(tensor, "tensor", fn, writable=True)
     reduce_op = _reduce_op(op, staged, fn)
-    return _done(collectives.all_reduce(g, staged.buf, reduce_op, async_op), [staged], async_op)
+    return _done1(collectives.all_reduce(g, staged.buf, reduce_op, async_op), staged, async_op)
 
 
 def reduce(tensor: Any, dst: int = 0, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,

@@ -12,6 +12,9 @@ from ..errors import ArgumentMismatchError
 from .arrays import Staged
 
 
+_world_target = WORLD._target
+
+
 def _type_name(value: Any) -> str:
     return type(value).__name__
 
@@ -19,7 +22,7 @@ def _type_name(value: Any) -> str:
 def group(value: Any, fn: str) -> Group:
     """Resolve ``None`` / a ``Group`` / a registered name to a group this process belongs to."""
     if value is None:
-        resolved = WORLD._target()
+        resolved = _world_target()
     elif isinstance(value, Group):
         resolved = value._target()
     elif isinstance(value, str):
@@ -35,7 +38,7 @@ def group(value: Any, fn: str) -> Group:
 
 def flag(value: Any, argument: str, fn: str) -> bool:
     """A strict bool (``async_op`` and friends)."""
-    if not isinstance(value, bool):
+    if value is not False and value is not True:
         raise TypeError(f"{fn}: {argument} must be a bool, got {_type_name(value)}")
     return value
 

@@ -1,0 +1,176 @@
+"""Same-host all-reduce and reduce: members read each other's slots in place.
+
+``direct`` serves contributions that fit one IN slot: each member copies its array into its slot
+(alternating between its two slots from call to call, so no closing barrier is needed), waits for
+every peer's copy, and reduces all slots, in member order, straight into its own array: one post
+and one wait per call, and the caller's array is written only once every peer's data is in.
+
+``pipelined`` serves anything larger, in slot-sized chunks, with bounded memory. Each chunk is cut
+into one part per member; member ``r`` copies in only the parts its peers reduce, reduces part
+``r`` (its own term read from its own array directly) into its OUT region, then copies every
+member's reduced part out. The next chunk's copy-in overlaps the peers' reductions. Each part is
+reduced by one member and copied by the others, so every member ends with the same bits.
+
+Both follow ``kernels``' accumulation rule (half precision combines in float32, PREMUL_SUM
+premultiplies each term, AVG divides once, then one rounding) and write results into the caller's
+array only when nothing can fail any more, or under a ``Journal`` that undoes a failed call.
+This module must not import ``core``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..types import ReduceOp
+from .base import Ctx
+from .shm_common import Journal, Op, alone, fold, load, no_domain, reduction_plan
+
+
+def direct(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
+    """Reduce ``x`` (1-D, C-contiguous, at most one slot in the accumulation dtype) in one round.
+
+    Args:
+        ctx: the call's group view; ``ctx.shm`` is the group's domain.
+        x: this member's array; receives the result (on ``root`` only, when given).
+        op: the caller's reduction (AVG and PREMUL_SUM included).
+        root: the group rank that gets the result (``reduce``), or None for every member.
+    """
+    d = ctx.team.shm
+    if d is None:
+        raise no_domain(ctx)
+    key = ("allreduce", op._value_ if type(op) is ReduceOp else op, x.dtype, x.size)
+    found = d.memo.get(key)
+    if found is None:
+        plan = reduction_plan(op, x.dtype)
+        found = d.remember(key, (plan, d.views(0, plan.acc, x.size), d.views(1, plan.acc, x.size)))
+    plan = found[0]
+    terms = found[1 + (d.round & 1)]
+    if plan.raw:
+        terms[d.rank][...] = x
+    else:
+        load(plan, terms[d.rank], x)
+    d.begin(ctx)
+    d.arrivals(ctx)
+    d.round += 1
+    if root is None or root == d.rank:
+        if plan.raw and not plan.average and len(terms) == 2:  # the 8-byte latency case, unrolled
+            plan.ufunc(terms[0], terms[1], out=x)
+        else:
+            fold(plan, terms, x, d.size)
+
+
+def _parts(lo: int, hi: int, size: int, align: int) -> list[int]:
+    """Boundaries of ``size`` parts of ``[lo, hi)``, each starting on an ``align``-element mark."""
+    length = hi - lo
+    return [lo + (i * length // size) // align * align for i in range(size)] + [hi]
+
+
+def pipelined(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
+    """Reduce ``x`` chunk by chunk through the slots; arguments as ``direct``, any size.
+
+    Per chunk ``j`` every member posts twice: A(j) once its copy-in is done, B(j) once its part
+    is reduced. Member ``r`` reduces chunk ``j`` after all A(j), posts B(j), copies chunk ``j+1``
+    in and posts A(j+1), then copies chunk ``j`` out after all B(j). A member fills IN slot
+    ``j % 2`` again only after all A(j+1), which peers post after reducing chunk ``j``; the same
+    argument holds for the two OUT slots. When every member's reduced parts fit its OUT region
+    they all stay there and are copied out at the end, after the last wait (nothing can fail
+    then); otherwise each chunk is copied out as soon as it is complete, under a ``Journal``.
+    """
+    d = ctx.team.shm
+    if d is None:
+        raise no_domain(ctx)
+    n, r = d.size, d.rank
+    plan = reduction_plan(op, x.dtype)
+    if n == 1:
+        d.begin(ctx)
+        alone(plan, x)
+        return
+    acc, size = plan.acc, x.size
+    itemsize = acc.itemsize
+    chunk = d.slot_bytes // itemsize
+    chunks = max(1, -(-size // chunk))
+    align = max(1, 64 // itemsize)
+    part_cap = (-(-chunk // n) // align + 2) * align  # bounds the longest part of ``_parts``
+    staged = chunks * part_cap * itemsize <= d.out_bytes
+    writes = root is None or root == r
+    journal = Journal(d, [x]) if writes and not staged else None
+    own = None if plan.raw else np.empty(part_cap, dtype=acc)
+    in_out = plan._replace(in_acc=True)  # reduced parts stay in the accumulation dtype
+    first, base, peers = d.round, d.posts, d.peers
+
+    def cut(j: int) -> list[int]:
+        return _parts(j * chunk, min(size, (j + 1) * chunk), n, align)
+
+    def copy_in(j: int) -> None:
+        bounds = cut(j)
+        lo, hi = bounds[0], bounds[-1]
+        slot = d.inbox[r][(first + j) & 1][:(hi - lo) * itemsize].view(acc)
+        a, b = bounds[r], bounds[r + 1]
+        if a > lo:
+            load(plan, slot[:a - lo], x[lo:a])
+        if hi > b:
+            load(plan, slot[b - lo:], x[b:hi])
+
+    def out_part(q: int, j: int, length: int) -> np.ndarray:
+        start = (j if staged else j & 1) * part_cap * itemsize
+        return d.outbox[q][start:start + length * itemsize].view(acc)
+
+    def reduce_own(j: int) -> None:
+        bounds = cut(j)
+        lo, a, b = bounds[0], bounds[r], bounds[r + 1]
+        parity = (first + j) & 1
+        terms = []
+        for q in range(n):
+            if q == r:
+                if own is None:
+                    terms.append(x[a:b])
+                else:
+                    load(plan, own[:b - a], x[a:b])
+                    terms.append(own[:b - a])
+            else:
+                terms.append(d.inbox[q][parity][(a - lo) * itemsize:(b - lo) * itemsize].view(acc))
+        fold(in_out, terms, out_part(r, j, b - a), n)
+
+    def copy_out(j: int) -> None:
+        bounds = cut(j)
+        if journal is not None:
+            journal.save(0, bounds[0] * x.itemsize, bounds[-1] * x.itemsize)
+        for q in range(n):
+            a, b = bounds[q], bounds[q + 1]
+            if b > a:
+                np.copyto(x[a:b], out_part(q, j, b - a), casting="unsafe")
+
+    copy_in(0)
+    d.begin(ctx)
+    d.arrivals(ctx)
+    try:
+        for j in range(chunks):
+            if j:
+                d.wait(peers, base + 2 * j + 1, ctx)  # A(j)
+            reduce_own(j)
+            d.post()  # B(j)
+            if j + 1 < chunks:
+                copy_in(j + 1)
+                d.post()  # A(j + 1)
+            if journal is not None:
+                d.wait(peers, base + 2 * j + 2, ctx)  # B(j)
+                copy_out(j)
+        d.wait(peers, base + 2 * chunks, ctx)  # B(last): peers are done with this member's slots
+    except BaseException:
+        if journal is not None:
+            journal.restore()
+        raise
+    d.round = first + chunks
+    if staged and writes:
+        for j in range(chunks):
+            copy_out(j)
+
+
+def reduce_direct(ctx: Ctx, x: np.ndarray, root: int, op: Op) -> None:
+    """``reduce`` onto group rank ``root`` in one round (see ``direct``)."""
+    direct(ctx, x, op, root)
+
+
+def reduce_pipelined(ctx: Ctx, x: np.ndarray, root: int, op: Op) -> None:
+    """``reduce`` onto group rank ``root`` through the pipeline (see ``pipelined``)."""
+    pipelined(ctx, x, op, root)

@@ -1,0 +1,245 @@
+"""What the same-host algorithms share: failure handling, reduction plans, rounds, the undo journal.
+
+The shared-memory algorithms (``shm_*.py``) read their peers' slots in place through the group's
+``ShmDomain`` (``ctx.team.shm``) instead of sending messages. Unlike the transport algorithms they
+take the caller's arrays and the caller's op (``PremulSum``, ``AVG``, half precision included) and
+write results straight into the caller's arrays; each one keeps the core's promise that a failed
+call leaves them untouched or complete (see ``Journal``). A call that raises leaves the members'
+post counts out of step: whoever runs the algorithm must then call ``ShmDomain.fail`` (the core's
+``Group.run`` does), which refuses later calls and tells the peers. This module must not import
+``core``.
+
+A *round*: every member writes its part of the round into its IN slot ``round & 1``, posts, waits
+for every peer's post of the round, then reads. Because every member waits for every peer in each
+round, a member that writes slot ``p`` in round ``g`` knows each peer has posted round ``g - 1``,
+hence finished reading round ``g - 2`` (the previous use of slot ``p``): two slots suffice and no
+round needs a closing barrier. The first post of a call announces it; ``ShmDomain.arrivals``
+compares every peer's announcement with this member's, so every member detects a mismatch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Sequence
+
+import numpy as np
+
+from ..types import PremulSum, ReduceOp
+from . import kernels
+from .base import Ctx
+
+Op = ReduceOp | PremulSum
+
+
+def no_domain(ctx: Ctx) -> ValueError:
+    """The error of a shared-memory algorithm run (by override) on a group without a domain."""
+    return ValueError(f"{ctx.name}: this algorithm needs a group whose members share a host "
+                      "(the group has no shared-memory domain)")
+
+
+# -- reductions -----------------------------------------------------------------------------------
+
+
+class Plan(NamedTuple):
+    """How to reduce arrays of one dtype with one op, following ``kernels``' accumulation rule.
+
+    Attributes:
+        op: the base op the terms are combined with (AVG and PREMUL_SUM become SUM).
+        ufunc: ``kernels``' ufunc for ``op`` (``kernels.combine`` looks it up on every call).
+        acc: the dtype terms travel and combine in (``kernels.accumulation_dtype``).
+        factor: the PREMUL_SUM factor every term is multiplied by first, else None.
+        average: divide the result by the number of members (AVG).
+        raw: the caller's bytes are the terms as they are (same dtype, no factor).
+        in_acc: the caller's dtype is the accumulation dtype (results can be built in place).
+    """
+
+    op: ReduceOp
+    ufunc: np.ufunc
+    acc: np.dtype
+    factor: float | None
+    average: bool
+    raw: bool
+    in_acc: bool
+
+
+_PLANS: dict[tuple[Any, np.dtype], Plan] = {}
+
+
+def reduction_plan(op: Op, dtype: np.dtype) -> Plan:
+    """The (cached) plan for reducing ``dtype`` arrays with ``op`` (validated by the frontend)."""
+    # Keyed by a ReduceOp's value: Enum.__hash__ runs Python code on every lookup.
+    key = (op._value_ if type(op) is ReduceOp else op, dtype)
+    plan = _PLANS.get(key)
+    if plan is None:
+        kernels.check_op_dtype(op, dtype)
+        acc = kernels.accumulation_dtype(op, dtype)
+        factor = op.factor if isinstance(op, PremulSum) else None
+        base = ReduceOp.SUM if factor is not None or op is ReduceOp.AVG else op
+        plan = Plan(base, kernels._UFUNCS[base], acc, factor, op is ReduceOp.AVG,
+                    acc == dtype and factor is None, acc == dtype)
+        if len(_PLANS) > 1024:  # PremulSum factors are unbounded
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+def load(plan: Plan, dst: np.ndarray, src: np.ndarray) -> None:
+    """Write ``src`` into ``dst`` as terms: in the accumulation dtype, premultiplied (as
+    ``kernels.prepare`` does)."""
+    if plan.raw:
+        dst[...] = src
+        return
+    np.copyto(dst, src, casting="unsafe")
+    if plan.factor is not None:
+        np.multiply(dst, plan.factor, out=dst)
+
+
+def fold(plan: Plan, terms: Sequence[np.ndarray], out: np.ndarray, size: int) -> None:
+    """Reduce ``terms`` (member order: the same expression on every member) into ``out``.
+
+    ``out`` is in the caller's dtype; the result is rounded into it once, after the AVG division,
+    as ``kernels.finish`` does.
+    """
+    target = out if plan.in_acc else np.empty(out.size, dtype=plan.acc)
+    count = len(terms)
+    if count == 1:
+        target[...] = terms[0]
+    else:
+        ufunc = plan.ufunc
+        ufunc(terms[0], terms[1], out=target)
+        for i in range(2, count):
+            ufunc(target, terms[i], out=target)
+    if plan.average:
+        np.divide(target, size, out=target)
+    if target is not out:
+        np.copyto(out, target, casting="unsafe")
+
+
+def alone(plan: Plan, x: np.ndarray) -> None:
+    """The reduction of a one-member group: ``x`` as its own single term (premultiplied, rounded)."""
+    if plan.raw and not plan.average:
+        return
+    terms = np.empty(x.size, dtype=plan.acc)
+    load(plan, terms, x)
+    fold(plan, [terms], x, 1)
+
+
+# -- the undo journal -------------------------------------------------------------------------------
+
+
+class Journal:
+    """Saves what an algorithm overwrites in the caller's arrays, to undo it if the call fails.
+
+    Algorithms that move more than one slot's worth of data write results into the caller's
+    arrays before every member has finished; if the call then fails, ``restore`` puts the saved
+    bytes back, so the caller sees its arrays untouched. Within one array, saves go in increasing
+    byte order. The backing store is the domain's private scratch, kept between calls.
+    """
+
+    def __init__(self, domain: Any, arrays: Sequence[np.ndarray]) -> None:
+        self._arrays = [a.view(np.uint8) for a in arrays]
+        starts = [0]
+        for raw in self._arrays:
+            starts.append(starts[-1] + raw.size)
+        self._starts = starts
+        self._saved = domain.backup(starts[-1])
+        self._ends = [0] * len(self._arrays)
+
+    def save(self, index: int, lo: int, hi: int) -> None:
+        """Save bytes ``[lo, hi)`` of array ``index`` before they are first overwritten."""
+        lo = max(lo, self._ends[index])
+        if lo < hi:
+            base = self._starts[index]
+            self._saved[base + lo:base + hi] = self._arrays[index][lo:hi]
+            self._ends[index] = hi
+
+    def restore(self) -> None:
+        """Put every saved byte back."""
+        for index, raw in enumerate(self._arrays):
+            end, base = self._ends[index], self._starts[index]
+            raw[:end] = self._saved[base:base + end]
+            self._ends[index] = 0
+
+
+# -- rounds of a byte stream -------------------------------------------------------------------------
+
+
+class Stream(NamedTuple):
+    """A member's outgoing bytes, as pieces (uint8 arrays) laid end to end."""
+
+    pieces: tuple[tuple[int, np.ndarray], ...]  # (offset, bytes)
+    nbytes: int
+
+    @staticmethod
+    def of(arrays: Sequence[np.ndarray], start: int = 0, skip: int | None = None) -> "Stream":
+        """``arrays`` (1-D) back to back from byte ``start``; array ``skip`` keeps its place but
+        is not sent (nobody reads it)."""
+        pieces, offset = [], start
+        for i, array in enumerate(arrays):
+            raw = array.view(np.uint8)
+            if i != skip and raw.size:
+                pieces.append((offset, raw))
+            offset += raw.size
+        return Stream(tuple(pieces), offset)
+
+    def write(self, slot: np.ndarray, lo: int, hi: int) -> None:
+        """Copy the stream's bytes ``[lo, hi)`` to ``slot[0 : hi - lo]``."""
+        for offset, raw in self.pieces:
+            a, b = max(lo, offset), min(hi, offset + raw.size)
+            if a < b:
+                slot[a - lo:b - lo] = raw[a - offset:b - offset]
+
+
+Read = Callable[[int, int, int, "Journal | None"], None]
+
+
+def run_rounds(ctx: Ctx, stream: Stream, read: Read, outputs: Sequence[np.ndarray] = (),
+               verify: Callable[[], None] | None = None, header: np.ndarray | None = None) -> int:
+    """Exchange every member's ``stream`` one slot per round; return the number of rounds.
+
+    Each round ``t`` covers bytes ``[t*S, (t+1)*S)`` of every stream (``S`` the slot size): this
+    member writes its bytes of the round into its slot, posts, waits for every peer, then calls
+    ``read(parity, lo, hi, journal)`` to take what it needs from the peers' slots ``parity``. The
+    number of rounds comes from the longest stream any member announced (its *extent*), so
+    members need not know each other's stream lengths in advance.
+
+    Args:
+        read: must ``journal.save`` what it is about to overwrite in ``outputs`` when ``journal``
+            is not None (the call spans several rounds, so a later round could still fail).
+        outputs: the caller's arrays ``read`` writes into; restored if a later round fails.
+        verify: called once every member has arrived, before anything is read (size checks).
+        header: bytes written at the start of the first round, before the stream (whose offsets
+            must leave room for it); peers read it in the first round.
+    """
+    d = ctx.team.shm
+    if d is None:
+        raise no_domain(ctx)
+    size = d.slot_bytes
+    mine = d.inbox[d.rank]
+    first = d.round
+    if header is not None:
+        mine[first & 1][:header.size] = header
+    stream.write(mine[first & 1], 0, size)
+    d.begin(ctx, stream.nbytes)
+    d.arrivals(ctx)
+    if verify is not None:
+        verify()
+    longest = max(d.extent(q, ctx) for q in range(d.size))
+    rounds = max(1, -(-longest // size))
+    journal = Journal(d, outputs) if rounds > 1 and outputs else None
+    base = d.posts - 1
+    peers = d.peers
+    try:
+        for t in range(rounds):
+            parity = (first + t) & 1
+            lo = t * size
+            if t:
+                stream.write(mine[parity], lo, lo + size)
+                d.post()
+                d.wait(peers, base + t + 1, ctx)
+            read(parity, lo, lo + size, journal)
+    except BaseException:
+        if journal is not None:
+            journal.restore()
+        raise
+    d.round = first + rounds
+    return rounds

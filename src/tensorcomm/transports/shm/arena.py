@@ -1,0 +1,261 @@
+"""Shared memory that cannot leak: one anonymous segment per group, handed to the members by fd.
+
+Owns creating the segment, passing it to the other members of a group, mapping it and learning
+every member's pid (for liveness checks). Imports ``errors`` and ``rendezvous.auth`` only.
+
+Why this shape:
+
+- The segment is a ``memfd_create`` file: it has no name in ``/dev/shm`` or anywhere else, so
+  nothing can leak when ranks are killed (SIGKILL included). The kernel frees it when the last
+  mapping or descriptor goes away. ``multiprocessing.shared_memory`` is not used: before Python
+  3.13 it unlinks segments when any attached process exits (CPython issue 82300), and a named
+  segment outlives a SIGKILL.
+- Group rank 0 (the *leader*) creates the segment and serves it on an abstract-namespace Unix
+  socket (again no file name: the name vanishes with the socket). Each other member connects,
+  both sides run the job-secret HMAC handshake (``rendezvous/auth.py``, purpose ``b"shm"``), the
+  member says which group rank it is, and the leader sends the descriptor with ``SCM_RIGHTS``
+  (``socket.send_fds``) together with every member's pid. A process that does not know the job
+  secret never gets the descriptor.
+- Pids come from the kernel (``SO_PEERCRED``), not from what a peer claims. Members in another
+  pid namespace (the pid the leader reports for itself differs from the one the kernel shows)
+  refuse the segment, since liveness checks would watch the wrong processes.
+- The segment is sealed against shrinking, so no member can truncate it under the others (which
+  would turn their next access into SIGBUS).
+- Descriptors are closed as soon as the segment is mapped; only the mapping remains (with the one
+  duplicate descriptor CPython's ``mmap`` object keeps until Python 3.13), and both go with
+  ``close()`` or the process.
+
+Abstract Unix sockets belong to a network namespace. Members that claim one host identity but sit
+in different network namespaces cannot connect; ``establish`` then fails with ``ShmUnavailable``
+and the caller falls back to TCP.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import mmap
+import os
+import secrets
+import socket
+import struct
+import time
+from typing import Callable
+
+from ...errors import AuthenticationError
+from ...rendezvous import auth
+
+log = logging.getLogger("tensorcomm.shm")
+
+PURPOSE = b"shm"
+_RANK = struct.Struct("<I")
+_OFFER = struct.Struct("<QQ")  # segment bytes, number of members; then one u64 pid per member
+_MAX_MEMBERS = 1 << 16
+_POLL = 0.05  # seconds between checks of the store while waiting for members
+
+
+class ShmUnavailable(RuntimeError):
+    """Shared memory cannot be set up for this group; the caller should fall back to TCP."""
+
+
+class Arena:
+    """One shared segment, mapped in this process.
+
+    Attributes:
+        mm: the mapping (``mmap.mmap``), ``nbytes`` long.
+        nbytes: size of the segment.
+        pids: pid of every member, in group-rank order (as this process's pid namespace sees them).
+    """
+
+    def __init__(self, mm: mmap.mmap, nbytes: int, pids: tuple[int, ...]) -> None:
+        self.mm = mm
+        self.nbytes = nbytes
+        self.pids = pids
+
+    def close(self) -> None:
+        """Unmap the segment; idempotent.
+
+        Views of the mapping that are still alive keep it mapped until they are garbage-collected
+        (``mmap`` refuses to close under exported buffers); the memory is freed after that.
+        """
+        try:
+            self.mm.close()
+        except BufferError:
+            log.debug("shared segment still has live views; it is unmapped when they are freed")
+
+
+def _create_segment(nbytes: int) -> int:
+    fd = os.memfd_create("tensorcomm-shm", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, nbytes)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _map(fd: int, nbytes: int) -> mmap.mmap:
+    if os.fstat(fd).st_size < nbytes:
+        raise ShmUnavailable(f"the shared segment is smaller than the {nbytes} bytes announced")
+    return mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+def _peer_pid(sock: socket.socket) -> int:
+    pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                          struct.calcsize("3i")))
+    return pid
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
+    return auth.recv_exact(sock, n, max(0.01, deadline - time.monotonic()))
+
+
+def establish(rank: int, size: int, nbytes: int, secret: bytes, publish: Callable[[str], None],
+              lookup: Callable[[float], str | None], failed: Callable[[], str | None],
+              timeout: float, initialize: Callable[[mmap.mmap], None] = lambda mm: None) -> Arena:
+    """Create (group rank 0) or receive (the others) the group's segment and map it.
+
+    Args:
+        rank: this process's group rank; rank 0 creates the segment.
+        size: number of members.
+        nbytes: size of the segment.
+        secret: the job's HMAC key.
+        publish: the leader calls ``publish(address)`` so members can find its socket.
+        lookup: members call ``lookup(seconds)`` for the leader's address (None: not yet).
+        failed: returns a reason once any member gave up on shared memory, else None; waits
+            stop early when it does.
+        timeout: seconds the whole set-up may take.
+        initialize: the leader calls ``initialize(mapping)`` before any member can see the segment.
+
+    Raises:
+        ShmUnavailable: the segment could not be created, reached or trusted.
+    """
+    if not 1 <= size <= _MAX_MEMBERS:
+        raise ShmUnavailable(f"a shared segment serves 1..{_MAX_MEMBERS} members, not {size}")
+    deadline = time.monotonic() + timeout
+    try:
+        if rank == 0:
+            return _lead(size, nbytes, secret, publish, failed, deadline, initialize)
+        return _join(rank, size, nbytes, secret, lookup, failed, deadline)
+    except ShmUnavailable:
+        raise
+    except (OSError, ValueError, AuthenticationError) as exc:
+        raise ShmUnavailable(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _lead(size: int, nbytes: int, secret: bytes, publish: Callable[[str], None],
+          failed: Callable[[], str | None], deadline: float,
+          initialize: Callable[[mmap.mmap], None]) -> Arena:
+    fd = _create_segment(nbytes)
+    try:
+        mm = _map(fd, nbytes)
+        try:
+            initialize(mm)
+        except BaseException:
+            mm.close()
+            raise
+        if size == 1:
+            return Arena(mm, nbytes, (os.getpid(),))
+        members: dict[int, tuple[socket.socket, int]] = {}
+        address = f"tensorcomm-{secrets.token_hex(16)}"
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            listener.bind("\0" + address)
+            listener.listen(size)
+            publish(address)
+            while len(members) < size - 1:
+                _accept_member(listener, size, secret, members, failed, deadline)
+            pids = [os.getpid()] + [members[r][1] for r in range(1, size)]
+            offer = _OFFER.pack(nbytes, size) + struct.pack(f"<{size}Q", *pids)
+            for sock, _ in members.values():
+                socket.send_fds(sock, [offer], [fd])
+            # Wait until every member has mapped the segment: then the descriptor may go.
+            for sock, _ in members.values():
+                if _recv_exact(sock, 1, deadline) != b"M":
+                    raise ShmUnavailable("a member could not map the shared segment")
+        except BaseException:
+            mm.close()
+            raise
+        finally:
+            listener.close()
+            for sock, _ in members.values():
+                sock.close()
+        return Arena(mm, nbytes, tuple(pids))
+    finally:
+        os.close(fd)
+
+
+def _accept_member(listener: socket.socket, size: int, secret: bytes,
+                   members: dict[int, tuple[socket.socket, int]],
+                   failed: Callable[[], str | None], deadline: float) -> None:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        missing = sorted(set(range(1, size)) - set(members))
+        raise ShmUnavailable(f"group ranks {missing} did not connect to the shared-memory leader in time")
+    listener.settimeout(min(_POLL, remaining))
+    try:
+        sock, _ = listener.accept()
+    except socket.timeout:
+        reason = failed()
+        if reason is not None:
+            raise ShmUnavailable(reason) from None
+        return
+    try:
+        auth.handshake_server(sock, secret, max(0.01, deadline - time.monotonic()), PURPOSE)
+        (member,) = _RANK.unpack(_recv_exact(sock, _RANK.size, deadline))
+        pid = _peer_pid(sock)
+    except (AuthenticationError, OSError) as exc:
+        # A stranger (or a broken client): refuse it and keep waiting for the real members.
+        sock.close()
+        log.warning("refused a shared-memory connection: %s", exc)
+        return
+    if not 0 < member < size or member in members or pid <= 0:
+        sock.close()
+        raise ShmUnavailable(f"unexpected shared-memory member claiming group rank {member} (pid {pid})")
+    members[member] = (sock, pid)
+
+
+def _join(rank: int, size: int, nbytes: int, secret: bytes, lookup: Callable[[float], str | None],
+          failed: Callable[[], str | None], deadline: float) -> Arena:
+    address = None
+    while address is None:
+        reason = failed()
+        if reason is not None:
+            raise ShmUnavailable(reason)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise ShmUnavailable("the shared-memory leader did not publish its address in time")
+        address = lookup(min(_POLL, remaining))
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        sock.connect("\0" + address)
+        auth.handshake_client(sock, secret, max(0.01, deadline - time.monotonic()), PURPOSE)
+        sock.sendall(_RANK.pack(rank))
+        header_bytes = _OFFER.size + 8 * size
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        message, fds, _flags, _addr = socket.recv_fds(sock, header_bytes, 1)
+        try:
+            if len(message) < header_bytes:
+                message += _recv_exact(sock, header_bytes - len(message), deadline)
+            offered, members = _OFFER.unpack_from(message)
+            if len(fds) != 1 or offered != nbytes or members != size:
+                raise ShmUnavailable(f"the leader offered {len(fds)} descriptors for {offered} bytes and "
+                                     f"{members} members; expected 1, {nbytes} and {size}")
+            pids = struct.unpack_from(f"<{size}Q", message, _OFFER.size)
+            if pids[0] != _peer_pid(sock) or pids[rank] != os.getpid():
+                raise ShmUnavailable("members are in different pid namespaces; liveness checks "
+                                     "could not see each other's processes")
+            mm = _map(fds[0], nbytes)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        try:
+            sock.sendall(b"M")
+        except BaseException:
+            mm.close()
+            raise
+        return Arena(mm, nbytes, tuple(pids))
+    finally:
+        sock.close()

@@ -1,0 +1,232 @@
+"""A group's shared-memory domain: its segment, the slots in it, and the per-call bookkeeping.
+
+Owns the data layout of the segment (after the control area of ``slots.py``), the views
+algorithms read and write, the count of posts and rounds that every member keeps in step, the
+failure state of the group's shared-memory path, and opening/closing all of it. Imports
+``arena``, ``slots`` and ``errors``; knows nothing of collectives (``algorithms/shm_*.py`` do).
+
+Layout of the segment, for ``n`` members::
+
+    control area   header + one 1 KiB line per member (slots.py)            page-aligned
+    member 0       IN slot 0 | IN slot 1 (slot_bytes each) | OUT (out_bytes)
+    member 1       ...
+
+A member writes only its own IN slots and OUT region (and its own control line); everyone reads
+everyone's. IN slots alternate by *round* (``round & 1``), a counter every member advances in
+step, so a member can fill its next slot while slower peers still read the previous one: the
+algorithms' invariant (docs/transports.md) is that a member writes slot ``p`` of round ``g`` only
+after every peer has posted in round ``g - 1``, hence finished reading round ``g - 2``.
+
+After any failure of a call (a peer lost, a mismatch, a timeout, an abort, even a local
+KeyboardInterrupt) the members' counters no longer match, so the domain refuses every later call
+with an error of the same kind: the group has to be rebuilt.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import mmap
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import arena as arena_mod
+from . import slots as slots_mod
+from .arena import Arena, ShmUnavailable
+from .slots import Slots
+
+log = logging.getLogger("tensorcomm.shm")
+
+SLOT_BYTES = 1 << 20  # one IN slot; a call whose contribution fits one slot takes one round
+OUT_BYTES = 4 << 20  # per member; large all-reduces keep their reduced parts here
+_VIEW_CACHE_LIMIT = 256
+
+
+def segment_bytes(size: int, slot_bytes: int, out_bytes: int) -> int:
+    """Bytes of the segment of a ``size``-member domain."""
+    return slots_mod.control_bytes(size) + size * (2 * slot_bytes + out_bytes)
+
+
+class ShmDomain:
+    """This process's handle on the shared-memory domain of one group.
+
+    Attributes:
+        rank: this process's group rank.
+        size: number of members.
+        peers: the other members' group ranks.
+        slot_bytes: bytes of one IN slot.
+        out_bytes: bytes of this member's OUT region.
+        inbox: ``inbox[q][p]``, member ``q``'s IN slot ``p`` (uint8 array).
+        outbox: ``outbox[q]``, member ``q``'s OUT region (uint8 array).
+        round: rounds completed so far (IN slot parity); in step on every member.
+        begin, arrivals, post, wait, extent: the call protocol (``Slots``' methods).
+    """
+
+    def __init__(self, arena: Arena, rank: int, size: int, global_ranks: Sequence[int],
+                 group_name: str, describe: Callable[[Sequence[int]], str],
+                 slot_bytes: int, out_bytes: int) -> None:
+        self.arena = arena
+        self.rank = rank
+        self.size = size
+        self.peers = tuple(q for q in range(size) if q != rank)
+        self.slot_bytes = slot_bytes
+        self.out_bytes = out_bytes
+        self.group_name = group_name
+        self.global_ranks = tuple(global_ranks)
+        mm = arena.mm
+        anchor = ctypes.c_char.from_buffer(mm)
+        address = ctypes.addressof(anchor)
+        del anchor
+        whole = memoryview(mm)
+        control = slots_mod.control_bytes(size)
+        self.slots = Slots(whole[:control], address, rank, size, arena.pids, global_ranks, group_name, describe)
+        whole.release()
+        _check_header(self.slots.words, size, arena.nbytes, slot_bytes, out_bytes)
+        member = 2 * slot_bytes + out_bytes
+        raw = np.frombuffer(mm, dtype=np.uint8)
+        self._raw = raw
+        self.inbox = tuple(tuple(raw[control + q * member + p * slot_bytes:][:slot_bytes] for p in (0, 1))
+                           for q in range(size))
+        self.outbox = tuple(raw[control + q * member + 2 * slot_bytes:][:out_bytes] for q in range(size))
+        self.round = 0
+        slots = self.slots
+        self.begin = slots.begin
+        self.arrivals = slots.arrivals
+        self.post = slots.post
+        self.wait = slots.wait
+        self.extent = slots.extent
+        self._views: dict[tuple[Any, ...], tuple[np.ndarray, ...]] = {}
+        self.memo: dict[Any, Any] = {}  # algorithms' per-call-shape set-ups (see ``remember``)
+        self._backup = np.empty(0, dtype=np.uint8)
+        self._closed = False
+
+    # -- per call --------------------------------------------------------------------------------
+    # The call protocol lives in ``Slots``; its methods are bound here once (``__init__``) so an
+    # algorithm's ``domain.begin(ctx)`` costs one call, not two.
+
+    @property
+    def posts(self) -> int:
+        """Posts this member made so far; every member's counter reaches the same values."""
+        return self.slots.posts
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The failure that ended this domain's usefulness (or an abort), else None."""
+        return self.slots.failure
+
+    def views(self, parity: int, dtype: np.dtype, count: int) -> tuple[np.ndarray, ...]:
+        """Every member's IN slot ``parity`` as ``count`` elements of ``dtype`` (cached)."""
+        key = (parity, dtype, count)
+        views = self._views.get(key)
+        if views is None:
+            if len(self._views) >= _VIEW_CACHE_LIMIT:
+                self._views.clear()
+            nbytes = count * dtype.itemsize
+            views = tuple(self.inbox[q][parity][:nbytes].view(dtype) for q in range(self.size))
+            self._views[key] = views
+        return views
+
+    def remember(self, key: Any, value: Any) -> Any:
+        """Keep ``value`` in ``memo[key]`` (bounded; views of this domain may live there); return it."""
+        if len(self.memo) >= _VIEW_CACHE_LIMIT:
+            self.memo.clear()
+        self.memo[key] = value
+        return value
+
+    def backup(self, nbytes: int) -> np.ndarray:
+        """Private scratch of ``nbytes`` (kept between calls: it is as large as the largest need)."""
+        if self._backup.size < nbytes:
+            self._backup = np.empty(nbytes, dtype=np.uint8)
+        return self._backup[:nbytes]
+
+    def fail(self, error: BaseException, ctx: Any) -> None:
+        """A call failed on this member: refuse later calls and tell the peers."""
+        try:
+            self.slots.fail(error, ctx.seq)
+        except ValueError:  # the control area is already released (destroyed under the call)
+            pass
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def abort(self, error: BaseException, tell_peers: bool = True) -> None:
+        """Fail the pending and every later call of this member with ``error``.
+
+        Callable from any thread: a waiting call notices within one yield or futex wake-up. With
+        ``tell_peers`` the peers' pending and later calls fail too (``GroupAbortedError`` naming
+        this rank); without it they learn only when this member leaves (``close``).
+        """
+        if not self._closed:
+            self.slots.abort(error, tell_peers)
+
+    def close(self) -> None:
+        """Leave the domain: peers waiting on this member get PeerLostError; unmap. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.slots.leave()
+        self._views.clear()
+        self.memo.clear()
+        self.inbox = self.outbox = ()
+        self._raw = self._backup = None  # type: ignore[assignment]
+        self.slots.close()
+        self.arena.close()
+
+
+def _write_header(mm: mmap.mmap, size: int, nbytes: int, slot_bytes: int, out_bytes: int) -> None:
+    words = memoryview(mm).cast("q")
+    try:
+        words[slots_mod.H_VERSION] = slots_mod.VERSION
+        words[slots_mod.H_SIZE] = size
+        words[slots_mod.H_NBYTES] = nbytes
+        words[slots_mod.H_SLOT] = slot_bytes
+        words[slots_mod.H_OUT] = out_bytes
+        words[slots_mod.H_MAGIC] = slots_mod.MAGIC
+    finally:
+        words.release()
+
+
+def _check_header(words: memoryview, size: int, nbytes: int, slot_bytes: int, out_bytes: int) -> None:
+    found = (words[slots_mod.H_MAGIC], words[slots_mod.H_VERSION], words[slots_mod.H_SIZE],
+             words[slots_mod.H_NBYTES], words[slots_mod.H_SLOT], words[slots_mod.H_OUT])
+    expected = (slots_mod.MAGIC, slots_mod.VERSION, size, nbytes, slot_bytes, out_bytes)
+    if found != expected:
+        raise ShmUnavailable(f"the shared segment's header {found} does not match this member's "
+                             f"layout {expected} (different tensorcomm versions?)")
+
+
+def open_domain(rank: int, global_ranks: Sequence[int], group_name: str, secret: bytes,
+                publish: Callable[[str], None], lookup: Callable[[float], str | None],
+                failed: Callable[[], str | None], timeout: float,
+                describe: Callable[[Sequence[int]], str],
+                slot_bytes: int = SLOT_BYTES, out_bytes: int = OUT_BYTES) -> ShmDomain:
+    """Set up the shared-memory domain of a group; every member calls this at the same time.
+
+    Args:
+        rank: this process's group rank.
+        global_ranks: global rank of every member, in group-rank order.
+        group_name: for messages.
+        secret: the job's HMAC key.
+        publish, lookup, failed: the leader's address exchange (see ``arena.establish``).
+        timeout: seconds the set-up may take.
+        describe: turns signature codes into text, for mismatch messages.
+        slot_bytes, out_bytes: the layout; must be equal on every member.
+
+    Raises:
+        ShmUnavailable: shared memory cannot serve this group (the caller falls back to TCP).
+    """
+    if not slots_mod.SUPPORTED:
+        raise ShmUnavailable("the shared-memory path needs x86-64 store ordering; this CPU is not "
+                             "x86-64, so ranks talk over TCP")
+    size = len(global_ranks)
+    if slot_bytes % 64 or out_bytes % 64 or slot_bytes < 8 * (size + 8):
+        raise ValueError("slot_bytes and out_bytes must be multiples of 64 bytes, and a slot must "
+                         "hold a header of one 8-byte offset per member")
+    nbytes = segment_bytes(size, slot_bytes, out_bytes)
+    seg = arena_mod.establish(rank, size, nbytes, secret, publish, lookup, failed, timeout,
+                              lambda mm: _write_header(mm, size, nbytes, slot_bytes, out_bytes))
+    try:
+        return ShmDomain(seg, rank, size, global_ranks, group_name, describe, slot_bytes, out_bytes)
+    except BaseException:
+        seg.close()
+        raise

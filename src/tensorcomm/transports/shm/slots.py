@@ -1,0 +1,458 @@
+"""The control area of a shared segment: one counter per rank, the waits on it, and fault records.
+
+Owns the layout of the segment's first pages and every cross-process synchronisation of the shared
+-memory path. Imports ``errors`` only (plus the standard library); knows nothing of collectives
+beyond the five integers of a call signature.
+
+Protocol. Every rank owns one monotonically increasing *counter*, on its own cache line, that only
+it writes. A collective is a fixed sequence of *posts* (counter += 1) and *waits* ("peer's counter
+>= target"); every rank makes the same number of posts per call, so nothing is ever reset and a
+wait is one comparison. The first post of a call (``begin``) also *announces* the call: its step
+(sequence number), a 64-bit hash of its signature (collective, dtype, count, op, root) and an
+*extent* (how many bytes this rank contributes), written before the counter, on its cache line;
+the signature itself goes on the next line (rewritten only when it changes), for messages.
+``arrivals`` waits for every peer's first post and compares their step and hash with this rank's:
+a difference raises ``CollectiveMismatchError`` naming both sides and signatures, on every rank,
+since every rank checks every peer. (Two different signatures with one hash would go unnoticed;
+Python's tuple hash makes that practically impossible for calls that differ by mistake.)
+Announcements alternate between two entries by step parity: a peer that already started its next
+call (it may: nothing makes it wait for this rank to finish reading) leaves this call's entry
+intact.
+
+Memory ordering. Data is written, then the counter; readers read the counter, then the data. On
+x86-64 stores are not reordered with other stores nor loads with other loads (TSO), so that is
+enough; on other CPUs it is not, and ``SUPPORTED`` is False there (the caller falls back to TCP)
+because Python offers no fence to put between the two.
+
+Waiting. A wait reads the counter ``SPIN_READS`` times, then calls ``sched_yield`` in a loop
+(cheap when ranks have cores of their own, and it hands the core over when they share one; pure
+spinning would cost a whole time slice), and after ``YIELD_SECONDS`` sleeps on a futex on the
+counter's low 32 bits, waking at least every ``SLEEP_SECONDS``. A poster wakes futex sleepers
+only when one has raised the flag on its line, so posts stay syscall-free. While yielding or
+sleeping, a wait watches for: the call's deadline (``CommTimeoutError`` naming the ranks whose
+counters did not arrive), a fault recorded by any rank (mismatch, abort, lost peer: raised here
+too), a peer that left the group (``destroy``), and, every ``LIVENESS_SECONDS``, whether the peers'
+processes still exist (pidfd, else ``/proc``): ``PeerLostError`` names a dead one.
+
+Faults. A rank that fails a call writes a record (kind, step, peer, text) on its own line and sets
+the segment's fault word; the other ranks raise an error of the same kind from that record at
+their next wait, so a failure on one rank ends the call everywhere within microseconds.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import platform
+import select
+import struct
+import time
+from typing import Callable, Protocol, Sequence
+
+from ...errors import (CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError,
+                       PeerLostError)
+
+log = logging.getLogger("tensorcomm.shm")
+
+# Only x86-64 keeps stores in order without a fence (see the module docstring).
+SUPPORTED = platform.machine().lower() in ("x86_64", "amd64")
+
+SPIN_READS = 10
+YIELD_SECONDS = 0.002  # then sleep on the futex instead of yielding
+SLEEP_SECONDS = 0.02  # longest futex sleep: bounds a lost wake-up and the checks below
+LIVENESS_SECONDS = 0.1  # how often a waiter checks that its peers' processes are alive
+
+MAGIC = 0x4D48534D43544E45  # b"ENTCMSHM" read little-endian
+VERSION = 1
+PAGE = 4096
+HEADER_BYTES = 512
+LINE_BYTES = 1024  # per rank
+TEXT_BYTES = 512  # fault text per rank
+
+# Header words.
+H_MAGIC, H_VERSION, H_SIZE, H_NBYTES, H_SLOT, H_OUT = 0, 1, 2, 3, 4, 5
+H_FAULT = 8  # nonzero once any rank recorded a fault; on a cache line of its own
+# Words of a rank's line, relative to its start. Line 0: the counter, then two announcements (by
+# step parity) of 3 words: step, signature hash, extent. Lines 1-2: the two signatures (5 words).
+R_COUNTER = 0
+R_ENTRY = (1, 4)
+R_SIGNATURE = (8, 13)
+# Line 3: written rarely.
+R_SLEEPERS, R_STATE = 24, 25
+# Lines 4-5: this rank's fault record; then its text.
+R_FAULT_KIND, R_FAULT_SEQ, R_FAULT_PEER = 32, 33, 34
+R_TEXT_BYTE = 512
+
+STATE_ACTIVE, STATE_LEFT = 0, 1
+FAULT_MISMATCH, FAULT_ABORTED, FAULT_PEER_LOST, FAULT_TIMEOUT, FAULT_FAILED = 1, 2, 3, 4, 5
+_KIND_OF = {CollectiveMismatchError: FAULT_MISMATCH, GroupAbortedError: FAULT_ABORTED,
+            PeerLostError: FAULT_PEER_LOST, CommTimeoutError: FAULT_TIMEOUT}
+
+ENTRY = struct.Struct("3q")  # step, signature hash, extent; native format: one 8-byte store each
+SIGNATURE = struct.Struct("5q")
+
+
+def control_bytes(size: int) -> int:
+    """Bytes of the control area for ``size`` ranks (page-aligned)."""
+    raw = HEADER_BYTES + size * LINE_BYTES
+    return (raw + PAGE - 1) // PAGE * PAGE
+
+
+# --- futex (Linux, x86-64): sleep on a counter's low 32 bits, wake its sleepers ---------------
+
+_SYS_FUTEX = 202
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared (not PRIVATE): the word lives in a shared mapping
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+try:
+    _syscall = ctypes.CDLL(None, use_errno=True).syscall
+except (OSError, AttributeError):  # pragma: no cover - every Linux libc has syscall()
+    _syscall = None
+
+
+def _futex_wait(address: int, expected: int, seconds: float) -> None:
+    if _syscall is None:
+        time.sleep(min(seconds, 0.001))
+        return
+    whole = int(seconds)
+    timeout = _Timespec(whole, int((seconds - whole) * 1e9))
+    _syscall(_SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAIT, ctypes.c_uint32(expected),
+             ctypes.byref(timeout), None, 0)
+
+
+def _futex_wake(address: int) -> None:
+    if _syscall is not None:
+        _syscall(_SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
+
+
+# --- liveness ------------------------------------------------------------------------------
+
+
+class _Liveness:
+    """Which peers' processes have exited: pidfds polled for readability, else ``/proc``."""
+
+    def __init__(self, pids: dict[int, int]) -> None:
+        self._pids = pids  # group rank -> pid
+        self._poll = select.poll()
+        self._rank_of_fd: dict[int, int] = {}
+        self._fallback: dict[int, int] = {}
+        for rank, pid in pids.items():
+            try:
+                fd = os.pidfd_open(pid)
+            except (OSError, AttributeError):
+                self._fallback[rank] = pid
+                continue
+            self._rank_of_fd[fd] = rank
+            self._poll.register(fd, select.POLLIN)
+
+    def dead(self) -> list[int]:
+        """Group ranks whose process has exited (zombies count as exited)."""
+        gone = [self._rank_of_fd[fd] for fd, _ in self._poll.poll(0)]
+        for rank, pid in self._fallback.items():
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as stat:
+                    if stat.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X"):
+                        gone.append(rank)
+            except (OSError, IndexError):
+                gone.append(rank)
+        return sorted(gone)
+
+    def close(self) -> None:
+        for fd in self._rank_of_fd:
+            os.close(fd)
+        self._rank_of_fd.clear()
+
+
+# --- the control area ------------------------------------------------------------------------
+
+
+class Slots:
+    """This rank's handle on the control area of a group's segment, and its per-call protocol.
+
+    Args:
+        buffer: the control area (writable), ``control_bytes(size)`` bytes at the segment's start.
+        address: the segment's base address (for futexes).
+        rank: this process's group rank.
+        size: number of members.
+        pids: every member's pid, in group-rank order.
+        global_ranks: every member's global rank, for messages.
+        group_name: for messages.
+        describe: turns five signature codes into text such as ``all_reduce(float32[4], op=sum)``.
+
+    Attributes:
+        posts: posts this rank made so far; every member's counter goes through the same values.
+        failure: the first failure of a call on this rank, or an abort; later calls are refused.
+    """
+
+    def __init__(self, buffer: memoryview, address: int, rank: int, size: int, pids: Sequence[int],
+                 global_ranks: Sequence[int], group_name: str,
+                 describe: Callable[[Sequence[int]], str]) -> None:
+        self.describe = describe
+        self.bytes = buffer
+        self.words = buffer.cast("q")
+        self.address = address
+        self.rank = rank
+        self.size = size
+        self.global_ranks = tuple(global_ranks)
+        self.group_name = group_name
+        self.peers = tuple(q for q in range(size) if q != rank)
+        base = [(HEADER_BYTES + q * LINE_BYTES) // 8 for q in range(size)]
+        self._base = base
+        self.counter_word = tuple(b + R_COUNTER for b in base)
+        self._entry = tuple(tuple(b + e for e in R_ENTRY) for b in base)  # word of each entry
+        self._peer_entries = tuple(tuple(self._entry[q][p] for q in self.peers) for p in (0, 1))
+        self._my_counter = base[rank] + R_COUNTER
+        self._my_sleepers = base[rank] + R_SLEEPERS
+        self._my_entry_byte = tuple(8 * e for e in self._entry[rank])
+        self._my_signature_byte = tuple(8 * (base[rank] + s) for s in R_SIGNATURE)
+        self._written: list[object] = [None, None]  # signature last written to each entry
+        self._liveness = _Liveness({q: pids[q] for q in self.peers})
+        self.posts = 0
+        self.failure: BaseException | None = None  # set by fail() or abort(), from any thread
+        self._hash = 0
+
+    # -- the per-call protocol -----------------------------------------------------------------
+
+    def begin(self, ctx: "CallInfo", extent: int = 0) -> None:
+        """Start a call: announce it (step, signature, ``extent``) with this rank's first post.
+
+        Raises:
+            CommError: a call failed earlier on this rank or on a peer (the counters no longer
+                match): an error of the same kind as that failure.
+        """
+        words = self.words
+        if self.failure is not None or words[H_FAULT]:
+            raise self.refusal()
+        seq, signature = ctx.seq, ctx.signature
+        parity = seq & 1
+        if signature is not self._written[parity]:  # the core reuses one object per signature
+            SIGNATURE.pack_into(self.bytes, self._my_signature_byte[parity], *signature)
+            self._written[parity] = signature
+        self._hash = digest = hash(signature)
+        ENTRY.pack_into(self.bytes, self._my_entry_byte[parity], seq, digest, extent)
+        self.posts = posts = self.posts + 1
+        words[self._my_counter] = posts
+        if words[self._my_sleepers]:
+            self._wake_sleepers()
+
+    def arrivals(self, ctx: "CallInfo") -> None:
+        """Wait for every peer's first post of this call; check they announced the same call.
+
+        Raises:
+            CollectiveMismatchError: a peer announced a different call; names both.
+            CommTimeoutError, PeerLostError, CommError: as ``wait``.
+        """
+        words, target = self.words, self.posts
+        for q in self.peers:
+            if words[self.counter_word[q]] < target:
+                self._block(q, target, self.peers, ctx)
+        seq, digest = ctx.seq, self._hash
+        for entry in self._peer_entries[seq & 1]:
+            if words[entry] != seq or words[entry + 1] != digest:
+                raise self._mismatch(entry, ctx)
+
+    def post(self) -> None:
+        """Make this rank's next post (everything written before it is visible first)."""
+        words = self.words
+        self.posts = posts = self.posts + 1
+        words[self._my_counter] = posts
+        if words[self._my_sleepers]:
+            self._wake_sleepers()
+
+    def wait(self, ranks: Sequence[int], target: int, ctx: "CallInfo") -> None:
+        """Return once every rank of ``ranks`` has made ``target`` posts.
+
+        Raises:
+            CommTimeoutError: ``ctx.deadline`` passed; names the ranks that did not arrive.
+            PeerLostError: a peer's process exited or it left the group.
+            CommError: a fault some rank recorded (mismatch, abort, ...), re-raised here.
+        """
+        words = self.words
+        for q in ranks:
+            if words[self.counter_word[q]] < target:
+                self._block(q, target, ranks, ctx)
+
+    def extent(self, rank: int, ctx: "CallInfo") -> int:
+        """The extent ``rank`` announced for this call (valid after ``arrivals``)."""
+        return self.words[self._entry[rank][ctx.seq & 1] + 2]
+
+    def counter(self, rank: int) -> int:
+        return self.words[self.counter_word[rank]]
+
+    def _wake_sleepers(self) -> None:
+        self.words[self._my_sleepers] = 0
+        _futex_wake(self.address + self._my_counter * 8)
+
+    def _mismatch(self, entry: int, ctx: "CallInfo") -> CollectiveMismatchError:
+        q = next(q for q in self.peers if entry in self._entry[q])
+        seq, parity = ctx.seq, ctx.seq & 1
+        theirs_seq = self.words[entry]
+        theirs = SIGNATURE.unpack_from(self.bytes, 8 * (self._base[q] + R_SIGNATURE[parity]))
+        me, them = self.global_ranks[self.rank], self.global_ranks[q]
+        if theirs_seq != seq:
+            return CollectiveMismatchError(
+                f"rank {them} called {self.describe(theirs)} at step {theirs_seq} while rank {me} "
+                f"called {self.describe(ctx.signature)} at step {seq} of group {self.group_name!r}")
+        return CollectiveMismatchError(
+            f"rank {them} called {self.describe(theirs)} while rank {me} called "
+            f"{self.describe(ctx.signature)} at step {seq} of group {self.group_name!r}")
+
+    # -- blocking --------------------------------------------------------------------------------
+
+    def _block(self, q: int, target: int, ranks: Sequence[int], ctx: "CallInfo") -> None:
+        words = self.words
+        word = self.counter_word[q]
+        for _ in range(SPIN_READS):
+            if words[word] >= target:
+                return
+        now = time.monotonic()
+        check_alive = now + LIVENESS_SECONDS
+        sleep_from = now + YIELD_SECONDS
+        state = self._base[q] + R_STATE
+        while True:
+            if words[word] >= target:
+                return
+            if words[H_FAULT] or self.failure is not None:
+                raise self.fault()
+            if words[state] == STATE_LEFT and words[word] < target:
+                raise PeerLostError(self.global_ranks[q], "it left the group (destroy() was called)")
+            now = time.monotonic()
+            if now >= ctx.deadline:
+                raise self._timeout(ranks, target, ctx)
+            if now >= check_alive:
+                self._check_alive(ranks, target)
+                check_alive = now + LIVENESS_SECONDS
+            if now < sleep_from:
+                os.sched_yield()
+            else:
+                self._sleep(q, target, min(SLEEP_SECONDS, check_alive - now, ctx.deadline - now))
+
+    def _sleep(self, q: int, target: int, seconds: float) -> None:
+        words = self.words
+        word = self.counter_word[q]
+        words[self._base[q] + R_SLEEPERS] = 1
+        current = words[word]
+        if current < target and seconds > 0:
+            _futex_wait(self.address + word * 8, current & 0xFFFFFFFF, seconds)
+
+    def _check_alive(self, ranks: Sequence[int], target: int) -> None:
+        for q in self._liveness.dead():
+            if q in ranks and self.words[self.counter_word[q]] < target:
+                raise PeerLostError(self.global_ranks[q], "its process exited")
+
+    def _timeout(self, ranks: Sequence[int], target: int, ctx: "CallInfo") -> CommTimeoutError:
+        missing = [self.global_ranks[q] for q in ranks if self.words[self.counter_word[q]] < target]
+        who = f"rank {missing[0]} did" if len(missing) == 1 else \
+            f"ranks {', '.join(map(str, missing))} did"
+        return CommTimeoutError(f"{ctx.name} (step {ctx.seq}) timed out after {ctx.timeout:g} s on "
+                                f"rank {self.global_ranks[self.rank]}: {who} not arrive")
+
+    # -- faults --------------------------------------------------------------------------------
+
+    def fail(self, error: BaseException, seq: int) -> None:
+        """A call failed on this rank with ``error``: refuse later calls and tell every peer.
+
+        The peers' waits raise an error of the same kind (``fault``) within microseconds.
+        """
+        if self.failure is None:
+            self.failure = error
+        self._record(error, seq)
+
+    def abort(self, error: BaseException, tell_peers: bool) -> None:
+        """Fail this rank's pending and later calls with ``error`` (from any thread)."""
+        if self.failure is None:
+            self.failure = error
+        if tell_peers:
+            self._record(GroupAbortedError(f"rank {self.global_ranks[self.rank]} aborted group "
+                                           f"{self.group_name!r}: {error}"), -1)
+        else:
+            self.wake_all()
+
+    def _record(self, error: BaseException, seq: int) -> None:
+        base = self._base[self.rank]
+        words = self.words
+        if words[base + R_FAULT_KIND]:
+            return
+        kind = next((k for cls, k in _KIND_OF.items() if isinstance(error, cls)), FAULT_FAILED)
+        text = str(error) if isinstance(error, CommError) else \
+            f"rank {self.global_ranks[self.rank]} failed during step {seq}: {type(error).__name__}: {error}"
+        raw = text.encode("utf-8", "replace")[:TEXT_BYTES - 1]
+        start = base * 8 + R_TEXT_BYTE
+        self.bytes[start:start + TEXT_BYTES] = raw.ljust(TEXT_BYTES, b"\0")
+        words[base + R_FAULT_SEQ] = seq
+        words[base + R_FAULT_PEER] = getattr(error, "rank", -1)
+        words[base + R_FAULT_KIND] = kind
+        words[H_FAULT] = self.rank + 1
+        self.wake_all()
+
+    def fault(self) -> BaseException:
+        """The error a waiting call raises once a fault is known (here or on any rank)."""
+        if self.failure is not None:
+            return _copy(self.failure)
+        words = self.words
+        for q in range(self.size):
+            base = self._base[q]
+            kind = words[base + R_FAULT_KIND]
+            if not kind:
+                continue
+            start = base * 8 + R_TEXT_BYTE
+            text = bytes(self.bytes[start:start + TEXT_BYTES]).rstrip(b"\0").decode("utf-8", "replace")
+            if kind == FAULT_MISMATCH:
+                return CollectiveMismatchError(text)
+            if kind == FAULT_PEER_LOST:
+                return PeerLostError(words[base + R_FAULT_PEER], f"reported by rank {self.global_ranks[q]}")
+            if kind == FAULT_TIMEOUT:
+                return CommTimeoutError(text)
+            if kind == FAULT_ABORTED:
+                return GroupAbortedError(text)
+            return GroupAbortedError(f"group {self.group_name!r} failed on rank {self.global_ranks[q]}: {text}")
+        return GroupAbortedError(f"group {self.group_name!r} failed")
+
+    def refusal(self) -> BaseException:
+        """The error a new call gets once a call of the group failed (here or on a peer)."""
+        cause = self.fault()
+        if isinstance(cause, PeerLostError):
+            return cause
+        kind = type(cause) if isinstance(cause, CommError) else GroupAbortedError
+        return kind(f"group {self.group_name!r} cannot be used after an earlier failure: {cause}")
+
+    def wake_all(self) -> None:
+        """Wake every futex sleeper of the segment (they re-check faults and counters)."""
+        for word in self.counter_word:
+            _futex_wake(self.address + word * 8)
+
+    def leave(self) -> None:
+        """Mark this rank as gone: peers still waiting on it get ``PeerLostError``."""
+        self.words[self._base[self.rank] + R_STATE] = STATE_LEFT
+        _futex_wake(self.address + self._my_counter * 8)
+
+    def close(self) -> None:
+        self._liveness.close()
+        self.words.release()
+        self.bytes.release()
+
+
+class CallInfo(Protocol):
+    """What a wait needs to know about the call it serves (an ``algorithms.base.Ctx`` is one)."""
+
+    name: str
+    seq: int
+    timeout: float
+    deadline: float
+
+
+def _copy(error: BaseException) -> BaseException:
+    """A fresh exception equal to ``error`` (raising one object on several threads tangles tracebacks)."""
+    if isinstance(error, PeerLostError):
+        copy = PeerLostError.__new__(PeerLostError)
+        copy.args, copy.rank = error.args, error.rank
+        return copy
+    try:
+        return type(error)(*error.args)
+    except TypeError:
+        return error

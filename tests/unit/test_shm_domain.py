@@ -1,0 +1,319 @@
+"""The shared-memory transport in one process: segments, fd passing, counters, waits and faults.
+
+Ranks are threads here, each with its own ``ShmDomain`` (its own mapping of the segment, received
+over the authenticated Unix socket as in real jobs). ``open_domains`` is reused by
+test_shm_algorithms.py.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pytest
+
+from tensorcomm.algorithms.base import Ctx
+from tensorcomm.algorithms.signature import Signature, signature
+from tensorcomm.errors import (AuthenticationError, CollectiveMismatchError, CommTimeoutError,
+                               GroupAbortedError, PeerLostError)
+from tensorcomm.rendezvous import auth
+from tensorcomm.rendezvous.store import HashStore
+from tensorcomm.transports.shm import arena, domain as domain_mod, slots
+from tensorcomm.transports.shm.domain import ShmDomain, ShmUnavailable, open_domain
+from tensorcomm.types import ReduceOp
+
+pytestmark = pytest.mark.skipif(not slots.SUPPORTED, reason="shared memory needs x86-64")
+
+SECRET = b"unit-test-secret"
+
+
+@pytest.fixture(autouse=True)
+def _fast_thread_switches():
+    # Ranks are threads: let a yielding waiter hand the GIL over quickly.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    yield
+    sys.setswitchinterval(interval)
+
+
+def _describe(codes: Sequence[int]) -> str:
+    return Signature(*codes).describe()
+
+
+def run_threads(size: int, fn: Callable[[int], Any], timeout: float = 60.0) -> list[Any]:
+    """Run ``fn(rank)`` on ``size`` threads; return results in rank order or raise the first error."""
+    results: list[Any] = [None] * size
+    errors: list[tuple[int, BaseException]] = []
+
+    def main(rank: int) -> None:
+        try:
+            results[rank] = fn(rank)
+        except BaseException as exc:  # reported below
+            errors.append((rank, exc))
+
+    threads = [threading.Thread(target=main, args=(r,), daemon=True) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), "a rank thread hung"
+    if errors:
+        raise errors[0][1]
+    return results
+
+
+def open_domains(size: int, slot_bytes: int = domain_mod.SLOT_BYTES,
+                 out_bytes: int = domain_mod.OUT_BYTES, secret: bytes = SECRET,
+                 store: HashStore | None = None, prefix: str = "shm/") -> list[ShmDomain]:
+    """Set up one group's domain for ``size`` thread-ranks; domain ``r`` belongs to rank ``r``."""
+    store = store or HashStore(timeout=30)
+
+    def setup(rank: int) -> ShmDomain:
+        return open_domain(
+            rank, list(range(size)), "test", secret,
+            publish=lambda address: store.set(prefix + "address", address.encode()),
+            lookup=lambda s: store.get(prefix + "address").decode() if store.check([prefix + "address"]) else None,
+            failed=lambda: None, timeout=20, describe=_describe,
+            slot_bytes=slot_bytes, out_bytes=out_bytes)
+
+    return run_threads(size, setup)
+
+
+def ctx_for(domain: ShmDomain, seq: int, sig: Signature = signature("barrier"),
+            timeout: float = 20.0) -> Ctx:
+    return Ctx(None, range(domain.size), domain.rank, group_id=0, seq=seq, timeout=timeout,
+               name="test call", signature=sig, group_name="test", shm=domain)
+
+
+def close_all(domains: Sequence[ShmDomain]) -> None:
+    for d in domains:
+        d.close()
+
+
+def _fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def _dev_shm() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def test_segments_have_no_name_and_close_releases_every_descriptor():
+    import gc
+
+    fds, names = _fds(), _dev_shm()
+    domains = open_domains(3)
+    assert _dev_shm() == names  # nothing named in /dev/shm, ever
+    assert "memfd:tensorcomm-shm" in _maps()
+    # What remains open: the peers' pidfds and, per mapping, the duplicate CPython's mmap keeps.
+    opened = [_link(fd) for fd in _fds() - fds]
+    assert sorted(link for link in opened if link.startswith("/memfd")) == \
+        ["/memfd:tensorcomm-shm (deleted)"] * 3
+    assert {link for link in opened if link and not link.startswith("/memfd")} <= {"anon_inode:[pidfd]"}
+    close_all(domains)
+    del domains
+    gc.collect()
+    assert _fds() == fds
+    assert "memfd:tensorcomm-shm" not in _maps()
+
+
+def _maps() -> str:
+    with open("/proc/self/maps") as maps:
+        return maps.read()
+
+
+def _link(fd: str) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""
+
+
+def test_one_member_needs_no_socket():
+    (d,) = open_domains(1)
+    assert d.size == 1 and d.peers == ()
+    ctx = ctx_for(d, 0)
+    d.begin(ctx)
+    d.arrivals(ctx)
+    d.close()
+
+
+def test_a_stranger_without_the_secret_gets_no_segment():
+    store = HashStore(timeout=30)
+    result: list[Any] = []
+
+    def stranger() -> None:
+        address = store.get("shm/address", timeout=20).decode()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect("\0" + address)
+            try:
+                auth.handshake_client(sock, b"wrong secret", 5, arena.PURPOSE)
+            except AuthenticationError as exc:
+                result.append(exc)
+
+    thread = threading.Thread(target=stranger, daemon=True)
+    thread.start()
+    # Rank 1 joins only after the stranger was refused.
+    store_view = store
+
+    def setup(rank: int) -> ShmDomain:
+        if rank == 1:
+            thread.join(20)
+        return open_domain(
+            rank, [0, 1], "test", SECRET,
+            publish=lambda a: store_view.set("shm/address", a.encode()),
+            lookup=lambda s: store_view.get("shm/address").decode() if store_view.check(["shm/address"]) else None,
+            failed=lambda: None, timeout=20, describe=_describe)
+
+    domains = run_threads(2, setup)
+    assert result and isinstance(result[0], AuthenticationError)
+    close_all(domains)
+
+
+def test_setup_stops_when_a_member_gives_up():
+    store = HashStore(timeout=30)
+    started = time.monotonic()
+    with pytest.raises(ShmUnavailable, match="rank 1 cannot"):
+        open_domain(0, [0, 1], "test", SECRET, publish=lambda a: None, lookup=lambda s: None,
+                    failed=lambda: "rank 1 cannot reach the leader", timeout=20, describe=_describe)
+    assert time.monotonic() - started < 5
+    del store
+
+
+def test_other_cpus_fall_back(monkeypatch):
+    monkeypatch.setattr(slots, "SUPPORTED", False)
+    with pytest.raises(ShmUnavailable, match="x86-64"):
+        open_domain(0, [0], "test", SECRET, lambda a: None, lambda s: None, lambda: None, 5, _describe)
+
+
+def test_posts_and_waits_keep_ranks_in_step():
+    domains = open_domains(3)
+
+    def body(rank: int) -> list[int]:
+        d = domains[rank]
+        seen = []
+        for seq in range(50):
+            ctx = ctx_for(d, seq)
+            d.begin(ctx)
+            d.arrivals(ctx)
+            d.post()
+            d.wait(d.peers, d.posts, ctx)
+            seen.append(min(d.slots.counter(q) for q in range(3)))
+        return seen
+
+    results = run_threads(3, body)
+    assert all(r[-1] >= 99 for r in results)
+    close_all(domains)
+
+
+def test_a_mismatched_call_is_reported_on_every_rank_with_both_signatures():
+    domains = open_domains(2)
+    mine = signature("all_reduce", np.dtype(np.float32), 4, ReduceOp.SUM)
+    theirs = signature("all_gather", np.dtype(np.float32), 8)
+
+    def body(rank: int) -> str:
+        d = domains[rank]
+        ctx = ctx_for(d, 17, mine if rank == 0 else theirs)
+        d.begin(ctx)
+        with pytest.raises(CollectiveMismatchError) as info:
+            d.arrivals(ctx)
+        return str(info.value)
+
+    messages = run_threads(2, body)
+    for message in messages:
+        assert "all_reduce(float32[4], op=sum)" in message and "all_gather(float32[8])" in message
+        assert "step 17" in message and "'test'" in message
+    assert messages[0].startswith("rank 1 called all_gather(float32[8]) while rank 0 called all_reduce")
+    close_all(domains)
+
+
+def test_a_wait_times_out_naming_the_ranks_that_did_not_arrive():
+    domains = open_domains(3)
+    d = domains[0]
+    ctx = ctx_for(d, 0, timeout=0.3)
+    d.begin(ctx)
+    started = time.monotonic()
+    with pytest.raises(CommTimeoutError, match=r"test call \(step 0\) timed out after 0.3 s on rank 0: ranks 1, 2 did not arrive"):
+        d.arrivals(ctx)
+    assert time.monotonic() - started < 5
+    close_all(domains)
+
+
+def test_abort_from_another_thread_ends_a_sleeping_wait_and_tells_the_peers():
+    domains = open_domains(3)
+    d = domains[0]
+    ctx = ctx_for(d, 0)
+    d.begin(ctx)
+    timer = threading.Timer(0.2, lambda: d.abort(GroupAbortedError("stop now")))  # after futex sleep set in
+    timer.start()
+    with pytest.raises(GroupAbortedError, match="stop now"):
+        d.arrivals(ctx)
+    # A peer that arrives later fails at once, naming who aborted.
+    peer = domains[1]
+    ctx1 = ctx_for(peer, 0)
+    with pytest.raises(GroupAbortedError, match="rank 0 aborted group 'test'"):
+        peer.begin(ctx1)
+    close_all(domains)
+
+
+def test_a_failure_reaches_waiting_peers_as_the_same_kind_of_error():
+    domains = open_domains(2)
+
+    def body(rank: int) -> None:
+        d = domains[rank]
+        ctx = ctx_for(d, 0)
+        if rank == 0:
+            time.sleep(0.1)
+            d.fail(PeerLostError(5, "gone"), ctx)
+            return
+        d.begin(ctx)
+        with pytest.raises(PeerLostError) as info:
+            d.arrivals(ctx)
+        assert info.value.rank == 5
+
+    run_threads(2, body)
+    # Later calls are refused on both ranks.
+    for d in domains:
+        with pytest.raises(PeerLostError):
+            d.begin(ctx_for(d, 1))
+    close_all(domains)
+
+
+def test_a_peer_that_left_is_lost():
+    domains = open_domains(2)
+    d = domains[0]
+    ctx = ctx_for(d, 0)
+    d.begin(ctx)
+    threading.Timer(0.05, domains[1].close).start()
+    with pytest.raises(PeerLostError, match="peer rank 1 was lost: it left the group"):
+        d.arrivals(ctx)
+    d.close()
+
+
+def test_header_mismatch_is_refused():
+    store = HashStore(timeout=30)
+
+    def setup(rank: int) -> ShmDomain:
+        return open_domain(
+            rank, [0, 1], "test", SECRET,
+            publish=lambda a: store.set("shm/address", a.encode()),
+            lookup=lambda s: store.get("shm/address").decode() if store.check(["shm/address"]) else None,
+            failed=lambda: None, timeout=20, describe=_describe,
+            slot_bytes=4096 if rank == 0 else 8192)
+
+    with pytest.raises(ShmUnavailable):
+        run_threads(2, setup)
+
+
+def test_views_are_cached_per_parity_dtype_and_count():
+    (d,) = open_domains(1, slot_bytes=4096, out_bytes=4096)
+    a = d.views(0, np.dtype(np.float32), 10)
+    assert d.views(0, np.dtype(np.float32), 10) is a
+    assert d.views(1, np.dtype(np.float32), 10) is not a
+    assert a[0].size == 10 and a[0].dtype == np.float32
+    d.close()
