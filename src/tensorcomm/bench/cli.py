@@ -19,6 +19,7 @@ import statistics
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
+from typing import Any
 
 from ..launch.env import LaunchConfigError
 from ..rendezvous.discovery import discover
@@ -47,7 +48,7 @@ def _footer(rows: Sequence[Row]) -> list[str]:
     return lines
 
 
-def _finish(opts: BenchOptions, rows: list[Row], machine: Mapping[str, object],
+def _finish(opts: BenchOptions, rows: list[Row], machine: Mapping[str, Any],
             ranks: int) -> int:
     """Print the summary, write the requested files; return the exit code."""
     for line in report.ratio_summary(rows) + _footer(rows):
@@ -59,8 +60,10 @@ def _finish(opts: BenchOptions, rows: list[Row], machine: Mapping[str, object],
     if opts.plot:
         from .plot import PlotUnavailable, plot
         try:
+            transport = machine["env"]["TENSORCOMM_TRANSPORT"]
             plot(rows, opts.plot, f"tensorcomm bench: {ranks} ranks, {opts.dtype}, "
-                                  f"{machine['cpu']}")
+                                  f"{machine['cpu']}, {machine['cores']} cores"
+                                  + (f", TENSORCOMM_TRANSPORT={transport}" if transport else ""))
         except PlotUnavailable as exc:
             _say(str(exc))
             return 1

@@ -60,6 +60,6 @@ def plot(rows: Sequence[Row], path: str, title: str) -> None:
             axis.grid(True, which="both", alpha=0.3)
             axis.legend()
     figure.suptitle(title)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0, 1, 0.97))  # keep the suptitle clear of the panels
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -2,7 +2,8 @@
 
 The rules, in the order they run:
 
-1. With checking on, fresh inputs, one call, count the wrong elements (summed across ranks).
+1. Fresh inputs; with checking on, one call and a count of the wrong elements (summed across
+   ranks).
 2. One probe call, timed; the ranks agree on the slowest probe. Warm-up then runs ``--warmup``
    calls, or by default as many as fill a fifth of the time budget (1 to ``MAX_WARMUP``).
 3. The per-call time of the warm-up (slowest rank) sets the timed calls: ``--iters``, or by
@@ -117,8 +118,8 @@ def measure(case: Case, barrier: Callable[[], None], coordinator: Coordinator, p
             clock: Callable[[], float] = time.perf_counter) -> Measurement:
     """Time ``case`` by the rules of the module docstring; every rank returns the same result."""
     wrong = None
+    case.reset()  # also without a check: real data, and every page touched before timing
     if plan.check:
-        case.reset()
         case.run()
         case.finish()
         wrong = int(coordinator.reduce([case.wrong()], "sum")[0])
