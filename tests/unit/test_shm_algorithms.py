@@ -1,0 +1,272 @@
+"""The same-host algorithms against numpy, with threads as ranks and tiny slots.
+
+Slots of a few hundred bytes make every algorithm take its multi-round / pipelined paths with small
+arrays: all-reduce staged in the OUT region and streamed through it under the journal, streams that
+span many rounds, uneven contributions. A failing peer must leave in-place arrays untouched.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from tensorcomm.algorithms import kernels, shm_allgather, shm_allreduce, shm_alltoall, shm_barrier
+from tensorcomm.algorithms import shm_broadcast, shm_reduce_scatter
+from tensorcomm.algorithms.base import Ctx
+from tensorcomm.algorithms.signature import UNCHECKED, signature
+from tensorcomm.errors import GroupAbortedError, PeerLostError
+from tensorcomm.testing import rank_data, reduce_reference
+from tensorcomm.transports.shm import slots
+from tensorcomm.types import PremulSum, ReduceOp
+
+from test_shm_domain import close_all, open_domains, run_threads  # noqa: E402  (same directory)
+
+pytestmark = pytest.mark.skipif(not slots.SUPPORTED, reason="shared memory needs x86-64")
+
+SLOT = 256  # bytes: 64 float32 per slot
+OUT = 512
+
+
+@pytest.fixture(autouse=True)
+def _fast_thread_switches():
+    import sys
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    yield
+    sys.setswitchinterval(interval)
+
+
+class Group:
+    """``size`` thread-ranks sharing one tiny-slot domain; ``call`` runs one collective on all."""
+
+    def __init__(self, size: int, slot: int = SLOT, out: int = OUT) -> None:
+        self.size = size
+        self.domains = open_domains(size, slot, out)
+        self.seq = 0
+
+    def call(self, fn: Callable[[Ctx], Any], sig=signature("barrier")) -> list[Any]:
+        seq = self.seq
+        self.seq += 1
+
+        def body(rank: int) -> Any:
+            d = self.domains[rank]
+            ctx = Ctx(None, range(self.size), rank, group_id=0, seq=seq, timeout=30, name="test",
+                      signature=sig, group_name="test", shm=d)
+            try:
+                return fn(ctx)
+            except BaseException as exc:
+                d.fail(exc, ctx)  # as Group.run does
+                raise
+
+        return run_threads(self.size, body)
+
+    def close(self) -> None:
+        close_all(self.domains)
+
+
+SIZES = [1, 2, 3, 5]
+
+
+@pytest.fixture(params=SIZES, ids=lambda n: f"{n}ranks")
+def group(request):
+    g = Group(request.param)
+    yield g
+    g.close()
+
+
+OPS = [ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.AVG, ReduceOp.PROD, ReduceOp.BXOR,
+       ReduceOp.premul_sum(0.5)]
+DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16, np.int64, np.bool_, np.complex64]
+
+
+def _valid(op, dtype) -> bool:
+    try:
+        kernels.check_op_dtype(op, np.dtype(dtype))
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _close(got: np.ndarray, expected: np.ndarray, op) -> None:
+    if op is ReduceOp.AVG or isinstance(op, PremulSum):
+        tolerance = 1e-2 if got.dtype in (np.float16, ml_dtypes.bfloat16) else 1e-6
+        np.testing.assert_allclose(got.astype(np.complex128), expected.astype(np.complex128), rtol=tolerance)
+    else:
+        np.testing.assert_array_equal(got, expected)
+
+
+# counts: empty, inside one slot, a few chunks staged in OUT, many chunks streamed under a journal
+COUNTS = [0, 7, 150, 2000]
+
+
+@pytest.mark.parametrize("count", COUNTS)
+def test_all_reduce_direct_and_pipelined_match_numpy_and_agree_bitwise(group, count):
+    n = group.size
+    for op in OPS:
+        for dtype in DTYPES:
+            if not _valid(op, dtype):
+                continue
+            inputs = [rank_data(r, count, dtype, op=op) for r in range(n)]
+            expected = reduce_reference(op, inputs)
+            for algorithm in (shm_allreduce.direct, shm_allreduce.pipelined):
+                itemsize = kernels.accumulation_dtype(op, dtype).itemsize
+                if algorithm is shm_allreduce.direct and count * itemsize > SLOT:
+                    continue
+                arrays = [a.copy() for a in inputs]
+                group.call(lambda ctx: algorithm(ctx, arrays[ctx.rank], op))
+                for r in range(n):
+                    _close(arrays[r], expected, op)
+                    assert arrays[r].tobytes() == arrays[0].tobytes(), "ranks disagree bitwise"
+
+
+@pytest.mark.parametrize("count", [7, 150, 2000])
+def test_reduce_writes_the_root_only(group, count):
+    n = group.size
+    inputs = [rank_data(r, count, np.float32) for r in range(n)]
+    expected = reduce_reference(ReduceOp.SUM, inputs)
+    for root in range(n):
+        for algorithm in (shm_allreduce.reduce_direct, shm_allreduce.reduce_pipelined):
+            if algorithm is shm_allreduce.reduce_direct and count * 4 > SLOT:
+                continue
+            arrays = [a.copy() for a in inputs]
+            group.call(lambda ctx: algorithm(ctx, arrays[ctx.rank], root, ReduceOp.SUM))
+            for r in range(n):
+                np.testing.assert_array_equal(arrays[r], expected if r == root else inputs[r])
+
+
+@pytest.mark.parametrize("count", [0, 5, 100, 1000])
+def test_broadcast_and_scatter(group, count):
+    n = group.size
+    for root in range(n):
+        arrays = [rank_data(r, count, np.int32, salt=root) for r in range(n)]
+        group.call(lambda ctx: shm_broadcast.broadcast(ctx, arrays[ctx.rank], root))
+        for r in range(n):
+            np.testing.assert_array_equal(arrays[r], rank_data(root, count, np.int32, salt=root))
+        pieces = [rank_data(i, count, np.float64, salt=7) for i in range(n)]
+        outs = [np.zeros(count, np.float64) for _ in range(n)]
+        group.call(lambda ctx: shm_broadcast.scatter(ctx, outs[ctx.rank], pieces if ctx.rank == root else None,
+                                                     [count] * n, root))
+        for r in range(n):
+            np.testing.assert_array_equal(outs[r], pieces[r])
+
+
+@pytest.mark.parametrize("count", [0, 5, 100, 1000])
+def test_all_gather_and_gather_including_uneven(group, count):
+    n = group.size
+    sizes = [count + 3 * r for r in range(n)]  # uneven: the "v" variant
+    sends = [rank_data(r, sizes[r], np.float16) for r in range(n)]
+    outputs = [[np.zeros(sizes[q], np.float16) for q in range(n)] for _ in range(n)]
+    group.call(lambda ctx: shm_allgather.allgather(ctx, sends[ctx.rank], outputs[ctx.rank]))
+    for r in range(n):
+        for q in range(n):
+            np.testing.assert_array_equal(outputs[r][q], sends[q])
+    for root in range(n):
+        outs = [[np.full(sizes[q], -1, np.float16) for q in range(n)] for _ in range(n)]
+        group.call(lambda ctx: shm_allgather.gather(ctx, sends[ctx.rank], outs[ctx.rank] if ctx.rank == root
+                                                    else None, root))
+        for q in range(n):
+            np.testing.assert_array_equal(outs[root][q], sends[q])
+        for r in range(n):
+            if r != root:
+                assert all((o == -1).all() for o in outs[r])
+
+
+@pytest.mark.parametrize("count", [0, 5, 100, 1000])
+def test_reduce_scatter(group, count):
+    n = group.size
+    for op, dtype in [(ReduceOp.SUM, np.float32), (ReduceOp.AVG, np.float16), (ReduceOp.MAX, np.int64),
+                      (ReduceOp.premul_sum(2.0), np.float64)]:
+        blocks = [[rank_data(r, count + i, dtype, salt=i, op=op) for i in range(n)] for r in range(n)]
+        outs = [np.zeros(count + r, dtype) for r in range(n)]
+        group.call(lambda ctx: shm_reduce_scatter.reduce_scatter(ctx, outs[ctx.rank], blocks[ctx.rank], op))
+        for r in range(n):
+            _close(outs[r], reduce_reference(op, [blocks[q][r] for q in range(n)]), op)
+
+
+@pytest.mark.parametrize("count", [0, 5, 100, 1000])
+def test_all_to_all_with_per_pair_sizes(group, count):
+    n = group.size
+    # rank r sends count + r + 2j elements to rank j
+    inputs = [[np.full(count + r + 2 * j, 100 * r + j, np.int64) for j in range(n)] for r in range(n)]
+    outputs = [[np.zeros(count + q + 2 * r, np.int64) for q in range(n)] for r in range(n)]
+    group.call(lambda ctx: shm_alltoall.alltoall(ctx, outputs[ctx.rank], inputs[ctx.rank]),
+               signature("all_to_all", np.dtype(np.int64), UNCHECKED))
+    for r in range(n):
+        for q in range(n):
+            np.testing.assert_array_equal(outputs[r][q], inputs[q][r])
+
+
+def test_all_to_all_size_disagreement_is_a_mismatch():
+    g = Group(2)
+    inputs = [[np.zeros(3, np.int64), np.zeros(3, np.int64)], [np.zeros(3, np.int64), np.zeros(3, np.int64)]]
+    outputs = [[np.zeros(3, np.int64), np.zeros(5, np.int64)], [np.zeros(3, np.int64), np.zeros(3, np.int64)]]
+    with pytest.raises(Exception, match="rank 1 called test sending 3 elements to rank 0, which called it expecting 5"):
+        g.call(lambda ctx: shm_alltoall.alltoall(ctx, outputs[ctx.rank], inputs[ctx.rank]))
+    g.close()
+
+
+def test_barrier_and_many_calls_in_a_row_alternate_slots(group):
+    n = group.size
+    for i in range(30):
+        group.call(shm_barrier.barrier)
+        arrays = [np.full(3, r + i, np.float32) for r in range(n)]
+        group.call(lambda ctx: shm_allreduce.direct(ctx, arrays[ctx.rank], ReduceOp.SUM))
+        assert (arrays[0] == sum(range(n)) + n * i).all()
+
+
+@pytest.mark.parametrize("count, chunks_done", [(100, 1), (2000, 3)])  # staged in OUT; streamed
+def test_a_failed_all_reduce_leaves_the_array_untouched(count, chunks_done):
+    g = Group(2)
+    original = rank_data(0, count, np.float32)
+    array = original.copy()
+
+    def body(ctx: Ctx) -> None:
+        d = ctx.team.shm
+        if ctx.rank == 1:
+            # Play the protocol's posts for the first chunks (A0 B0 A1 ...), then give up: by
+            # then rank 0 has copied some chunks out when they are streamed.
+            d.begin(ctx)
+            d.arrivals(ctx)
+            for _ in range(2 * chunks_done - 1):
+                d.post()
+            time.sleep(0.3)
+            d.abort(GroupAbortedError("peer gave up"))
+            raise GroupAbortedError("gave up on purpose")
+        shm_allreduce.pipelined(ctx, array, ReduceOp.SUM)
+
+    with pytest.raises(GroupAbortedError):
+        g.call(body, signature("all_reduce", np.dtype(np.float32), count, ReduceOp.SUM))
+    np.testing.assert_array_equal(array, original)
+    g.close()
+
+
+def test_a_failed_broadcast_leaves_the_receivers_untouched():
+    g = Group(2)
+    receiver = np.arange(1000, dtype=np.float64)
+    before = receiver.copy()
+
+    def body(ctx: Ctx) -> None:
+        d = ctx.team.shm
+        if ctx.rank == 0:  # the root: publish three rounds, then abort
+            source = np.full(1000, 7.0)
+            raw = source.view(np.uint8)
+            d.inbox[0][d.round & 1][:SLOT] = raw[:SLOT]
+            d.begin(ctx, raw.size)
+            d.arrivals(ctx)
+            for t in range(1, 3):
+                d.inbox[0][(d.round + t) & 1][:SLOT] = raw[t * SLOT:(t + 1) * SLOT]
+                d.post()
+                d.wait(d.peers, d.posts, ctx)
+            d.abort(GroupAbortedError("root gave up"))
+            raise GroupAbortedError("gave up on purpose")
+        shm_broadcast.broadcast(ctx, receiver, 0)
+
+    with pytest.raises(GroupAbortedError):
+        g.call(body, signature("broadcast", np.dtype(np.float64), 1000, root=0))
+    np.testing.assert_array_equal(receiver, before)
+    g.close()
