@@ -99,24 +99,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Time collectives nccl-tests style: per size, the median time per call (with min and "
         "max across batches), algbw, busbw and the number of wrong result elements. With -n it "
-        "starts the ranks itself; under tensorcomm run, torchrun or mpirun it runs in the "
-        "existing ranks. --compare runs other libraries on the same sizes, interleaved.")
+        "starts the ranks itself; without -n under a launcher tensorcomm.init() reads "
+        "(tensorcomm run, mpirun) it runs in that job's ranks. --compare runs other libraries on the same sizes, interleaved.")
     parser.add_argument("collectives", nargs="*", metavar="COLLECTIVE",
                         help=f"what to time (default all_reduce): {', '.join(COLLECTIVES)}, "
                              "or all")
-    parser.add_argument("-n", "--ranks", type=int, help="local ranks to start (default 2; "
+    parser.add_argument("-n", "--ranks", type=int, metavar="N", help="local ranks to start (default 2; "
                         "omit under an existing launcher to run in its ranks)")
-    parser.add_argument("-b", "--minbytes", default="8", help="smallest size (default 8)")
-    parser.add_argument("-e", "--maxbytes", default="64M", help="largest size (default 64M)")
-    parser.add_argument("-f", "--stepfactor", type=float, help="multiply the size by F (default 2)")
-    parser.add_argument("-i", "--stepbytes", help="or add this many bytes per step")
-    parser.add_argument("-d", "--dtype", default="float32", choices=sorted(check.DTYPES))
-    parser.add_argument("-o", "--op", default="sum", choices=check.OPS)
+    parser.add_argument("-b", "--minbytes", default="8", metavar="SIZE",
+                        help="smallest size, e.g. 8, 64K, 1M (default 8)")
+    parser.add_argument("-e", "--maxbytes", default="64M", metavar="SIZE",
+                        help="largest size (default 64M)")
+    parser.add_argument("-f", "--stepfactor", type=float, metavar="F",
+                        help="multiply the size by F (default 2)")
+    parser.add_argument("-i", "--stepbytes", metavar="SIZE", help="or add SIZE per step")
+    parser.add_argument("-d", "--dtype", default="float32", choices=sorted(check.DTYPES),
+                        metavar="DTYPE", help=f"{', '.join(check.DTYPES)} (default float32)")
+    parser.add_argument("-o", "--op", default="sum", choices=check.OPS, metavar="OP",
+                        help=f"{', '.join(check.OPS)} (default sum)")
     parser.add_argument("-c", "--check", type=int, choices=(0, 1), default=1,
                         help="count wrong result elements against numpy (default 1)")
-    parser.add_argument("--iters", type=int, help="timed calls per size (default: what fits "
+    parser.add_argument("--iters", type=int, metavar="N", help="timed calls per size (default: what fits "
                         "the time budget)")
-    parser.add_argument("-w", "--warmup", type=int, help="warm-up calls per size (default: a "
+    parser.add_argument("-w", "--warmup", type=int, metavar="N", help="warm-up calls per size (default: a "
                         "fifth of the time budget)")
     parser.add_argument("--time-budget", type=float, default=DEFAULT_BUDGET, metavar="S",
                         help=f"seconds of timed calls per size and library "
@@ -124,7 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare", default="", metavar="LIBS",
                         help="also run these, interleaved with tensorcomm: "
                              f"{','.join(p for p in peers.PEERS if p != 'tensorcomm')} or all")
-    parser.add_argument("--rounds", type=int, default=1,
+    parser.add_argument("--rounds", type=int, default=1, metavar="R",
                         help="measure every size R times per library, alternating the order")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
                         help="give up on a library after S seconds on one size "
