@@ -36,8 +36,7 @@ class Command:
 class PeerInfo:
     """How to find one library and what to tell the user when it is missing."""
 
-    name: str  # as given to --compare
-    label: str  # column and legend name
+    name: str  # as given to --compare, and the library column of the table
     module: str
     requires: tuple[str, ...]  # importable packages
     programs: tuple[str, ...]  # executables on PATH
@@ -45,12 +44,12 @@ class PeerInfo:
 
 
 PEERS: dict[str, PeerInfo] = {p.name: p for p in (
-    PeerInfo("tensorcomm", "tensorcomm", "tensorcomm_", (), (), "pip install tensorcomm"),
-    PeerInfo("gloo", "gloo", "torch_gloo", ("torch",), (),
+    PeerInfo("tensorcomm", "tensorcomm_", (), (), "pip install tensorcomm"),
+    PeerInfo("gloo", "torch_gloo", ("torch",), (),
              "pip install torch (the CPU wheel is enough)"),
-    PeerInfo("mpi", "mpi", "mpi4py_", ("mpi4py",), ("mpiexec",),
+    PeerInfo("mpi", "mpi4py_", ("mpi4py",), ("mpiexec",),
              "pip install --no-binary mpi4py mpi4py after apt-get install mpich libmpich-dev"),
-    PeerInfo("mindspore", "mindspore", "mindspore_", ("mindspore",), (),
+    PeerInfo("mindspore", "mindspore_", ("mindspore",), (),
              "pip install mindspore"),
 )}
 
