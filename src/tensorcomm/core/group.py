@@ -70,8 +70,15 @@ class Group:
     @property
     def transport_kind(self) -> TransportKind:
         """How this group's collectives move data: ``SHM`` when every member shares this host
-        (and ``TENSORCOMM_TRANSPORT`` is not ``tcp``), else ``TCP``."""
-        return TransportKind.TCP if self._target()._shm is None else TransportKind.SHM
+        (and ``TENSORCOMM_TRANSPORT`` is not ``tcp``), else ``TCP``.
+
+        Raises:
+            ValueError: this process is not a member.
+        """
+        target = self._target()
+        if target._team is None:
+            target.rank  # raises the non-member error
+        return TransportKind.TCP if target._shm is None else TransportKind.SHM
 
     @property
     def rank(self) -> int:

@@ -1,0 +1,206 @@
+"""The shared-memory path on real rank processes: when it is chosen, groups side by side, lost
+peers, aborts, and that nothing (no /dev/shm name, no descriptor) outlives a job."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import tensorcomm as tc
+from tensorcomm.testing import run_ranks, spawn_ranks
+from tensorcomm.transports.shm import slots
+
+pytestmark = [pytest.mark.multiprocess,
+              pytest.mark.skipif(not slots.SUPPORTED, reason="shared memory needs x86-64")]
+
+SHM, TCP = tc.TransportKind.SHM, tc.TransportKind.TCP
+
+
+def _init_as_host(hosts: str) -> None:
+    """``tc.init()`` with this rank's host identity taken from the comma-separated ``hosts``."""
+    os.environ["TENSORCOMM_HOST_ID"] = hosts.split(",")[int(os.environ["RANK"])]
+    tc.init(timeout=60)
+
+
+def body_transport_kinds(hosts: str) -> dict:
+    _init_as_host(hosts)
+    rank, size = tc.get_rank(), tc.get_world_size()
+    kinds = {"world": tc.WORLD.transport_kind}
+    for ranks in ([0, 1], [2, 3], [1, 2]):
+        group = tc.new_group(ranks)
+        if rank in ranks:
+            kinds[str(ranks)] = group.transport_kind
+            x = np.full(5, rank, np.int64)
+            tc.all_reduce(x, group=group)
+            assert (x == sum(ranks)).all()
+    x = np.ones(3, np.float32)
+    tc.all_reduce(x)
+    assert (x == size).all()
+    tc.destroy()
+    return kinds
+
+
+def test_groups_on_one_host_use_shared_memory_and_the_others_tcp():
+    kinds = run_ranks(body_transport_kinds, 4, "a,a,b,b", timeout=90, init=False)
+    assert all(k["world"] == TCP for k in kinds)  # two hosts
+    assert kinds[0]["[0, 1]"] == kinds[1]["[0, 1]"] == SHM
+    assert kinds[2]["[2, 3]"] == kinds[3]["[2, 3]"] == SHM
+    assert kinds[1]["[1, 2]"] == kinds[2]["[1, 2]"] == TCP
+
+
+def body_kind() -> str:
+    return tc.WORLD.transport_kind.value
+
+
+def test_one_host_uses_shared_memory_unless_tcp_is_forced():
+    assert run_ranks(body_kind, 3, timeout=60) == ["shm"] * 3
+    assert run_ranks(body_kind, 3, timeout=60, env={"TENSORCOMM_TRANSPORT": "tcp"}) == ["tcp"] * 3
+    assert run_ranks(body_kind, 1, timeout=60) == ["tcp"]  # nothing to share with
+
+
+def body_two_groups_in_flight() -> None:
+    rank, size = tc.get_rank(), tc.get_world_size()
+    everyone = tc.new_group(list(range(size)))
+    low = tc.new_group([0, 1])
+    assert everyone.transport_kind == SHM
+    if rank < 2:
+        assert low.transport_kind == SHM
+    else:
+        with pytest.raises(ValueError, match="not a member"):
+            low.transport_kind
+    big = 3 << 20  # float32: several pipelined chunks, on both groups at once
+    for i in range(3):
+        a = np.full(big, rank + i, np.float32)
+        work = tc.all_reduce(a, group=everyone, async_op=True)
+        b = np.full(1000, rank * i, np.float64)
+        c = np.full(big // 2, rank, np.float32)
+        if rank < 2:
+            tc.all_reduce(b, group=low)
+            assert (b == i).all()
+            tc.broadcast(c, src=1, group=low)
+            assert (c == 1).all()
+        tc.all_reduce(b)  # the world group, while `everyone` may still be busy
+        work.wait()
+        assert (a == sum(range(size)) + size * i).all()
+
+
+def test_groups_side_by_side_do_not_interfere():
+    run_ranks(body_two_groups_in_flight, 3, timeout=120)
+
+
+def body_abort_from_another_thread() -> str:
+    x = np.ones(10, np.float32)
+    tc.all_reduce(x)
+    group = tc.WORLD._target()
+    if tc.get_rank() == 0:
+        # Rank 1 is late for the second call; meanwhile another thread of rank 0 aborts the group.
+        threading.Timer(0.5, group._shm.abort, args=(tc.GroupAbortedError("aborted by test"),)).start()
+    else:
+        time.sleep(1.5)  # arrives after the abort: its call fails at once
+    started = time.monotonic()
+    try:
+        tc.all_reduce(x)
+    except tc.GroupAbortedError as exc:
+        assert time.monotonic() - started < 5
+        return str(exc)
+    raise AssertionError("no GroupAbortedError")
+
+
+def test_abort_from_another_thread_fails_pending_calls_everywhere():
+    messages = run_ranks(body_abort_from_another_thread, 2, timeout=60)
+    assert "aborted by test" in messages[0]
+    assert "rank 0 aborted group 'world'" in messages[1]
+
+
+def _memfd_and_pidfd_descriptors() -> list[str]:
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if "memfd" in target or "pidfd" in target:
+            found.append(target)
+    return found
+
+
+def body_descriptors_are_released() -> list[str]:
+    before = _memfd_and_pidfd_descriptors()
+    tc.init(timeout=60)
+    sub = tc.new_group([0, 1])
+    x = np.ones(1 << 20, np.float32)
+    tc.all_reduce(x)
+    if tc.get_rank() < 2:
+        tc.all_reduce(x, group=sub)
+    during = _memfd_and_pidfd_descriptors()
+    assert any("memfd:tensorcomm" in d for d in during)
+    tc.destroy()
+    import gc
+
+    gc.collect()
+    after = _memfd_and_pidfd_descriptors()
+    assert after == before, (before, after)
+    with open("/proc/self/maps") as maps:
+        assert "tensorcomm-shm" not in maps.read()
+    return after
+
+
+def test_destroy_releases_every_descriptor_and_mapping():
+    run_ranks(body_descriptors_are_released, 3, timeout=60, init=False)
+
+
+def _dev_shm() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def body_kill_mid_pipeline(victim: int) -> dict:
+    rank = tc.get_rank()
+    x = np.arange(8 << 20, dtype=np.float32) + rank  # 32 MiB: streamed through the slots
+    original = x.copy()
+    tc.all_reduce(np.ones(4, np.float32))
+    if rank == victim:
+        threading.Timer(0.02, os.kill, args=(os.getpid(), signal.SIGKILL)).start()
+    started = time.monotonic()
+    try:
+        for _ in range(100):
+            x[...] = original
+            tc.all_reduce(x)
+    except tc.PeerLostError as exc:
+        elapsed = time.monotonic() - started
+        complete = np.array_equal(x, sum(np.arange(8 << 20, dtype=np.float32) + r
+                                         for r in range(tc.get_world_size())))
+        return {"rank": exc.rank, "elapsed": elapsed,
+                "untouched_or_complete": bool(np.array_equal(x, original) or complete)}
+    raise AssertionError("no PeerLostError")
+
+
+def test_sigkill_mid_pipeline_is_noticed_and_leaves_arrays_and_dev_shm_clean():
+    before = _dev_shm()
+    outcomes = spawn_ranks(body_kill_mid_pipeline, 3, 1, timeout=90, comm_timeout=60)
+    assert outcomes[1].exitcode == -signal.SIGKILL
+    for outcome in (outcomes[0], outcomes[2]):
+        assert outcome.ok, outcome.output
+        assert outcome.result["rank"] == 1
+        assert outcome.result["elapsed"] < 5, outcome.result
+        assert outcome.result["untouched_or_complete"], outcome.result
+    assert _dev_shm() == before
+
+
+def body_everyone_killed(path: str) -> None:
+    with open(os.path.join(path, f"ready{tc.get_rank()}"), "w") as f:
+        f.write("1")
+    x = np.ones(1 << 18, np.float32)
+    while True:
+        tc.all_reduce(x)
+
+
+def test_sigkill_of_every_rank_leaves_nothing_in_dev_shm(tmp_path):
+    before = _dev_shm()
+    outcomes = spawn_ranks(body_everyone_killed, 3, str(tmp_path), timeout=8)  # killed at the timeout
+    assert all(o.exitcode is None for o in outcomes)  # SIGKILLed by the helper
+    assert _dev_shm() == before
