@@ -226,13 +226,18 @@ def body_groups() -> None:
 BODIES = [body_all_reduce, body_reduce, body_broadcast, body_all_gather, body_gather_scatter,
           body_reduce_scatter, body_all_to_all, body_barrier_and_p2p, body_async]
 
+# Ranks of one host use shared memory unless TENSORCOMM_TRANSPORT=tcp: run everything both ways.
+TRANSPORTS = {"shm": {}, "tcp": {"TENSORCOMM_TRANSPORT": "tcp"}}
 
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("body", BODIES, ids=lambda b: b.__name__.removeprefix("body_"))
-def test_collective(body, world_size):
-    run_ranks(body, world_size, timeout=120)
+def test_collective(body, world_size, transport):
+    run_ranks(body, world_size, timeout=120, env=TRANSPORTS[transport])
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("world_size", [2, 3, 5])
-def test_groups(world_size):
-    run_ranks(body_groups, world_size, timeout=60)
+def test_groups(world_size, transport):
+    run_ranks(body_groups, world_size, timeout=60, env=TRANSPORTS[transport])

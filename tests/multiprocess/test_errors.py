@@ -71,13 +71,19 @@ def body_uninitialized() -> None:
     assert not tc.is_initialized()
 
 
+# Ranks of one host use shared memory unless TENSORCOMM_TRANSPORT=tcp: run both ways.
+TRANSPORTS = {"shm": {}, "tcp": {"TENSORCOMM_TRANSPORT": "tcp"}}
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("world_size", [1, 3])
-def test_bad_arguments(world_size):
-    run_ranks(body_bad_arguments, world_size, timeout=60)
+def test_bad_arguments(world_size, transport):
+    run_ranks(body_bad_arguments, world_size, timeout=60, env=TRANSPORTS[transport])
 
 
-def test_bool_is_logical():
-    run_ranks(body_bool_logical, 2, timeout=60)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_bool_is_logical(transport):
+    run_ranks(body_bool_logical, 2, timeout=60, env=TRANSPORTS[transport])
 
 
 def test_calls_before_init_say_so():
