@@ -204,3 +204,45 @@ def test_sigkill_of_every_rank_leaves_nothing_in_dev_shm(tmp_path):
     outcomes = spawn_ranks(body_everyone_killed, 3, str(tmp_path), timeout=8)  # killed at the timeout
     assert all(o.exitcode is None for o in outcomes)  # SIGKILLed by the helper
     assert _dev_shm() == before
+
+
+def body_every_collective_beyond_one_slot() -> None:
+    """Arrays larger than a slot (1 MiB) take the pipelined and multi-round paths."""
+    rank, size = tc.get_rank(), tc.get_world_size()
+    n = 600_000  # float32: 2.4 MB per rank
+    base = np.arange(n, dtype=np.float32) % 1000
+    x = base + rank
+    tc.all_reduce(x)
+    np.testing.assert_array_equal(x, size * base + sum(range(size)))
+    h = (np.arange(n) % 7).astype(np.float16) + rank  # accumulated in float32: 4.8 MB of terms
+    tc.all_reduce(h, op=tc.ReduceOp.AVG)
+    np.testing.assert_allclose(h.astype(np.float64), (np.arange(n) % 7) + (size - 1) / 2, rtol=1e-3)
+    y = base + rank
+    tc.reduce(y, dst=size - 1, op="max")
+    np.testing.assert_array_equal(y, base + (size - 1 if rank == size - 1 else rank))
+    b = np.full(n, rank, np.float64)
+    tc.broadcast(b, src=1)
+    assert (b == 1).all()
+    out = np.zeros(n * size, np.float32)
+    tc.all_gather_into_tensor(out, base + rank)
+    np.testing.assert_array_equal(out.reshape(size, n), np.stack([base + r for r in range(size)]))
+    rs = np.zeros(n, np.float32)
+    tc.reduce_scatter_tensor(rs, np.tile(base, size) + rank)
+    np.testing.assert_array_equal(rs, size * base + sum(range(size)))
+    a2a_in = np.repeat(np.arange(size, dtype=np.int64) + 10 * rank, n // 2)
+    a2a_out = np.zeros_like(a2a_in)
+    tc.all_to_all_single(a2a_out, a2a_in)
+    np.testing.assert_array_equal(a2a_out, np.repeat(10 * np.arange(size, dtype=np.int64) + rank, n // 2))
+    pieces = [np.full(n, r, np.float32) for r in range(size)] if rank == 0 else None
+    got = np.zeros(n, np.float32)
+    tc.scatter(got, pieces, src=0)
+    assert (got == rank).all()
+    gathered = [np.zeros(n, np.float32) for _ in range(size)] if rank == 0 else None
+    tc.gather(np.full(n, rank, np.float32), gathered, dst=0)
+    if rank == 0:
+        assert all((gathered[r] == r).all() for r in range(size))
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_every_collective_beyond_one_slot(world_size):
+    run_ranks(body_every_collective_beyond_one_slot, world_size, timeout=120)
