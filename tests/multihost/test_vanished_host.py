@@ -168,12 +168,6 @@ def test_survivors_name_the_lost_ranks_when_waiting_on_a_host_mate(netns_cluster
         assert _names_a_lost_rank(record["message"], range(2, 4)), record
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "transports/tcp/transport.py TcpTransport.isend writes the whole frame with a blocking "
-    "sock.sendall (framing.send_frame; the sockets have no timeout) on the caller's thread, and "
-    "the call's deadline is only checked later in Ctx.wait: a send bigger than the socket buffers "
-    "to a vanished host blocks until TCP_USER_TIMEOUT (mesh.USER_TIMEOUT_MS, 30 s), not the "
-    "group timeout"))
 def test_large_send_to_a_vanished_host_ends_at_the_timeout(netns_cluster: MakeCluster,
                                                           tmp_path: Path) -> None:
     """After the cut, rank 0 all_reduces 64 MiB with rank 1 (gone): it fails within the timeout."""
@@ -185,11 +179,6 @@ def test_large_send_to_a_vanished_host_ends_at_the_timeout(netns_cluster: MakeCl
     assert _names_a_lost_rank(record["message"], range(1, 2)), record
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "transports/tcp/mesh.py _tune sets TCP_USER_TIMEOUT (USER_TIMEOUT_MS = 30 s) beside "
-    "KEEPALIVE_IDLE/INTERVAL/PROBES (5 s + 3 x 2 s); with a user timeout set, Linux ignores the "
-    "probe count and closes an idle link only once nothing was received for the user timeout, "
-    "so a vanished peer is noticed after ~31 s, not ~11 s"))
 def test_idle_link_to_a_vanished_host_is_noticed_by_keepalive(netns_cluster: MakeCluster,
                                                               tmp_path: Path) -> None:
     """Rank 0 idles past the keep-alive bound after the cut; its next call fails at once."""

@@ -122,13 +122,15 @@ class Ctx:
         peer at once: members waiting on someone else learn of it now, not at their timeout.
         """
         try:
-            request.wait(self.remaining())
-        except CommTimeoutError as exc:
-            error = CommTimeoutError(f"{self.name} (group rank {self.rank}) timed out after "
-                                     f"{self.timeout:g} s: {exc}")
-            self.transport.abort_group(self.group_id, error)
-            raise error from None
+            # A request that already ended carries its own verdict (a relayed abort, a stalled
+            # send naming its peer): read it before the deadline can hide it.
+            request.wait(0 if request.done() else self.remaining())
         except CommError as exc:
+            if isinstance(exc, CommTimeoutError) and not request.done():  # this rank's own wait
+                error = CommTimeoutError(f"{self.name} (group rank {self.rank}) timed out after "
+                                         f"{self.timeout:g} s: {exc}")
+                self.transport.abort_group(self.group_id, error)
+                raise error from None
             self.transport.abort_group(self.group_id, exc)
             raise
 

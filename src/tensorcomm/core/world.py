@@ -56,7 +56,7 @@ class World:
         self._shm_allowed = tuple(store.get(f"shm/allowed/{r}", timeout=timeout) == b"1"
                                   for r in range(self.size))
         sockets = connect_mesh(self.rank, self.size, store, rdzv.secret, _bind_address(store), timeout)
-        self.transport: Transport = TcpTransport(self.rank, self.size, sockets)
+        self.transport: Transport = TcpTransport(self.rank, self.size, sockets, send_timeout=timeout)
         self._groups: list[Group] = []
         try:
             self.world_group = Group(WORLD_NAME, range(self.size), 0, self,

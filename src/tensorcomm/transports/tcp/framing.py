@@ -9,8 +9,10 @@ error that closes the link; nothing is allocated from an unchecked length.
 
 from __future__ import annotations
 
+import select
 import socket
 import struct
+import time
 
 from ...algorithms.signature import NO_SIGNATURE, Signature
 
@@ -65,12 +67,37 @@ def read_header(sock: socket.socket) -> tuple[int, int, int, Signature | None] |
     return kind, tag, nbytes, None if signature == NO_SIGNATURE else signature
 
 
+class SendTimeout(TimeoutError):
+    """A frame could not be handed to the kernel before its deadline (the peer stopped reading)."""
+
+
+def _send_all(sock: socket.socket, data: memoryview | bytes, deadline: float) -> None:
+    # Non-blocking sends plus select, rather than a socket timeout: the reader thread blocks on
+    # the same socket, and a timeout (O_NONBLOCK on the shared descriptor) would break its reads.
+    view = memoryview(data).cast("B")
+    while len(view):
+        try:
+            view = view[sock.send(view, socket.MSG_DONTWAIT):]
+            continue
+        except BlockingIOError:
+            pass
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise SendTimeout(f"{len(view)} bytes still unsent at the deadline")
+        select.select([], [sock], [], remaining)
+
+
 def send_frame(sock: socket.socket, kind: int, tag: int, payload: memoryview,
-               signature: Signature | None = None) -> None:
-    """Send a header and its payload; small payloads share one syscall with the header."""
+               signature: Signature | None = None, timeout: float = 300.0) -> None:
+    """Send a header and its payload within ``timeout`` seconds.
+
+    Small payloads share one syscall with the header. On ``SendTimeout`` part of the frame may
+    have gone out: the link is no longer usable.
+    """
+    deadline = time.monotonic() + timeout
     header = pack_header(kind, tag, len(payload), signature)
     if len(payload) <= SMALL_FRAME_BYTES:
-        sock.sendall(header + payload.tobytes() if len(payload) else header)
+        _send_all(sock, header + payload.tobytes() if len(payload) else header, deadline)
     else:
-        sock.sendall(header)
-        sock.sendall(payload)
+        _send_all(sock, header, deadline)
+        _send_all(sock, payload, deadline)

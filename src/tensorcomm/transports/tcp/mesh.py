@@ -23,7 +23,9 @@ _RANK = struct.Struct("<I")
 KEEPALIVE_IDLE_SECONDS = 5
 KEEPALIVE_INTERVAL_SECONDS = 2
 KEEPALIVE_PROBES = 3
-USER_TIMEOUT_MS = 30_000
+# Linux lets TCP_USER_TIMEOUT override the keep-alive probe count, so it must not be longer
+# than the keep-alive verdict (idle + interval x probes) or a vanished host is noticed late.
+USER_TIMEOUT_MS = (KEEPALIVE_IDLE_SECONDS + KEEPALIVE_INTERVAL_SECONDS * KEEPALIVE_PROBES) * 1000
 log = logging.getLogger("tensorcomm.tcp")
 
 

@@ -19,6 +19,7 @@ import time
 from collections import OrderedDict, deque
 from typing import Callable
 
+from ... import config
 from ...algorithms.signature import Signature
 from ...errors import (CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError,
                        PeerLostError)
@@ -31,6 +32,7 @@ log = logging.getLogger("tensorcomm.tcp")
 # Signatures of this rank's recent calls, to check messages that arrive after (or for a call
 # that needed no message from) their sender: a root that only sends learns of a mismatch too.
 _REMEMBERED_CALLS = 4096
+_ABORT_SEND_SECONDS = 1.0
 _ERROR_CODES: tuple[type[CommError], ...] = (GroupAbortedError, PeerLostError, CollectiveMismatchError,
                                              CommTimeoutError)
 
@@ -77,8 +79,10 @@ class TcpTransport(Transport):
     """Full mesh of authenticated sockets; see ``mesh.connect_mesh`` for how it is built."""
 
     def __init__(self, rank: int, size: int, sockets: dict[int, socket.socket],
-                 on_peer_lost: Callable[[int, BaseException], None] | None = None) -> None:
+                 on_peer_lost: Callable[[int, BaseException], None] | None = None,
+                 send_timeout: float = config.DEFAULT_TIMEOUT) -> None:
         self.rank = rank
+        self.send_timeout = send_timeout
         self.size = size
         self._sockets = sockets
         self._send_locks = {peer: threading.Lock() for peer in sockets}
@@ -114,10 +118,23 @@ class TcpTransport(Transport):
             return _completed(peer, error)
         try:
             with self._send_locks[peer]:
-                framing.send_frame(self._sockets[peer], framing.KIND_DATA, tag, data, signature)
+                framing.send_frame(self._sockets[peer], framing.KIND_DATA, tag, data, signature,
+                                   self.send_timeout)
+        except framing.SendTimeout:
+            return _completed(peer, self._break_link(peer, CommTimeoutError(
+                f"rank {peer} took no data for {self.send_timeout:g} s (stopped or unreachable)")))
         except OSError as exc:
             return _completed(peer, self._lost.get(peer) or PeerLostError(peer, f"send failed: {exc}"))
         return _completed(peer)
+
+    def _break_link(self, peer: int, error: CommError) -> CommError:
+        """A frame went out half-sent: nothing more can travel on this link. Fail it for good."""
+        self._peer_gone(peer, PeerLostError(peer, f"link closed after a stalled send: {error}"))
+        try:
+            self._sockets[peer].shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        return error
 
     # -- receiving -----------------------------------------------------------------------------
 
@@ -301,13 +318,18 @@ class TcpTransport(Transport):
     def _tell_peers(self, group_id: int, error: BaseException) -> None:
         payload = _encode_abort(error)
         for peer, sock in self._sockets.items():
-            if peer in self._lost:
+            lock = self._send_locks[peer]
+            # A peer that is not taking data (the one that failed, often) must not hold up the
+            # news for everyone else: give up on it after a short wait.
+            if peer in self._lost or not lock.acquire(timeout=_ABORT_SEND_SECONDS):
                 continue
             try:
-                with self._send_locks[peer]:
-                    framing.send_frame(sock, framing.KIND_ABORT, group_id, memoryview(payload))
+                framing.send_frame(sock, framing.KIND_ABORT, group_id, memoryview(payload),
+                                   timeout=_ABORT_SEND_SECONDS)
             except OSError:
-                pass  # that peer is gone; its own reader reports it
+                pass  # that peer is gone or stalled; its own reader reports it
+            finally:
+                lock.release()
 
     def abort(self, error: BaseException) -> None:
         with self._lock:
