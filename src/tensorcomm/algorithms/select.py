@@ -3,8 +3,10 @@
 ``choose`` walks ``ROWS`` top to bottom and returns the first row of the collective whose
 predicate holds for the call (its ``Ctx`` and message size); the last row of every collective
 always holds. An override names a row explicitly. Algorithms' signatures differ per collective
-(see each module); every row of one collective shares its collective's signature. This module
-must not import ``core``. docs/algorithms.md explains the costs behind each choice.
+(see each module). Within a collective, the transport rows share one signature and the *direct*
+(shared-memory) rows another, which takes the caller's arrays and op; ``Row.direct`` tells the
+core which to call (``core/collectives.py``). This module must not import ``core``.
+docs/algorithms.md and docs/transports.md explain the costs behind each choice.
 """
 
 from __future__ import annotations

@@ -38,22 +38,24 @@ def direct(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
     d = ctx.team.shm
     if d is None:
         raise no_domain(ctx)
-    key = ("allreduce", op._value_ if type(op) is ReduceOp else op, x.dtype, x.size)
+    key = ("allreduce", x.size, x.dtype, op._value_ if type(op) is ReduceOp else op)
     found = d.memo.get(key)
     if found is None:
         plan = reduction_plan(op, x.dtype)
-        found = d.remember(key, (plan, d.views(0, plan.acc, x.size), d.views(1, plan.acc, x.size)))
-    plan = found[0]
-    terms = found[1 + (d.round & 1)]
+        pair = plan.raw and not plan.average and d.size == 2  # one ufunc call makes the result
+        found = d.remember(key, (plan, pair, d.views(0, plan.acc, x.size), d.views(1, plan.acc, x.size)))
+    plan, pair = found[0], found[1]
+    rounds = d.round
+    terms = found[2 + (rounds & 1)]
     if plan.raw:
         terms[d.rank][...] = x
     else:
         load(plan, terms[d.rank], x)
     d.begin(ctx)
     d.arrivals(ctx)
-    d.round += 1
+    d.round = rounds + 1
     if root is None or root == d.rank:
-        if plan.raw and not plan.average and len(terms) == 2:  # the 8-byte latency case, unrolled
+        if pair:  # the 8-byte latency case, unrolled
             plan.ufunc(terms[0], terms[1], out=x)
         else:
             fold(plan, terms, x, d.size)

@@ -30,25 +30,40 @@ class Engine:
         self._worker: threading.Thread | None = None
         self._stopped: BaseException | None = None
 
+    def enter(self) -> int | None:
+        """Claim the engine for a blocking call to run inline on the caller's thread.
+
+        Returns the call's sequence number, or None when the call must queue (something is
+        running or queued ahead of it, or the engine stopped): then use ``submit``. After a
+        successful ``enter`` the caller runs the call and must ``leave()``, even if it fails.
+        """
+        with self._mutex:
+            if self._busy or self._queue or self._stopped is not None:
+                return None
+            seq = self._seq
+            self._seq = seq + 1
+            self._busy = True
+            return seq
+
+    def leave(self) -> None:
+        """End the inline call claimed by ``enter``."""
+        # Without the lock: the worker (the only thread waiting on the condition) either sees
+        # _busy cleared when it next looks, or finds its call queued here and is woken.
+        self._busy = False
+        if self._queue:
+            with self._mutex:
+                self._lock.notify_all()
+
     def submit(self, description: str, body: Body, async_op: bool) -> Work | Any:
         """Run ``body(seq)`` in issue order; return a ``Work`` if async, else body's result."""
-        with self._mutex:
-            inline = not (async_op or self._busy or self._queue or self._stopped is not None)
-            if inline:
-                seq = self._seq
-                self._seq = seq + 1
-                self._busy = True
-        if not inline:
-            return self._submit_queued(description, body, async_op)
-        try:
-            return body(seq)
-        finally:
-            # Without the lock: the worker (the only thread waiting on the condition) either
-            # sees _busy cleared when it next looks, or finds its call queued here and is woken.
-            self._busy = False
-            if self._queue:
-                with self._mutex:
-                    self._lock.notify_all()
+        if not async_op:
+            seq = self.enter()
+            if seq is not None:
+                try:
+                    return body(seq)
+                finally:
+                    self.leave()
+        return self._submit_queued(description, body, async_op)
 
     def _submit_queued(self, description: str, body: Body, async_op: bool) -> Work | Any:
         with self._mutex:

@@ -140,17 +140,28 @@ class Group:
         label = target._labels.get(name)
         if label is None:
             label = target._labels[name] = f"{name} on group {target._name!r}"
+        engine = target._engine
+        if not async_op:  # the common case, inline on this thread: no closure, no extra frame
+            seq = engine.enter()
+            if seq is not None:
+                ctx = Ctx.of(team, seq, label, signature)
+                try:
+                    return body(ctx)
+                except BaseException as exc:
+                    _failed(ctx, exc)
+                    raise
+                finally:
+                    engine.leave()
 
         def with_ctx(seq: int) -> Any:
             ctx = Ctx.of(team, seq, label, signature)
             try:
                 return body(ctx)
             except BaseException as exc:
-                if team.shm is not None:
-                    team.shm.fail(exc, ctx)
+                _failed(ctx, exc)
                 raise
 
-        return target._engine.submit(label, with_ctx, async_op)
+        return engine.submit(label, with_ctx, async_op)
 
     def _stop(self, error: BaseException) -> None:
         """Fail pending and later calls with ``error``; leave the shared-memory domain."""
@@ -162,6 +173,13 @@ class Group:
 
     def __repr__(self) -> str:
         return f"Group(name={self.name!r}, ranks={list(self.ranks)})"
+
+
+def _failed(ctx: Ctx, error: BaseException) -> None:
+    """A call failed: if it ran on shared memory, the domain's counters are out of step now."""
+    shm = ctx.team.shm
+    if shm is not None:
+        shm.fail(error, ctx)
 
 
 class _WorldHandle(Group):

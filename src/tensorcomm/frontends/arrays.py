@@ -45,10 +45,11 @@ class Staged:
         if array.dtype not in _SUPPORTED:
             raise TypeError(f"{where}: dtype {array.dtype} is not supported; expected one of "
                             f"{_SUPPORTED_NAMES}")
-        if writable and not array.flags.writeable:
+        flags = array.flags
+        if writable and not flags.writeable:
             raise ValueError(f"{where}: the output array is read-only")
         self.writable = writable
-        if array.flags.c_contiguous and array.ndim:
+        if flags.c_contiguous and array.ndim:
             self.buf = array
             self.needs_commit = adapter is not _numpy_adapter or array is not obj
         else:
