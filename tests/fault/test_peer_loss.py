@@ -133,3 +133,22 @@ def test_calls_after_a_loss_fail_fast():
     outcomes = spawn_ranks(body_group_stays_failed, 2, timeout=60)
     errors = outcomes[0].result
     assert len(errors) == 3 and all(e.startswith("PeerLostError") for e in errors), errors
+
+
+def body_missing_rank() -> str:
+    import tensorcomm as tc  # noqa: F811 - the body runs before init on purpose
+
+    if int(os.environ["RANK"]) == 2:
+        return "absent"  # never joins
+    try:
+        tc.init(timeout=2)
+    except tc.RendezvousError as exc:
+        return str(exc)
+    raise AssertionError("init completed without rank 2")
+
+
+def test_init_with_a_rank_missing_names_who_came():
+    outcomes = spawn_ranks(body_missing_rank, 3, timeout=60, init=False)
+    for outcome in outcomes[:2]:
+        assert outcome.ok, outcome.output
+        assert "ranks [2] of 3 did not join within 2 s (arrived: [0, 1])" in outcome.result

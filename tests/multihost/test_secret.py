@@ -81,11 +81,6 @@ def test_wrong_secret_node_is_refused_and_the_job_ends(outcome: dict[str, Finish
     assert "joined" not in node0.stdout + node1.stdout
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "core/world.py World.__init__ reads host/<r> for every rank with a plain store.get, so a "
-    "rank that never arrives surfaces as the store's CommTimeoutError \"store get: key 'host/2' "
-    "not set within 5 s\", not the RendezvousError listing who arrived and who did not that "
-    "issue 6 asks for"))
 def test_waiting_ranks_name_the_missing_ones(outcome: dict[str, Finished]) -> None:
     """Node 0's ranks say which ranks never arrived (2 and 3), in a RendezvousError."""
     for line in _errors(outcome["node0"].stderr).values():

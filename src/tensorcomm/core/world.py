@@ -21,8 +21,9 @@ from typing import Sequence
 
 from .. import config
 from ..algorithms.signature import Signature
-from ..errors import GroupAbortedError
+from ..errors import CommTimeoutError, GroupAbortedError, RendezvousError
 from ..rendezvous.init_method import Rendezvous, rendezvous
+from ..rendezvous.store import Store
 from ..transports.base import Transport
 from ..transports.shm import slots as shm_slots
 from ..transports.shm.domain import ShmDomain, ShmUnavailable, open_domain
@@ -49,12 +50,13 @@ class World:
         self.local_rank = rdzv.local_rank
         self.timeout = timeout
         store = rdzv.store
-        store.set(f"host/{self.rank}", rdzv.host_id.encode())
-        # Whether this rank may use shared memory; a group uses it only if all its members may.
-        store.set(f"shm/allowed/{self.rank}", b"1" if transport != "tcp" and shm_slots.SUPPORTED else b"0")
-        self._hosts = tuple(store.get(f"host/{r}", timeout=timeout).decode() for r in range(self.size))
-        self._shm_allowed = tuple(store.get(f"shm/allowed/{r}", timeout=timeout) == b"1"
-                                  for r in range(self.size))
+        # Each rank says where it runs and whether it may use shared memory (a group uses it
+        # only if all its members may).
+        allowed = "1" if transport != "tcp" and shm_slots.SUPPORTED else "0"
+        store.set(f"join/{self.rank}", f"{allowed}{rdzv.host_id}".encode())
+        joined = [entry.decode() for entry in _await_everyone(store, self.rank, self.size, timeout)]
+        self._hosts = tuple(entry[1:] for entry in joined)
+        self._shm_allowed = tuple(entry[0] == "1" for entry in joined)
         sockets = connect_mesh(self.rank, self.size, store, rdzv.secret, _bind_address(store), timeout)
         self.transport: Transport = TcpTransport(self.rank, self.size, sockets, send_timeout=timeout)
         self._groups: list[Group] = []
@@ -168,6 +170,23 @@ class World:
 
 def _describe(codes: Sequence[int]) -> str:
     return Signature(*codes).describe()
+
+
+def _await_everyone(store: Store, rank: int, size: int, timeout: float) -> list[bytes]:
+    """Every rank's ``join/`` entry, in rank order.
+
+    Raises:
+        RendezvousError: some ranks did not join within ``timeout``; names who did and who not.
+    """
+    keys = [f"join/{r}" for r in range(size)]
+    try:
+        store.wait(keys, timeout=timeout)
+    except CommTimeoutError:
+        missing = [r for r, key in enumerate(keys) if not store.check([key])]
+        arrived = sorted(set(range(size)) - set(missing))
+        raise RendezvousError(f"rank {rank}: ranks {missing} of {size} did not join within "
+                              f"{timeout:g} s (arrived: {arrived})") from None
+    return [store.get(key, timeout=timeout) for key in keys]
 
 
 def _bind_address(store: object) -> str:
