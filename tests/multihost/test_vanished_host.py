@@ -149,11 +149,6 @@ def test_survivors_fail_within_the_timeout(netns_cluster: MakeCluster, tmp_path:
         assert result.returncode == LOST_EXIT, result
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "a timeout names the peer this rank waited on (TcpRequest.wait in transports/tcp/"
-    "transport.py: 'no message from rank N'), not the ranks that did not arrive: in a ring "
-    "rank 1 waits on rank 0, which waits on lost rank 3; rank 1 entered first, so its timeout "
-    "fires first, names rank 0 and is relayed to rank 0, and no survivor names 2 or 3"))
 def test_survivors_name_the_lost_ranks_when_waiting_on_a_host_mate(netns_cluster: MakeCluster,
                                                                    tmp_path: Path) -> None:
     """Ring all_reduce after the cut, rank 0 one second late: ranks 0 and 1 still name 2 or 3."""

@@ -167,3 +167,23 @@ def test_wrong_secret_is_refused():
         thread.join(30)
     assert not isinstance(results[1], dict), "a rank with the wrong secret joined"
     assert not isinstance(results[0], dict) or 1 not in results[0]
+
+
+def test_progress_probe_is_answered_by_the_reader_thread(pair):
+    transport, peer = pair
+    # the raw peer plays a rank that has reached call 41 of group 2
+    answered = threading.Thread(target=lambda: (
+        framing.read_header(peer),
+        peer.sendall(_frame(2, framing.PROBE_REPLY.pack(41), kind=framing.KIND_PROBE_REPLY))))
+    answered.start()
+    assert transport.progress(2, [1], timeout=5) == {1: 41}
+    answered.join(5)
+    # a peer that says nothing is reported as None after the wait
+    assert transport.progress(3, [1], timeout=0.2) == {1: None}
+    # and this rank answers probes about its own calls
+    transport.isend(1, memoryview(b"x"), collective_tag(4, 7, 0), signature("barrier"))
+    framing.read_header(peer), peer.recv(1)
+    peer.sendall(_frame(4, b"", kind=framing.KIND_PROBE))
+    kind, tag, nbytes, _ = framing.read_header(peer)
+    assert (kind, tag) == (framing.KIND_PROBE_REPLY, 4)
+    assert framing.PROBE_REPLY.unpack(peer.recv(nbytes)) == (7,)

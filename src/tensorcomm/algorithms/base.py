@@ -22,6 +22,9 @@ _new = object.__new__
 _monotonic = time.monotonic
 
 
+PROGRESS_PROBE_SECONDS = 1.0  # how long a timed-out rank waits for peers to say where they are
+
+
 @dataclass(frozen=True)
 class Team:
     """What every call on one group shares; the core builds it once per group.
@@ -128,11 +131,25 @@ class Ctx:
         except CommError as exc:
             if isinstance(exc, CommTimeoutError) and not request.done():  # this rank's own wait
                 error = CommTimeoutError(f"{self.name} (group rank {self.rank}) timed out after "
-                                         f"{self.timeout:g} s: {exc}")
+                                         f"{self.timeout:g} s: {self._who_is_missing() or exc}")
                 self.transport.abort_group(self.group_id, error)
                 raise error from None
             self.transport.abort_group(self.group_id, exc)
             raise
+
+    def _who_is_missing(self) -> str:
+        """Ask the peers how far they got, to name the ranks that did not arrive at this call."""
+        me = self.ranks[self.rank]
+        reached = self.transport.progress(self.group_id, [r for r in self.ranks if r != me],
+                                          PROGRESS_PROBE_SECONDS)
+        silent = [rank for rank, seq in reached.items() if seq is None]
+        behind = [rank for rank, seq in reached.items() if seq is not None and seq < self.seq]
+        parts = []
+        if behind:
+            parts.append(f"{_names(behind)} had not reached this call")
+        if silent:
+            parts.append(f"{_names(silent)} did not answer (stopped, hung or unreachable)")
+        return "; ".join(parts)
 
     def send(self, peer: int, buf: np.ndarray, step: int = 0) -> None:
         """Send ``buf`` to group rank ``peer`` and wait until it may be reused."""
@@ -148,3 +165,8 @@ class Ctx:
         pending = self.irecv(src, recv_buf, step)
         self.send(dst, send_buf, step)
         self.wait(pending)
+
+
+def _names(ranks: Sequence[int]) -> str:
+    """``rank 2`` / ``rank 2, rank 3``: every rank spelled out, so messages are easy to search."""
+    return ", ".join(f"rank {rank}" for rank in ranks)

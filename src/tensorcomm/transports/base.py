@@ -9,7 +9,7 @@ partial or overflowing write.
 from __future__ import annotations
 
 import abc
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -99,6 +99,14 @@ class Transport(abc.ABC):
     def recv(self, peer: int, out: memoryview, tag: int, timeout: float | None = None) -> int:
         """Receive into ``out``; return the sender's global rank."""
         return self.irecv(peer, out, tag).wait(timeout)
+
+    def progress(self, group_id: int, peers: Sequence[int], timeout: float) -> dict[int, int | None]:
+        """Which call of ``group_id`` each of ``peers`` has reached (None: no answer in time).
+
+        Asked only when a wait times out, to name the ranks that did not arrive. A transport
+        that cannot ask returns an empty dict.
+        """
+        return {}
 
     @abc.abstractmethod
     def abort_group(self, group_id: int, error: BaseException) -> None:

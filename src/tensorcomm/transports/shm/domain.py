@@ -60,7 +60,7 @@ class ShmDomain:
         inbox: ``inbox[q][p]``, member ``q``'s IN slot ``p`` (uint8 array).
         outbox: ``outbox[q]``, member ``q``'s OUT region (uint8 array).
         round: rounds completed so far (IN slot parity); in step on every member.
-        begin, arrivals, post, wait, extent: the call protocol (``Slots``' methods).
+        start, begin, arrivals, post, wait, extent: the call protocol (``Slots``' methods).
     """
 
     def __init__(self, arena: Arena, rank: int, size: int, global_ranks: Sequence[int],
@@ -91,6 +91,7 @@ class ShmDomain:
         self.outbox = tuple(raw[control + q * member + 2 * slot_bytes:][:out_bytes] for q in range(size))
         self.round = 0
         slots = self.slots
+        self.start = slots.start
         self.begin = slots.begin
         self.arrivals = slots.arrivals
         self.post = slots.post

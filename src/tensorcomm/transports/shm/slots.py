@@ -214,9 +214,36 @@ class Slots:
         self._liveness = _Liveness({q: pids[q] for q in self.peers})
         self.posts = 0
         self.failure: BaseException | None = None  # set by fail() or abort(), from any thread
+        self._hashed: object = None  # the signature whose hash is in _hash
         self._hash = 0
 
     # -- the per-call protocol -----------------------------------------------------------------
+
+    def start(self, ctx: "CallInfo", extent: int = 0) -> None:
+        """``begin`` then ``arrivals``, in one call: what every algorithm does first."""
+        words = self.words
+        if self.failure is not None or words[H_FAULT]:
+            raise self.refusal()
+        seq, signature = ctx.seq, ctx.signature
+        parity = seq & 1
+        if signature is not self._written[parity]:  # the core reuses one object per signature
+            SIGNATURE.pack_into(self.bytes, self._my_signature_byte[parity], *signature)
+            self._written[parity] = signature
+        if signature is not self._hashed:
+            self._hashed, self._hash = signature, hash(signature)
+        digest = self._hash
+        ENTRY.pack_into(self.bytes, self._my_entry_byte[parity], seq, digest, extent)
+        self.posts = target = self.posts + 1
+        words[self._my_counter] = target
+        if words[self._my_sleepers]:
+            self._wake_sleepers()
+        counters = self.counter_word
+        for q in self.peers:
+            if words[counters[q]] < target:
+                self._block(q, target, self.peers, ctx)
+        for entry in self._peer_entries[parity]:
+            if words[entry] != seq or words[entry + 1] != digest:
+                raise self._mismatch(entry, ctx)
 
     def begin(self, ctx: "CallInfo", extent: int = 0) -> None:
         """Start a call: announce it (step, signature, ``extent``) with this rank's first post.
@@ -230,15 +257,13 @@ class Slots:
             raise self.refusal()
         seq, signature = ctx.seq, ctx.signature
         parity = seq & 1
-        if signature is not self._written[parity]:  # the core reuses one object per signature
+        if signature is not self._written[parity]:
             SIGNATURE.pack_into(self.bytes, self._my_signature_byte[parity], *signature)
             self._written[parity] = signature
-        self._hash = digest = hash(signature)
-        ENTRY.pack_into(self.bytes, self._my_entry_byte[parity], seq, digest, extent)
-        self.posts = posts = self.posts + 1
-        words[self._my_counter] = posts
-        if words[self._my_sleepers]:
-            self._wake_sleepers()
+        if signature is not self._hashed:
+            self._hashed, self._hash = signature, hash(signature)
+        ENTRY.pack_into(self.bytes, self._my_entry_byte[parity], seq, self._hash, extent)
+        self.post()
 
     def arrivals(self, ctx: "CallInfo") -> None:
         """Wait for every peer's first post of this call; check they announced the same call.
@@ -247,11 +272,8 @@ class Slots:
             CollectiveMismatchError: a peer announced a different call; names both.
             CommTimeoutError, PeerLostError, CommError: as ``wait``.
         """
-        words, target = self.words, self.posts
-        for q in self.peers:
-            if words[self.counter_word[q]] < target:
-                self._block(q, target, self.peers, ctx)
-        seq, digest = ctx.seq, self._hash
+        self.wait(self.peers, self.posts, ctx)
+        seq, digest, words = ctx.seq, self._hash, self.words
         for entry in self._peer_entries[seq & 1]:
             if words[entry] != seq or words[entry + 1] != digest:
                 raise self._mismatch(entry, ctx)

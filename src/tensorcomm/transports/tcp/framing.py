@@ -21,7 +21,10 @@ MAGIC = 0x31434D54  # b"TMC1" read little-endian
 KIND_DATA = 1
 KIND_BYE = 2  # the peer is closing on purpose (destroy), not dying
 KIND_ABORT = 3  # the peer aborted a group: tag is the group id, payload says why
-_KINDS = (KIND_DATA, KIND_BYE, KIND_ABORT)
+KIND_PROBE = 4  # "which call of group <tag> have you reached?" (sent when a wait times out)
+KIND_PROBE_REPLY = 5  # the answer: payload is PROBE_REPLY
+_KINDS = (KIND_DATA, KIND_BYE, KIND_ABORT, KIND_PROBE, KIND_PROBE_REPLY)
+PROBE_REPLY = struct.Struct("<q")  # the latest call sequence number started, -1 for none
 MAX_ABORT_BYTES = 64 << 10
 ABORT_RECORD = struct.Struct("<Bi")  # error kind, rank it names; a UTF-8 message follows
 MAX_FRAME_BYTES = 1 << 40  # one message: far above any array a CPU host holds, far below 2**60
@@ -60,7 +63,7 @@ def read_header(sock: socket.socket) -> tuple[int, int, int, Signature | None] |
     magic, kind, tag, nbytes, *fields = HEADER.unpack(raw)
     if magic != MAGIC or kind not in _KINDS:
         raise ProtocolError(f"bad frame header (magic {magic:#x}, kind {kind})")
-    limit = MAX_ABORT_BYTES if kind == KIND_ABORT else MAX_FRAME_BYTES
+    limit = MAX_FRAME_BYTES if kind == KIND_DATA else MAX_ABORT_BYTES
     if nbytes > limit:
         raise ProtocolError(f"frame of {nbytes} bytes exceeds the {limit}-byte limit")
     signature = Signature(*fields)

@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict, deque
-from typing import Callable
+from typing import Callable, Sequence
 
 from ... import config
 from ...algorithms.signature import Signature
@@ -32,7 +32,7 @@ log = logging.getLogger("tensorcomm.tcp")
 # Signatures of this rank's recent calls, to check messages that arrive after (or for a call
 # that needed no message from) their sender: a root that only sends learns of a mismatch too.
 _REMEMBERED_CALLS = 4096
-_ABORT_SEND_SECONDS = 1.0
+_CONTROL_SEND_SECONDS = 1.0
 _ERROR_CODES: tuple[type[CommError], ...] = (GroupAbortedError, PeerLostError, CollectiveMismatchError,
                                              CommTimeoutError)
 
@@ -92,6 +92,9 @@ class TcpTransport(Transport):
         self._lost: dict[int, BaseException] = {}
         self._aborted_groups: dict[int, BaseException] = {}
         self._calls: OrderedDict[tuple[int, int], Signature] = OrderedDict()
+        self._latest: dict[int, int] = {}  # group id -> latest call sequence number started
+        self._answers = threading.Condition()
+        self._progress: dict[tuple[int, int], int] = {}  # (group, peer) -> their latest call
         self._aborted: BaseException | None = None
         self._closing = False
         self._on_peer_lost = on_peer_lost
@@ -170,6 +173,7 @@ class TcpTransport(Transport):
             if call in self._calls:
                 return None
             self._calls[call] = signature
+            self._latest[call[0]] = max(call[1], self._latest.get(call[0], -1))
             if len(self._calls) > _REMEMBERED_CALLS:
                 self._calls.popitem(last=False)
             mismatch = next((signature_mismatch(source, theirs, self.rank, signature)
@@ -257,6 +261,9 @@ class TcpTransport(Transport):
                 if kind == framing.KIND_BYE:
                     self._peer_gone(peer, PeerLostError(peer, "it left the job (destroy() was called)"))
                     return
+                if kind in (framing.KIND_PROBE, framing.KIND_PROBE_REPLY):
+                    self._on_probe(peer, sock, kind, tag, nbytes)
+                    continue
                 if kind == framing.KIND_ABORT:
                     payload = bytearray(nbytes)
                     framing.recv_exact_into(sock, memoryview(payload))
@@ -300,6 +307,48 @@ class TcpTransport(Transport):
         if self._on_peer_lost is not None and not self._closing:
             self._on_peer_lost(peer, error)
 
+    # -- who is where ---------------------------------------------------------------------------
+
+    def progress(self, group_id: int, peers: Sequence[int], timeout: float) -> dict[int, int | None]:
+        """Ask ``peers`` which call of ``group_id`` they have reached; ``None``: no answer in time."""
+        with self._answers:
+            for peer in peers:
+                self._progress.pop((group_id, peer), None)
+        for peer in peers:
+            self._send_control(peer, framing.KIND_PROBE, group_id, b"")
+        deadline = time.monotonic() + timeout
+        with self._answers:
+            self._answers.wait_for(lambda: all((group_id, p) in self._progress for p in peers),
+                                   max(0.0, deadline - time.monotonic()))
+            return {peer: self._progress.get((group_id, peer)) for peer in peers}
+
+    def _on_probe(self, peer: int, sock: socket.socket, kind: int, group_id: int, nbytes: int) -> None:
+        payload = bytearray(nbytes)
+        framing.recv_exact_into(sock, memoryview(payload))
+        if kind == framing.KIND_PROBE:
+            latest = self._latest.get(group_id, -1)
+            self._send_control(peer, framing.KIND_PROBE_REPLY, group_id, framing.PROBE_REPLY.pack(latest))
+        elif nbytes == framing.PROBE_REPLY.size:
+            with self._answers:
+                self._progress[(group_id, peer)] = framing.PROBE_REPLY.unpack(payload)[0]
+                self._answers.notify_all()
+
+    def _send_control(self, peer: int, kind: int, tag: int, payload: bytes) -> bool:
+        """Send a small control frame unless the link is gone or stalled; say whether it went."""
+        lock = self._send_locks[peer]
+        # A peer that is not taking data (the one that failed, often) must not hold up the
+        # others: give up on it after a short wait.
+        if peer in self._lost or not lock.acquire(timeout=_CONTROL_SEND_SECONDS):
+            return False
+        try:
+            framing.send_frame(self._sockets[peer], kind, tag, memoryview(payload),
+                               timeout=_CONTROL_SEND_SECONDS)
+            return True
+        except OSError:
+            return False  # that peer is gone or stalled; its own reader reports it
+        finally:
+            lock.release()
+
     # -- failure and lifecycle -----------------------------------------------------------------
 
     def abort_group(self, group_id: int, error: BaseException) -> None:
@@ -317,19 +366,8 @@ class TcpTransport(Transport):
 
     def _tell_peers(self, group_id: int, error: BaseException) -> None:
         payload = _encode_abort(error)
-        for peer, sock in self._sockets.items():
-            lock = self._send_locks[peer]
-            # A peer that is not taking data (the one that failed, often) must not hold up the
-            # news for everyone else: give up on it after a short wait.
-            if peer in self._lost or not lock.acquire(timeout=_ABORT_SEND_SECONDS):
-                continue
-            try:
-                framing.send_frame(sock, framing.KIND_ABORT, group_id, memoryview(payload),
-                                   timeout=_ABORT_SEND_SECONDS)
-            except OSError:
-                pass  # that peer is gone or stalled; its own reader reports it
-            finally:
-                lock.release()
+        for peer in self._sockets:
+            self._send_control(peer, framing.KIND_ABORT, group_id, payload)
 
     def abort(self, error: BaseException) -> None:
         with self._lock:
