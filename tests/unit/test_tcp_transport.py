@@ -180,6 +180,7 @@ def test_progress_probe_is_answered_by_the_reader_thread(pair):
     answered.join(5)
     # a peer that says nothing is reported as None after the wait
     assert transport.progress(3, [1], timeout=0.2) == {1: None}
+    assert framing.read_header(peer)[:2] == (framing.KIND_PROBE, 3)
     # and this rank answers probes about its own calls
     transport.isend(1, memoryview(b"x"), collective_tag(4, 7, 0), signature("barrier"))
     framing.read_header(peer), peer.recv(1)
