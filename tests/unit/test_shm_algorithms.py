@@ -42,7 +42,10 @@ def _fast_thread_switches():
 
 
 class Group:
-    """``size`` thread-ranks sharing one tiny-slot domain; ``call`` runs one collective on all."""
+    """``size`` thread-ranks sharing one tiny-slot domain; ``call`` runs one collective on all.
+
+    As in the core, a call's signature must describe it (algorithms key caches on it).
+    """
 
     def __init__(self, size: int, slot: int = SLOT, out: int = OUT) -> None:
         self.size = size
@@ -118,7 +121,8 @@ def test_all_reduce_direct_and_pipelined_match_numpy_and_agree_bitwise(group, co
                 if algorithm is shm_allreduce.direct and count * itemsize > SLOT:
                     continue
                 arrays = [a.copy() for a in inputs]
-                group.call(lambda ctx: algorithm(ctx, arrays[ctx.rank], op))
+                group.call(lambda ctx: algorithm(ctx, arrays[ctx.rank], op),
+                           signature("all_reduce", np.dtype(dtype), count, op))
                 for r in range(n):
                     _close(arrays[r], expected, op)
                     assert arrays[r].tobytes() == arrays[0].tobytes(), "ranks disagree bitwise"
@@ -134,7 +138,8 @@ def test_reduce_writes_the_root_only(group, count):
             if algorithm is shm_allreduce.reduce_direct and count * 4 > SLOT:
                 continue
             arrays = [a.copy() for a in inputs]
-            group.call(lambda ctx: algorithm(ctx, arrays[ctx.rank], root, ReduceOp.SUM))
+            group.call(lambda ctx: algorithm(ctx, arrays[ctx.rank], root, ReduceOp.SUM),
+                       signature("reduce", np.dtype(np.float32), count, ReduceOp.SUM, root))
             for r in range(n):
                 np.testing.assert_array_equal(arrays[r], expected if r == root else inputs[r])
 
@@ -215,7 +220,8 @@ def test_barrier_and_many_calls_in_a_row_alternate_slots(group):
     for i in range(30):
         group.call(shm_barrier.barrier)
         arrays = [np.full(3, r + i, np.float32) for r in range(n)]
-        group.call(lambda ctx: shm_allreduce.direct(ctx, arrays[ctx.rank], ReduceOp.SUM))
+        group.call(lambda ctx: shm_allreduce.direct(ctx, arrays[ctx.rank], ReduceOp.SUM),
+                   signature("all_reduce", np.dtype(np.float32), 3, ReduceOp.SUM))
         assert (arrays[0] == sum(range(n)) + n * i).all()
 
 

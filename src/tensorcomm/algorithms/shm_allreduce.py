@@ -30,7 +30,8 @@ def direct(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
     """Reduce ``x`` (1-D, C-contiguous, at most one slot in the accumulation dtype) in one round.
 
     Args:
-        ctx: the call's group view; ``ctx.shm`` is the group's domain.
+        ctx: the call's group view; ``ctx.team.shm`` is the group's domain, and
+            ``ctx.signature`` describes this call (its dtype, count and op key the cached set-up).
         x: this member's array; receives the result (on ``root`` only, when given).
         op: the caller's reduction (AVG and PREMUL_SUM included).
         root: the group rank that gets the result (``reduce``), or None for every member.
@@ -38,7 +39,9 @@ def direct(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
     d = ctx.team.shm
     if d is None:
         raise no_domain(ctx)
-    key = ("allreduce", x.size, x.dtype, op._value_ if type(op) is ReduceOp else op)
+    # The call's signature (one object per call shape) names dtype, count and op; a PremulSum's
+    # factor is not in it.
+    key = ctx.signature if type(op) is ReduceOp else (ctx.signature, op)
     found = d.memo.get(key)
     if found is None:
         plan = reduction_plan(op, x.dtype)
@@ -51,14 +54,18 @@ def direct(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
         terms[d.rank][...] = x
     else:
         load(plan, terms[d.rank], x)
-    d.begin(ctx)
-    d.arrivals(ctx)
+    d.start(ctx)
     d.round = rounds + 1
     if root is None or root == d.rank:
         if pair:  # the 8-byte latency case, unrolled
             plan.ufunc(terms[0], terms[1], out=x)
         else:
             fold(plan, terms, x, d.size)
+
+
+# Bytes of one pipelined chunk (at most one IN slot). Large enough that the two posts and waits
+# per chunk cost little; the benchmark suite is where to tune it.
+CHUNK_BYTES = 1 << 20
 
 
 def _parts(lo: int, hi: int, size: int, align: int) -> list[int]:
@@ -84,12 +91,12 @@ def pipelined(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
     n, r = d.size, d.rank
     plan = reduction_plan(op, x.dtype)
     if n == 1:
-        d.begin(ctx)
+        d.start(ctx)
         alone(plan, x)
         return
     acc, size = plan.acc, x.size
     itemsize = acc.itemsize
-    chunk = d.slot_bytes // itemsize
+    chunk = min(d.slot_bytes, CHUNK_BYTES) // itemsize
     chunks = max(1, -(-size // chunk))
     align = max(1, 64 // itemsize)
     part_cap = (-(-chunk // n) // align + 2) * align  # bounds the longest part of ``_parts``
@@ -143,8 +150,7 @@ def pipelined(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
                 np.copyto(x[a:b], out_part(q, j, b - a), casting="unsafe")
 
     copy_in(0)
-    d.begin(ctx)
-    d.arrivals(ctx)
+    d.start(ctx)
     try:
         for j in range(chunks):
             if j:

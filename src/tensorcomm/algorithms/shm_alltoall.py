@@ -28,7 +28,7 @@ def alltoall(ctx: Ctx, outputs: Sequence[np.ndarray], inputs: Sequence[np.ndarra
     d = ctx.team.shm
     if d is None:
         raise no_domain(ctx)
-    n, r = d.size, d.rank
+    r = d.rank
     offsets = np.array(bounds([i.nbytes for i in inputs]), dtype=np.int64)
     header_bytes = -(-offsets.nbytes // 64) * 64
     header = np.zeros(header_bytes, dtype=np.uint8)

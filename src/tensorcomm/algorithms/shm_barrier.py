@@ -11,5 +11,4 @@ def barrier(ctx: Ctx) -> None:
     d = ctx.team.shm
     if d is None:
         raise no_domain(ctx)
-    d.begin(ctx)
-    d.arrivals(ctx)
+    d.start(ctx)

@@ -219,8 +219,7 @@ def run_rounds(ctx: Ctx, stream: Stream, read: Read, outputs: Sequence[np.ndarra
     if header is not None:
         mine[first & 1][:header.size] = header
     stream.write(mine[first & 1], 0, size)
-    d.begin(ctx, stream.nbytes)
-    d.arrivals(ctx)
+    d.start(ctx, stream.nbytes)
     if verify is not None:
         verify()
     longest = max(d.extent(q, ctx) for q in range(d.size))

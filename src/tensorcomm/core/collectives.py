@@ -30,7 +30,7 @@ from .work import Work
 Op = ReduceOp | PremulSum
 
 _SIGNATURES: dict[tuple, Signature] = {}  # type: ignore[type-arg]
-_REDUCTIONS: dict[tuple, tuple[Signature, int]] = {}  # type: ignore[type-arg]
+_REDUCTIONS: dict[tuple, list] = {}  # type: ignore[type-arg]
 _CACHE_LIMIT = 4096
 
 
@@ -51,16 +51,26 @@ def _signature(collective: str, dtype: np.dtype | None = None, count: int = 0, o
     return found
 
 
-def _reduction(collective: str, flat: np.ndarray, op: Op, root: int = -1) -> tuple[Signature, int]:
-    """The signature of a reduction of ``flat`` and the bytes it moves (accumulation dtype), cached."""
+def _reduction(collective: str, flat: np.ndarray, op: Op, root: int = -1) -> list:  # type: ignore[type-arg]
+    """What repeats between reductions of one shape, cached: ``[signature, bytes moved (in the
+    accumulation dtype), (team, row)]``; the last remembers the row ``_pick`` chose for a team."""
     key = (flat.size, flat.dtype, op._value_ if type(op) is ReduceOp else op, collective, root)
     found = _REDUCTIONS.get(key)
     if found is None:
         if len(_REDUCTIONS) >= _CACHE_LIMIT:
             _REDUCTIONS.clear()
         nbytes = flat.size * kernels.accumulation_dtype(op, flat.dtype).itemsize
-        found = _REDUCTIONS[key] = (signature(collective, flat.dtype, flat.size, op, root), nbytes)
+        found = _REDUCTIONS[key] = [signature(collective, flat.dtype, flat.size, op, root), nbytes, (None, None)]
     return found
+
+
+def _pick(collective: str, ctx: Ctx, cached: list) -> select.Row:  # type: ignore[type-arg]
+    """``select.pick`` for a cached call shape: rows' predicates depend only on the team and the
+    size, so the choice for the last team is kept in ``cached``."""
+    chosen = cached[2]  # one tuple, replaced whole: threads never see a team with another's row
+    if chosen[0] is not ctx.team:
+        chosen = cached[2] = (ctx.team, select.pick(collective, ctx, cached[1]))
+    return chosen[1]
 
 
 def _flat(array: np.ndarray) -> np.ndarray:
@@ -78,10 +88,10 @@ def _copy_out(pieces: Sequence[np.ndarray], flat: np.ndarray) -> None:
 def all_reduce(group: Group, array: np.ndarray, op: Op, async_op: bool) -> Work | None:
     """Reduce ``array`` across the group, in place on every member."""
     flat = array if array.ndim == 1 else array.reshape(-1)
-    sig, nbytes = _reduction("all_reduce", flat, op)
+    cached = _reduction("all_reduce", flat, op)
 
     def body(ctx: Ctx) -> None:
-        row = select.pick("allreduce", ctx, nbytes)
+        row = _pick("allreduce", ctx, cached)
         if row.direct:
             row.fn(ctx, flat, op)
             return
@@ -89,16 +99,16 @@ def all_reduce(group: Group, array: np.ndarray, op: Op, async_op: bool) -> Work 
         row.fn(ctx, work, base)
         kernels.finish(op, work, flat, ctx.size)
 
-    return group.run("all_reduce", body, async_op, sig)
+    return group.run("all_reduce", body, async_op, cached[0])
 
 
 def reduce(group: Group, array: np.ndarray, root: int, op: Op, async_op: bool) -> Work | None:
     """Reduce ``array`` onto group rank ``root``; other members' arrays are left as they are."""
     flat = _flat(array)
-    sig, nbytes = _reduction("reduce", flat, op, root)
+    cached = _reduction("reduce", flat, op, root)
 
     def body(ctx: Ctx) -> None:
-        row = select.pick("reduce", ctx, nbytes)
+        row = _pick("reduce", ctx, cached)
         if row.direct:
             row.fn(ctx, flat, root, op)
             return
@@ -108,7 +118,7 @@ def reduce(group: Group, array: np.ndarray, root: int, op: Op, async_op: bool) -
         if out is not None:
             kernels.finish(op, out, flat, ctx.size)
 
-    return group.run("reduce", body, async_op, sig)
+    return group.run("reduce", body, async_op, cached[0])
 
 
 def broadcast(group: Group, array: np.ndarray, root: int, async_op: bool) -> Work | None:

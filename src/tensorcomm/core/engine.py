@@ -2,8 +2,13 @@
 
 A blocking call runs inline on the caller's thread when nothing is queued ahead of it (the common
 case, and the one whose latency matters); otherwise it queues behind the pending async calls and
-waits. Async calls run on one worker thread per group, started on first use. The issue order
-fixes each call's sequence number, which tags its messages.
+waits. Async calls run on one worker thread per group, started on first use. Each call's sequence
+number, which tags its messages, is its position in that order.
+
+Whoever runs a call (an inline caller or the worker) holds ``_running``; sequence numbers are
+handed out only by its holder, so they follow the order calls actually run in. A queued call stays
+at the head of the queue until the worker holds ``_running``, so an inline caller can never jump
+ahead of it. The inline path costs a non-blocking lock acquire and release, no condition variable.
 """
 
 from __future__ import annotations
@@ -22,11 +27,11 @@ class Engine:
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._mutex = threading.Lock()  # taken directly on the inline path (cheaper than the Condition)
-        self._lock = threading.Condition(self._mutex)
-        self._queue: deque[tuple[int, Body, Work]] = deque()
-        self._busy = False
-        self._seq = 0
+        self._mutex = threading.Lock()  # guards _queue, _worker and _stopped
+        self._wakeup = threading.Condition(self._mutex)  # the worker waits here for queued calls
+        self._running = threading.Lock()  # held while a call of this group runs
+        self._queue: deque[tuple[Body, Work]] = deque()
+        self._seq = 0  # the next call's sequence number; only the holder of _running changes it
         self._worker: threading.Thread | None = None
         self._stopped: BaseException | None = None
 
@@ -37,22 +42,18 @@ class Engine:
         running or queued ahead of it, or the engine stopped): then use ``submit``. After a
         successful ``enter`` the caller runs the call and must ``leave()``, even if it fails.
         """
-        with self._mutex:
-            if self._busy or self._queue or self._stopped is not None:
-                return None
-            seq = self._seq
-            self._seq = seq + 1
-            self._busy = True
-            return seq
+        if self._queue or self._stopped is not None or not self._running.acquire(False):
+            return None
+        if self._queue or self._stopped is not None:  # queued while we claimed: it goes first
+            self._running.release()
+            return None
+        seq = self._seq
+        self._seq = seq + 1
+        return seq
 
     def leave(self) -> None:
         """End the inline call claimed by ``enter``."""
-        # Without the lock: the worker (the only thread waiting on the condition) either sees
-        # _busy cleared when it next looks, or finds its call queued here and is woken.
-        self._busy = False
-        if self._queue:
-            with self._mutex:
-                self._lock.notify_all()
+        self._running.release()
 
     def submit(self, description: str, body: Body, async_op: bool) -> Work | Any:
         """Run ``body(seq)`` in issue order; return a ``Work`` if async, else body's result."""
@@ -63,30 +64,13 @@ class Engine:
                     return body(seq)
                 finally:
                     self.leave()
-        return self._submit_queued(description, body, async_op)
-
-    def _submit_queued(self, description: str, body: Body, async_op: bool) -> Work | Any:
+        work = Work(description)
         with self._mutex:
             if self._stopped is not None:
                 raise self._stopped
-            seq = self._seq
-            self._seq += 1
-            inline = not async_op and not self._busy and not self._queue
-            if inline:
-                self._busy = True
-            else:
-                work = Work(description)
-                self._queue.append((seq, body, work))
-                self._ensure_worker()
-                self._lock.notify_all()
-        if inline:
-            try:
-                return body(seq)
-            finally:
-                with self._mutex:
-                    self._busy = False
-                    if self._queue:
-                        self._lock.notify_all()
+            self._queue.append((body, work))
+            self._ensure_worker()
+            self._wakeup.notify_all()
         if async_op:
             return work
         work.wait()
@@ -100,30 +84,31 @@ class Engine:
 
     def _run(self) -> None:
         while True:
-            with self._lock:
-                while (self._busy or not self._queue) and self._stopped is None:
-                    self._lock.wait()
-                if self._stopped is not None and not self._queue:
+            with self._mutex:
+                while not self._queue and self._stopped is None:
+                    self._wakeup.wait()
+                if not self._queue:  # stopped
                     return
-                seq, body, work = self._queue.popleft()
-                self._busy = True
-            try:
-                work._complete(result=body(seq))
-            except BaseException as exc:  # delivered to whoever waits on the Work
-                work._complete(error=exc)
-            finally:
-                with self._lock:
-                    self._busy = False
-                    self._lock.notify_all()
+            with self._running:
+                with self._mutex:
+                    if not self._queue:  # failed by stop() while we waited for _running
+                        continue
+                    body, work = self._queue.popleft()
+                seq = self._seq
+                self._seq = seq + 1
+                try:
+                    work._complete(result=body(seq))
+                except BaseException as exc:  # delivered to whoever waits on the Work
+                    work._complete(error=exc)
 
     def stop(self, error: BaseException) -> None:
         """Refuse new calls with ``error``; fail queued ones; let the running one finish."""
-        with self._lock:
+        with self._mutex:
             self._stopped = error
             pending = list(self._queue)
             self._queue.clear()
-            self._lock.notify_all()
-        for _, _, work in pending:
+            self._wakeup.notify_all()
+        for _, work in pending:
             work._complete(error=error)
         if self._worker is not None and self._worker is not threading.current_thread():
             self._worker.join(timeout=5)

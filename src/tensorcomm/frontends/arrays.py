@@ -16,6 +16,10 @@ _ndarray = np.ndarray
 _numpy_adapter: Adapter | None = None  # the registry's adapter for plain ndarrays, found once
 
 
+def _text(where: str | tuple[str, str]) -> str:
+    return where if isinstance(where, str) else f"{where[0]}: {where[1]}"
+
+
 class Staged:
     """One array argument: the caller's object, its numpy view and a contiguous working buffer.
 
@@ -29,25 +33,32 @@ class Staged:
 
     __slots__ = ("obj", "adapter", "array", "writable", "buf", "needs_commit")
 
-    def __init__(self, obj: Any, where: str, writable: bool) -> None:
+    def __init__(self, obj: Any, where: str | tuple[str, str], writable: bool) -> None:
+        """Stage ``obj``; ``where`` names it in errors: ``"fn: argument"``, or ``(fn, argument)``
+        (formatted only if there is an error to report).
+
+        Raises:
+            TypeError: ``obj`` is not an array tensorcomm knows, or its dtype is not supported.
+            ValueError: ``writable`` is asked of a read-only array.
+        """
         global _numpy_adapter
         self.obj = obj
         if type(obj) is _ndarray and _numpy_adapter is not None:
             adapter = _numpy_adapter
             array = adapter.as_numpy(obj, writable)
         else:
-            adapter = adapter_for(obj, where)
+            adapter = adapter_for(obj, _text(where))
             array = adapter.as_numpy(obj, writable)
             if type(obj) is _ndarray:
                 _numpy_adapter = adapter
         self.adapter = adapter
         self.array: np.ndarray = array
         if array.dtype not in _SUPPORTED:
-            raise TypeError(f"{where}: dtype {array.dtype} is not supported; expected one of "
+            raise TypeError(f"{_text(where)}: dtype {array.dtype} is not supported; expected one of "
                             f"{_SUPPORTED_NAMES}")
         flags = array.flags
         if writable and not flags.writeable:
-            raise ValueError(f"{where}: the output array is read-only")
+            raise ValueError(f"{_text(where)}: the output array is read-only")
         self.writable = writable
         if flags.c_contiguous and array.ndim:
             self.buf = array

@@ -6,13 +6,10 @@ from __future__ import annotations
 import numbers
 from typing import Any, Sequence
 
-from ..core.group import WORLD, Group
+from ..core.group import Group
 from ..core.world import current_world
 from ..errors import ArgumentMismatchError
 from .arrays import Staged
-
-
-_world_target = WORLD._target
 
 
 def _type_name(value: Any) -> str:
@@ -22,8 +19,8 @@ def _type_name(value: Any) -> str:
 def group(value: Any, fn: str) -> Group:
     """Resolve ``None`` / a ``Group`` / a registered name to a group this process belongs to."""
     if value is None:
-        resolved = _world_target()
-    elif isinstance(value, Group):
+        return current_world().world_group  # every process belongs to it
+    if isinstance(value, Group):
         resolved = value._target()
     elif isinstance(value, str):
         resolved = current_world().named_group(value)
@@ -72,7 +69,7 @@ def tag(value: Any, fn: str) -> int:
 
 def array(value: Any, argument: str, fn: str, writable: bool = False) -> Staged:
     """An array argument, staged for the core."""
-    return Staged(value, f"{fn}: {argument}", writable)
+    return Staged(value, (fn, argument), writable)
 
 
 def array_list(value: Any, argument: str, fn: str, length: int, writable: bool = False) -> list[Staged]:
