@@ -39,6 +39,7 @@ from .errors import CommTimeoutError
 from .frontends.torch_backend import BACKEND_NAME, ProcessGroupTensorcomm, TensorcommWork
 from .rendezvous import (JobInfo, Rendezvous, Store, TCPStore, discover, generate_secret,
                          register_scheme, rendezvous, secret_bytes)
+from .rendezvous.init_method import TORCHRUN_SCHEME, resolve_ranks
 from .rendezvous.store import check_key, check_keys, check_value
 
 __all__ = ["BACKEND_NAME", "ProcessGroupTensorcomm", "TensorcommWork"]
@@ -156,6 +157,20 @@ def _torchstore_handler(url: str, rank: int | None, world_size: int | None, time
     return Rendezvous(bridge, rank, world_size, info.local_rank, info.host_id, secret)
 
 
+def _torchrun_handler(url: str, rank: int | None, world_size: int | None, timeout: float,
+                      info: JobInfo) -> Rendezvous:
+    """``env://`` under torchrun: tensorcomm's keys go in torchrun's agent store, as a client."""
+    assert info.master_addr is not None and info.master_port is not None  # checked by env://
+    rank, world_size = resolve_ranks("env://", rank, world_size, info)
+    store = dist.TCPStore(info.master_addr, info.master_port, world_size, is_master=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    generation = (store.add(_JOINS_KEY, 1) - 1) // world_size
+    with _handover_lock:
+        token = str(next(_tokens))
+        _handover[token] = (store, generation)
+    return _torchstore_handler(f"{_SCHEME}://{token}", rank, world_size, timeout, info)
+
+
 def _start_world(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> None:
     # Every init of a group on this store adds 1 per rank: the quotient tells this init apart
     # from earlier ones (destroy + init again), whose keys are still in the store.
@@ -231,6 +246,7 @@ def _env_handler(url: str, timeout: datetime.timedelta = dist.default_pg_timeout
 
 def _install() -> None:
     register_scheme(_SCHEME, _torchstore_handler)
+    register_scheme(TORCHRUN_SCHEME, _torchrun_handler)
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
     # torch offers no public way to extend a registered scheme; replacing its entry keeps the
     # original handler for every case but a tensorcomm-hosted store.

@@ -29,6 +29,8 @@ Read whatever the source::
     TENSORCOMM_TIMEOUT         seconds, default for init(timeout=None)
     TENSORCOMM_TRANSPORT       "tcp": sockets even between ranks on one host; "auto" or unset:
                                shared memory where every member of a group shares a host
+    TORCHELASTIC_USE_AGENT_STORE  "True" (torchrun): torchrun's own store holds MASTER_PORT, so
+                               tensorcomm meets there (through torch) instead of serving one
 
 A missing variable is ``None`` (local rank: 0). A variable that is set but malformed (not an
 integer, negative, rank not below world size, port outside 0..65535, empty) is a ValueError
@@ -59,6 +61,7 @@ SLURM_RANK, SLURM_SIZE, SLURM_LOCAL_RANK = "SLURM_PROCID", "SLURM_NTASKS", "SLUR
 MS_RANK, MS_SIZE = "RANK_ID", "RANK_SIZE"
 MS_NODE_ID, MS_WORKER_NUM = "MS_NODE_ID", "MS_WORKER_NUM"
 MS_SCHED_HOST, MS_SCHED_PORT = "MS_SCHED_HOST", "MS_SCHED_PORT"
+TORCH_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ class JobInfo:
     timeout: float | None
     source: str
     transport: str = "auto"  # "tcp" or "auto"
+    torch_agent_store: bool = False  # torchrun serves a torch store at MASTER_ADDR:MASTER_PORT
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,7 @@ def discover(environ: Mapping[str, str] | None = None) -> JobInfo:
         timeout=_seconds(env, ENV_TIMEOUT),
         source="none" if source is None else source.name,
         transport=_transport(env),
+        torch_agent_store=env.get(TORCH_AGENT_STORE, "").lower() == "true",
     )
 
 

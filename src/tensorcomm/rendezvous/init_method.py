@@ -14,6 +14,8 @@ other address a RendezvousError, since a network store must not accept strangers
 
 from __future__ import annotations
 
+import importlib
+
 import ipaddress
 import logging
 import math
@@ -32,6 +34,7 @@ logger = logging.getLogger("tensorcomm.rendezvous")
 # Used only when no secret is set and the store is on loopback; it keeps the handshake uniform
 # but protects nothing against other local users.
 LOOPBACK_SECRET = b"tensorcomm-loopback-default-secret-not-private"
+TORCHRUN_SCHEME = "torchrun"  # registered by tensorcomm.torch: meet on torchrun's agent store
 FILE_SECRET_KEY = "tensorcomm/job_secret"  # where file:// rendezvous shares a generated secret
 
 
@@ -202,6 +205,11 @@ def _env_handler(url: str, rank: int | None, world_size: int | None, timeout: fl
                          "serves the store (rank 0's), or use init_method='tcp://host:port'")
     if info.master_port is None:
         raise ValueError("env://: MASTER_PORT is not set; set it to the store's port, e.g. 29500")
+    if info.torch_agent_store and not info.store_hosted:
+        # torchrun's agent already serves a (torch) store on MASTER_PORT: meet there, through
+        # torch, which torchrun implies is installed. Imported by name: the core needs no torch.
+        importlib.import_module("tensorcomm.torch")
+        return _HANDLERS[TORCHRUN_SCHEME](url, rank, world_size, timeout, info)
     return _tcp_rendezvous("env://", info.master_addr, info.master_port, rank, world_size, timeout, info)
 
 
