@@ -46,19 +46,21 @@ def direct(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
     if found is None:
         plan = reduction_plan(op, x.dtype)
         pair = plan.raw and not plan.average and d.size == 2  # one ufunc call makes the result
-        found = d.remember(key, (plan, pair, d.views(0, plan.acc, x.size), d.views(1, plan.acc, x.size)))
+        even, odd = d.views(0, plan.acc, x.size), d.views(1, plan.acc, x.size)
+        found = d.remember(key, (plan, pair, even, odd, even[d.rank], odd[d.rank]))
     plan, pair = found[0], found[1]
     rounds = d.round
-    terms = found[2 + (rounds & 1)]
+    parity = rounds & 1
+    terms = found[2 + parity]
     if plan.raw:
-        terms[d.rank][...] = x
+        found[4 + parity][...] = x
     else:
-        load(plan, terms[d.rank], x)
-    d.start(ctx)
+        load(plan, found[4 + parity], x)
+    d.start(ctx, None)  # no extent: nobody reads it for a reduction
     d.round = rounds + 1
     if root is None or root == d.rank:
-        if pair:  # the 8-byte latency case, unrolled
-            plan.ufunc(terms[0], terms[1], out=x)
+        if pair:  # the 8-byte latency case, unrolled (positional ``out``: parsed faster)
+            plan.ufunc(terms[0], terms[1], x)
         else:
             fold(plan, terms, x, d.size)
 

@@ -105,9 +105,9 @@ def fold(plan: Plan, terms: Sequence[np.ndarray], out: np.ndarray, size: int) ->
         target[...] = terms[0]
     else:
         ufunc = plan.ufunc
-        ufunc(terms[0], terms[1], out=target)
+        ufunc(terms[0], terms[1], target)
         for i in range(2, count):
-            ufunc(target, terms[i], out=target)
+            ufunc(target, terms[i], target)
     if plan.average:
         np.divide(target, size, out=target)
     if target is not out:

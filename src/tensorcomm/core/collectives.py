@@ -31,6 +31,7 @@ Op = ReduceOp | PremulSum
 
 _SIGNATURES: dict[tuple, Signature] = {}  # type: ignore[type-arg]
 _REDUCTIONS: dict[tuple, list] = {}  # type: ignore[type-arg]
+_last_reduction: tuple = (None,) * 6  # type: ignore[type-arg]
 _CACHE_LIMIT = 4096
 
 
@@ -54,13 +55,19 @@ def _signature(collective: str, dtype: np.dtype | None = None, count: int = 0, o
 def _reduction(collective: str, flat: np.ndarray, op: Op, root: int = -1) -> list:  # type: ignore[type-arg]
     """What repeats between reductions of one shape, cached: ``[signature, bytes moved (in the
     accumulation dtype), (team, row)]``; the last remembers the row ``_pick`` chose for a team."""
-    key = (flat.size, flat.dtype, op._value_ if type(op) is ReduceOp else op, collective, root)
+    global _last_reduction
+    size, dtype = flat.size, flat.dtype
+    last = _last_reduction  # calls in a loop repeat one shape: compare before hashing
+    if size == last[0] and dtype is last[1] and op is last[2] and collective is last[3] and root == last[4]:
+        return last[5]
+    key = (size, dtype, op._value_ if type(op) is ReduceOp else op, collective, root)
     found = _REDUCTIONS.get(key)
     if found is None:
         if len(_REDUCTIONS) >= _CACHE_LIMIT:
             _REDUCTIONS.clear()
-        nbytes = flat.size * kernels.accumulation_dtype(op, flat.dtype).itemsize
-        found = _REDUCTIONS[key] = [signature(collective, flat.dtype, flat.size, op, root), nbytes, (None, None)]
+        nbytes = size * kernels.accumulation_dtype(op, dtype).itemsize
+        found = _REDUCTIONS[key] = [signature(collective, dtype, size, op, root), nbytes, (None, None)]
+    _last_reduction = (size, dtype, op, collective, root, found)
     return found
 
 

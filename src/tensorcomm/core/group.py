@@ -133,7 +133,7 @@ class Group:
         members' post counts no longer match, so every later call is refused, and the peers'
         pending waits learn of the failure at once (``ShmDomain.fail``).
         """
-        target = self._target()
+        target = self if type(self) is Group else self._target()  # frontends pass resolved groups
         team = target._team
         if team is None:
             target.rank  # raises the non-member error

@@ -45,7 +45,7 @@ class Staged:
         self.obj = obj
         if type(obj) is _ndarray and _numpy_adapter is not None:
             adapter = _numpy_adapter
-            array = adapter.as_numpy(obj, writable)
+            array = obj  # what the numpy adapter's as_numpy returns for a plain ndarray
         else:
             adapter = adapter_for(obj, _text(where))
             array = adapter.as_numpy(obj, writable)

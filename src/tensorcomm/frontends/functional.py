@@ -32,13 +32,6 @@ def _done(result: Work | None, outputs: Sequence[Staged], async_op: bool) -> Wor
     return None
 
 
-def _done1(result: Work | None, staged: Staged, async_op: bool) -> Work | None:
-    """``_done`` for one output: nothing to do for a contiguous numpy array called synchronously."""
-    if async_op or staged.needs_commit:
-        return _done(result, [staged], async_op)
-    return None
-
-
 # (op, dtype) pairs already checked, with the parsed op; keyed by the op's value for ReduceOp
 # members because Enum.__hash__ runs Python code on every lookup.
 _CHECKED_OPS: dict[tuple[Any, Any], Any] = {}
@@ -85,10 +78,14 @@ def all_reduce(tensor: Any, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
     """
     fn = "all_reduce"
     g = validate.group(group, fn)
-    validate.flag(async_op, "async_op", fn)
+    if async_op is not False:  # the common value needs no call
+        validate.flag(async_op, "async_op", fn)
     staged = validate.array(tensor, "tensor", fn, writable=True)
     reduce_op = _reduce_op(op, staged, fn)
-    return _done1(collectives.all_reduce(g, staged.buf, reduce_op, async_op), staged, async_op)
+    result = collectives.all_reduce(g, staged.buf, reduce_op, async_op)
+    if async_op or staged.needs_commit:  # else (a contiguous numpy array, sync) nothing to do
+        return _done(result, [staged], async_op)
+    return None
 
 
 def reduce(tensor: Any, dst: int = 0, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,

@@ -208,31 +208,39 @@ class Slots:
         self._peer_entries = tuple(tuple(self._entry[q][p] for q in self.peers) for p in (0, 1))
         self._my_counter = base[rank] + R_COUNTER
         self._my_sleepers = base[rank] + R_SLEEPERS
+        self._my_entry = self._entry[rank]
         self._my_entry_byte = tuple(8 * e for e in self._entry[rank])
         self._my_signature_byte = tuple(8 * (base[rank] + s) for s in R_SIGNATURE)
-        self._written: list[object] = [None, None]  # signature last written to each entry
+        self._written: list[tuple[object, int]] = [(None, 0), (None, 0)]  # per entry parity
         self._liveness = _Liveness({q: pids[q] for q in self.peers})
         self.posts = 0
         self.failure: BaseException | None = None  # set by fail() or abort(), from any thread
-        self._hashed: object = None  # the signature whose hash is in _hash
-        self._hash = 0
+        self._hash = 0  # the current call's signature hash
 
     # -- the per-call protocol -----------------------------------------------------------------
 
-    def start(self, ctx: "CallInfo", extent: int = 0) -> None:
-        """``begin`` then ``arrivals``, in one call: what every algorithm does first."""
+    def start(self, ctx: "CallInfo", extent: int | None = 0) -> None:
+        """``begin`` then ``arrivals``, in one call: what every algorithm does first.
+
+        ``extent`` None leaves the extent unwritten: for calls whose algorithm never reads it
+        (peers read it only when their own call, hence this one, has the same signature).
+        """
         words = self.words
         if self.failure is not None or words[H_FAULT]:
             raise self.refusal()
         seq, signature = ctx.seq, ctx.signature
         parity = seq & 1
-        if signature is not self._written[parity]:  # the core reuses one object per signature
-            SIGNATURE.pack_into(self.bytes, self._my_signature_byte[parity], *signature)
-            self._written[parity] = signature
-        if signature is not self._hashed:
-            self._hashed, self._hash = signature, hash(signature)
-        digest = self._hash
-        ENTRY.pack_into(self.bytes, self._my_entry_byte[parity], seq, digest, extent)
+        written = self._written[parity]  # (signature, its hash) last announced with this parity
+        if signature is written[0]:  # the core reuses one object per signature
+            digest = written[1]
+        else:
+            digest = self._announce_signature(parity, signature)
+        self._hash = digest
+        entry = self._my_entry[parity]
+        words[entry] = seq
+        words[entry + 1] = digest
+        if extent is not None:
+            words[entry + 2] = extent
         self.posts = target = self.posts + 1
         words[self._my_counter] = target
         if words[self._my_sleepers]:
@@ -257,13 +265,17 @@ class Slots:
             raise self.refusal()
         seq, signature = ctx.seq, ctx.signature
         parity = seq & 1
-        if signature is not self._written[parity]:
-            SIGNATURE.pack_into(self.bytes, self._my_signature_byte[parity], *signature)
-            self._written[parity] = signature
-        if signature is not self._hashed:
-            self._hashed, self._hash = signature, hash(signature)
+        written = self._written[parity]
+        self._hash = written[1] if signature is written[0] else self._announce_signature(parity, signature)
         ENTRY.pack_into(self.bytes, self._my_entry_byte[parity], seq, self._hash, extent)
         self.post()
+
+    def _announce_signature(self, parity: int, signature: Sequence[int]) -> int:
+        """Write ``signature`` beside the announcements of this parity; return its hash."""
+        SIGNATURE.pack_into(self.bytes, self._my_signature_byte[parity], *signature)
+        digest = hash(tuple(signature))
+        self._written[parity] = (signature, digest)
+        return digest
 
     def arrivals(self, ctx: "CallInfo") -> None:
         """Wait for every peer's first post of this call; check they announced the same call.
