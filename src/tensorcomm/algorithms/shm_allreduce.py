@@ -45,7 +45,10 @@ def direct(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
     found = d.memo.get(key)
     if found is None:
         plan = reduction_plan(op, x.dtype)
-        pair = plan.raw and not plan.average and d.size == 2  # one ufunc call makes the result
+        # One ufunc call makes the result; numpy parses a positional ``out`` faster but deprecates
+        # it for maximum and minimum.
+        pair = plan.raw and not plan.average and d.size == 2 and \
+            plan.ufunc is not np.maximum and plan.ufunc is not np.minimum
         even, odd = d.views(0, plan.acc, x.size), d.views(1, plan.acc, x.size)
         found = d.remember(key, (plan, pair, even, odd, even[d.rank], odd[d.rank]))
     plan, pair = found[0], found[1]
@@ -59,7 +62,7 @@ def direct(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
     d.start(ctx, None)  # no extent: nobody reads it for a reduction
     d.round = rounds + 1
     if root is None or root == d.rank:
-        if pair:  # the 8-byte latency case, unrolled (positional ``out``: parsed faster)
+        if pair:  # the 8-byte latency case, unrolled
             plan.ufunc(terms[0], terms[1], x)
         else:
             fold(plan, terms, x, d.size)

@@ -105,9 +105,9 @@ def fold(plan: Plan, terms: Sequence[np.ndarray], out: np.ndarray, size: int) ->
         target[...] = terms[0]
     else:
         ufunc = plan.ufunc
-        ufunc(terms[0], terms[1], target)
+        ufunc(terms[0], terms[1], out=target)
         for i in range(2, count):
-            ufunc(target, terms[i], target)
+            ufunc(target, terms[i], out=target)
     if plan.average:
         np.divide(target, size, out=target)
     if target is not out:
