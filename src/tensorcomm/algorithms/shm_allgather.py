@@ -3,7 +3,9 @@
 Every member publishes its array one slot per round (``shm_common.run_rounds``); a reader copies
 each peer's bytes of the round into its output for that peer and its own array last, once nothing
 can fail any more. Contributions may differ in size per member (the "v" variant); each member
-checks the sizes its peers announce against its own outputs. This module must not import ``core``.
+checks the sizes its peers announce against its own outputs. The outputs are outputs only, so a
+call that fails after its first round may leave them partly written (no journal: see
+``shm_common.Journal``). This module must not import ``core``.
 """
 
 from __future__ import annotations
@@ -58,8 +60,8 @@ def allgather(ctx: Ctx, send: np.ndarray, outputs: Sequence[np.ndarray]) -> None
     d = ctx.team.shm
     if d is None:
         raise no_domain(ctx)
-    run_rounds(ctx, Stream.of([send]), _copy_peers(ctx, outputs, d.peers), outputs,
-               lambda: _check_sizes(ctx, outputs, d.peers))
+    run_rounds(ctx, Stream.of([send]), _copy_peers(ctx, outputs, d.peers),
+               verify=lambda: _check_sizes(ctx, outputs, d.peers))
     outputs[d.rank][...] = send
 
 
@@ -77,6 +79,6 @@ def gather(ctx: Ctx, send: np.ndarray, outputs: Sequence[np.ndarray] | None, roo
         run_rounds(ctx, Stream.of([send]), lambda parity, lo, hi, journal: None)
         return
     assert outputs is not None
-    run_rounds(ctx, Stream.of([send], skip=0), _copy_peers(ctx, outputs, d.peers), outputs,
-               lambda: _check_sizes(ctx, outputs, d.peers))
+    run_rounds(ctx, Stream.of([send], skip=0), _copy_peers(ctx, outputs, d.peers),
+               verify=lambda: _check_sizes(ctx, outputs, d.peers))
     outputs[root][...] = send

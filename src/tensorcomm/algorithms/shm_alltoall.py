@@ -3,7 +3,8 @@
 A member's stream is a header (the byte offset of each destination's block) followed by its
 blocks; peers read the header in the first round, check the block they get against the size they
 expect, and copy their block out of the rounds that carry it. A member's block for itself never
-travels. This module must not import ``core``.
+travels. Outputs only: a call that fails after its first round may leave them partly written.
+This module must not import ``core``.
 """
 
 from __future__ import annotations
@@ -56,5 +57,5 @@ def alltoall(ctx: Ctx, outputs: Sequence[np.ndarray], inputs: Sequence[np.ndarra
                     journal.save(q, a - start, b - start)
                 raw[q][a - start:b - start] = d.inbox[q][parity][a - lo:b - lo]
 
-    run_rounds(ctx, Stream.of(inputs, start=header_bytes, skip=r), read, outputs, verify, header)
+    run_rounds(ctx, Stream.of(inputs, start=header_bytes, skip=r), read, verify=verify, header=header)
     outputs[r][...] = inputs[r]

@@ -1,9 +1,10 @@
 """Same-host broadcast and scatter: one member publishes, the others copy from its slot.
 
 The root publishes one slot per round (``shm_common.run_rounds``); every other member copies its
-share of the round straight into its array. When that takes more than one round, a ``Journal``
-keeps the array's old bytes so a failed call leaves it untouched. This module must not import
-``core``.
+share of the round straight into its array. Broadcast overwrites the caller's tensor in place, so
+when that takes more than one round a ``Journal`` keeps the array's old bytes and a failed call
+leaves it untouched; scatter's tensor is an output only, so a failed multi-round scatter may leave
+it partly written. This module must not import ``core``.
 """
 
 from __future__ import annotations
@@ -68,4 +69,4 @@ def scatter(ctx: Ctx, out: np.ndarray, inputs: Sequence[np.ndarray] | None, coun
                 journal.save(0, a - start, b - start)
             raw[a - start:b - start] = source[parity][a - lo:b - lo]
 
-    run_rounds(ctx, Stream.of([]), read, [out])
+    run_rounds(ctx, Stream.of([]), read)  # ``out`` is an output only: no journal

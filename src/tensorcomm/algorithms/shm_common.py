@@ -3,8 +3,11 @@
 The shared-memory algorithms (``shm_*.py``) read their peers' slots in place through the group's
 ``ShmDomain`` (``ctx.team.shm``) instead of sending messages. Unlike the transport algorithms they
 take the caller's arrays and the caller's op (``PremulSum``, ``AVG``, half precision included) and
-write results straight into the caller's arrays; each one keeps the core's promise that a failed
-call leaves them untouched or complete (see ``Journal``). A call that raises leaves the members'
+write results straight into the caller's arrays. Arrays a collective updates in place (all-reduce,
+reduce's root, broadcast's receivers) are left untouched or complete by a failed call (see
+``Journal``); arrays that are outputs only (all-gather, gather, scatter, reduce-scatter,
+all-to-all) may be left partly written by a call that fails after its first round, as MPI and
+NCCL leave them: saving them would cost a copy of every output. A call that raises leaves the members'
 post counts out of step: whoever runs the algorithm must then call ``ShmDomain.fail`` (the core's
 ``Group.run`` does), which refuses later calls and tells the peers. This module must not import
 ``core``.

@@ -2,8 +2,9 @@
 
 Members publish their inputs (in the accumulation dtype, premultiplied: ``kernels``' rule) one
 slot per round, leaving out their own block, which they read from their own input; member ``i``
-folds block ``i`` of all members, in member order, into its output as each round brings it.
-This module must not import ``core``.
+folds block ``i`` of all members, in member order, into its output as each round brings it (an
+output only: a call that fails after its first round may leave it partly written). This module
+must not import ``core``.
 """
 
 from __future__ import annotations
@@ -54,4 +55,4 @@ def reduce_scatter(ctx: Ctx, out: np.ndarray, inputs: Sequence[np.ndarray], op: 
             journal.save(0, i * out.itemsize, j * out.itemsize)
         fold(raw_plan, terms, out[i:j], n)
 
-    run_rounds(ctx, Stream.of(inputs, skip=r), read, [out])
+    run_rounds(ctx, Stream.of(inputs, skip=r), read)  # ``out`` is an output only: no journal

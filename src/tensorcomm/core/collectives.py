@@ -2,10 +2,13 @@
 
 Arguments arrive validated by a frontend (types, lengths, shapes, writability, group ranks),
 C-contiguous. Each function picks an algorithm through ``algorithms.select`` and runs it in the
-group's issue order. Either way a failed call leaves the caller's arrays untouched:
+group's issue order. A failed call leaves arrays it updates in place (all-reduce, reduce's root,
+broadcast's receivers) untouched:
 
 - *direct* rows (shared memory, ``row.direct``) take the caller's arrays and op and write results
   themselves, only once every peer's data is in, or under a journal that undoes a failed call;
+  outputs that are not also inputs may be partly written when a call larger than one slot fails
+  (see ``algorithms/shm_common.py``);
 - transport rows work on scratch buffers (``kernels.prepare`` for reductions), and the results
   are copied to the caller's arrays only once the whole collective has succeeded.
 
