@@ -61,9 +61,15 @@ def _shm(ctx: Ctx, nbytes: int) -> bool:
     return ctx.team.shm is not None
 
 
+# Up to this many bytes every member reduces the whole message from the slots in one round
+# (``shm_direct``); above it each member reduces its own part (``shm_pipelined``), which moves
+# about as many bytes but spreads the arithmetic over the members.
+SHM_DIRECT_BYTES = 1 << 20
+
+
 def _shm_one_slot(ctx: Ctx, nbytes: int) -> bool:
     shm = ctx.team.shm
-    return shm is not None and nbytes <= shm.slot_bytes
+    return shm is not None and nbytes <= shm.slot_bytes and nbytes <= SHM_DIRECT_BYTES
 
 
 # ``nbytes`` is the size of the largest buffer a rank passes: the buffer for allreduce, broadcast

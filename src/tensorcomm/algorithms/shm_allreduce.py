@@ -79,6 +79,23 @@ def _parts(lo: int, hi: int, size: int, align: int) -> list[int]:
     return [lo + (i * length // size) // align * align for i in range(size)] + [hi]
 
 
+def _pipeline_setup(d, op: Op, x: np.ndarray) -> tuple:  # type: ignore[no-untyped-def,type-arg]
+    """What ``pipelined`` computes once per call shape (kept in the domain's memo)."""
+    n = d.size
+    plan = reduction_plan(op, x.dtype)
+    itemsize = plan.acc.itemsize
+    chunk = min(d.slot_bytes, CHUNK_BYTES) // itemsize
+    chunks = max(1, -(-x.size // chunk))
+    align = max(1, 64 // itemsize)
+    part_cap = (-(-chunk // n) // align + 2) * align  # bounds the longest part of ``_parts``
+    staged = chunks * part_cap * itemsize <= d.out_bytes
+    # Part boundaries relative to a chunk's start: the same for every chunk but the last.
+    full = _parts(0, chunk, n, align)
+    tail = _parts(0, x.size - (chunks - 1) * chunk, n, align)
+    in_out = plan._replace(in_acc=True)  # reduced parts stay in the accumulation dtype
+    return plan, in_out, chunk, chunks, part_cap, staged, full, tail, plan.acc == x.dtype
+
+
 def pipelined(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
     """Reduce ``x`` chunk by chunk through the slots; arguments as ``direct``, any size.
 
@@ -94,65 +111,61 @@ def pipelined(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
     if d is None:
         raise no_domain(ctx)
     n, r = d.size, d.rank
-    plan = reduction_plan(op, x.dtype)
+    key = ("pipelined", ctx.signature if type(op) is ReduceOp else (ctx.signature, op))
+    setup = d.memo.get(key)
+    if setup is None:
+        setup = d.remember(key, _pipeline_setup(d, op, x))
+    plan, in_out, chunk, chunks, part_cap, staged, full, tail, same_dtype = setup
     if n == 1:
         d.start(ctx)
         alone(plan, x)
         return
-    acc, size = plan.acc, x.size
-    itemsize = acc.itemsize
-    chunk = min(d.slot_bytes, CHUNK_BYTES) // itemsize
-    chunks = max(1, -(-size // chunk))
-    align = max(1, 64 // itemsize)
-    part_cap = (-(-chunk // n) // align + 2) * align  # bounds the longest part of ``_parts``
-    staged = chunks * part_cap * itemsize <= d.out_bytes
+    itemsize, acc = plan.acc.itemsize, plan.acc
     writes = root is None or root == r
     journal = Journal(d, [x]) if writes and not staged else None
     own = None if plan.raw else np.empty(part_cap, dtype=acc)
-    in_out = plan._replace(in_acc=True)  # reduced parts stay in the accumulation dtype
     first, base, peers = d.round, d.posts, d.peers
-
-    def cut(j: int) -> list[int]:
-        return _parts(j * chunk, min(size, (j + 1) * chunk), n, align)
+    inbox, outbox, mine = d.inbox, d.outbox, d.inbox[r]
 
     def copy_in(j: int) -> None:
-        bounds = cut(j)
-        lo, hi = bounds[0], bounds[-1]
-        slot = d.inbox[r][(first + j) & 1][:(hi - lo) * itemsize].view(acc)
-        a, b = bounds[r], bounds[r + 1]
-        if a > lo:
-            load(plan, slot[:a - lo], x[lo:a])
-        if hi > b:
-            load(plan, slot[b - lo:], x[b:hi])
+        bounds, lo = (full if j + 1 < chunks else tail), j * chunk
+        slot = mine[(first + j) & 1][:bounds[-1] * itemsize].view(acc)
+        a, b, end = bounds[r], bounds[r + 1], bounds[-1]
+        if a:
+            load(plan, slot[:a], x[lo:lo + a])
+        if end > b:
+            load(plan, slot[b:end], x[lo + b:lo + end])
 
     def out_part(q: int, j: int, length: int) -> np.ndarray:
         start = (j if staged else j & 1) * part_cap * itemsize
-        return d.outbox[q][start:start + length * itemsize].view(acc)
+        return outbox[q][start:start + length * itemsize].view(acc)
 
     def reduce_own(j: int) -> None:
-        bounds = cut(j)
-        lo, a, b = bounds[0], bounds[r], bounds[r + 1]
+        bounds, lo = (full if j + 1 < chunks else tail), j * chunk
+        a, b = bounds[r], bounds[r + 1]
         parity = (first + j) & 1
         terms = []
         for q in range(n):
-            if q == r:
-                if own is None:
-                    terms.append(x[a:b])
-                else:
-                    load(plan, own[:b - a], x[a:b])
-                    terms.append(own[:b - a])
+            if q != r:
+                terms.append(inbox[q][parity][a * itemsize:b * itemsize].view(acc))
+            elif own is None:
+                terms.append(x[lo + a:lo + b])
             else:
-                terms.append(d.inbox[q][parity][(a - lo) * itemsize:(b - lo) * itemsize].view(acc))
+                load(plan, own[:b - a], x[lo + a:lo + b])
+                terms.append(own[:b - a])
         fold(in_out, terms, out_part(r, j, b - a), n)
 
     def copy_out(j: int) -> None:
-        bounds = cut(j)
+        bounds, lo = (full if j + 1 < chunks else tail), j * chunk
         if journal is not None:
-            journal.save(0, bounds[0] * x.itemsize, bounds[-1] * x.itemsize)
+            journal.save(0, lo * x.itemsize, (lo + bounds[-1]) * x.itemsize)
         for q in range(n):
             a, b = bounds[q], bounds[q + 1]
             if b > a:
-                np.copyto(x[a:b], out_part(q, j, b - a), casting="unsafe")
+                if same_dtype:
+                    x[lo + a:lo + b] = out_part(q, j, b - a)
+                else:
+                    np.copyto(x[lo + a:lo + b], out_part(q, j, b - a), casting="unsafe")
 
     copy_in(0)
     d.start(ctx)

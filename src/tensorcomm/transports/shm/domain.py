@@ -39,7 +39,10 @@ from .slots import Slots
 log = logging.getLogger("tensorcomm.shm")
 
 SLOT_BYTES = 1 << 20  # one IN slot; a call whose contribution fits one slot takes one round
-OUT_BYTES = 4 << 20  # per member; large all-reduces keep their reduced parts here
+# Per member: large all-reduces keep their reduced parts here until the last wait, so a failed
+# call cannot have touched the caller's array; 8 MiB covers all-reduces of 8 MiB x members
+# (16 MiB on two ranks), which then stay in the last-level cache instead of paying a backup copy.
+OUT_BYTES = 8 << 20
 _VIEW_CACHE_LIMIT = 256
 
 
