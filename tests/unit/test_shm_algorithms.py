@@ -116,9 +116,9 @@ def test_all_reduce_direct_and_pipelined_match_numpy_and_agree_bitwise(group, co
                 continue
             inputs = [rank_data(r, count, dtype, op=op) for r in range(n)]
             expected = reduce_reference(op, inputs)
-            for algorithm in (shm_allreduce.direct, shm_allreduce.pipelined):
+            for algorithm in (shm_allreduce.direct, shm_allreduce.split, shm_allreduce.pipelined):
                 itemsize = kernels.accumulation_dtype(op, dtype).itemsize
-                if algorithm is shm_allreduce.direct and count * itemsize > SLOT:
+                if algorithm is not shm_allreduce.pipelined and count * itemsize > SLOT:
                     continue
                 arrays = [a.copy() for a in inputs]
                 group.call(lambda ctx: algorithm(ctx, arrays[ctx.rank], op),
@@ -134,8 +134,9 @@ def test_reduce_writes_the_root_only(group, count):
     inputs = [rank_data(r, count, np.float32) for r in range(n)]
     expected = reduce_reference(ReduceOp.SUM, inputs)
     for root in range(n):
-        for algorithm in (shm_allreduce.reduce_direct, shm_allreduce.reduce_pipelined):
-            if algorithm is shm_allreduce.reduce_direct and count * 4 > SLOT:
+        for algorithm in (shm_allreduce.reduce_direct, shm_allreduce.reduce_split,
+                          shm_allreduce.reduce_pipelined):
+            if algorithm is not shm_allreduce.reduce_pipelined and count * 4 > SLOT:
                 continue
             arrays = [a.copy() for a in inputs]
             group.call(lambda ctx: algorithm(ctx, arrays[ctx.rank], root, ReduceOp.SUM),

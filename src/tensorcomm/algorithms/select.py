@@ -62,14 +62,24 @@ def _shm(ctx: Ctx, nbytes: int) -> bool:
 
 
 # Up to this many bytes every member reduces the whole message from the slots in one round
-# (``shm_direct``); above it each member reduces its own part (``shm_pipelined``), which moves
-# about as many bytes but spreads the arithmetic over the members.
-SHM_DIRECT_BYTES = 1 << 20
+# (``shm_direct``); above it, up to one slot, each member reduces its own part (``shm_split``),
+# which moves about as many bytes but does 1/n of the arithmetic, for one more wait. Larger
+# messages go through the slots chunk by chunk (``shm_pipelined``). Measured on 2 cores
+# (benchmarks/shm_allreduce_ab.py, interleaved): with two ranks the two are within noise from
+# 64 KiB to 512 KiB and split wins clearly at 1 MiB; with three or more split wins above 128 KiB.
+SHM_DIRECT_BYTES = {2: 256 << 10}
+SHM_DIRECT_BYTES_MANY = 128 << 10  # three or more members
+
+
+def _shm_direct(ctx: Ctx, nbytes: int) -> bool:
+    shm = ctx.team.shm
+    return shm is not None and nbytes <= shm.slot_bytes and \
+        nbytes <= SHM_DIRECT_BYTES.get(shm.size, SHM_DIRECT_BYTES_MANY)
 
 
 def _shm_one_slot(ctx: Ctx, nbytes: int) -> bool:
     shm = ctx.team.shm
-    return shm is not None and nbytes <= shm.slot_bytes and nbytes <= SHM_DIRECT_BYTES
+    return shm is not None and nbytes <= shm.slot_bytes
 
 
 # ``nbytes`` is the size of the largest buffer a rank passes: the buffer for allreduce, broadcast
@@ -81,7 +91,8 @@ def _shm_one_slot(ctx: Ctx, nbytes: int) -> bool:
 # apply and the rows below remain the fallback across hosts. Every collective of a group with a
 # domain runs on it: the domain's per-call announcements are what detect mismatched calls there.
 ROWS: tuple[Row, ...] = (
-    Row("allreduce", "shm_direct", _shm_one_slot, shm_allreduce.direct, direct=True),
+    Row("allreduce", "shm_direct", _shm_direct, shm_allreduce.direct, direct=True),
+    Row("allreduce", "shm_split", _shm_one_slot, shm_allreduce.split, direct=True),
     Row("allreduce", "shm_pipelined", _shm, shm_allreduce.pipelined, direct=True),
     Row("allreduce", "recursive_doubling", _small_or_pair, allreduce.recursive_doubling),
     Row("allreduce", "ring", _always, allreduce.ring),
@@ -93,7 +104,8 @@ ROWS: tuple[Row, ...] = (
     Row("broadcast", "shm_rounds", _shm, shm_broadcast.broadcast, direct=True),
     Row("broadcast", "scatter_allgather", _large_and_three_or_more, broadcast.scatter_allgather),
     Row("broadcast", "binomial_tree", _always, broadcast.binomial_tree),
-    Row("reduce", "shm_direct", _shm_one_slot, shm_allreduce.reduce_direct, direct=True),
+    Row("reduce", "shm_direct", _shm_direct, shm_allreduce.reduce_direct, direct=True),
+    Row("reduce", "shm_split", _shm_one_slot, shm_allreduce.reduce_split, direct=True),
     Row("reduce", "shm_pipelined", _shm, shm_allreduce.reduce_pipelined, direct=True),
     Row("reduce", "binomial_tree", _always, reduce.binomial_tree),
     Row("gather", "shm_rounds", _shm, shm_allgather.gather, direct=True),

@@ -79,6 +79,69 @@ def _parts(lo: int, hi: int, size: int, align: int) -> list[int]:
     return [lo + (i * length // size) // align * align for i in range(size)] + [hi]
 
 
+def _split_setup(d, op: Op, x: np.ndarray) -> tuple:  # type: ignore[no-untyped-def,type-arg]
+    """What ``split`` computes once per call shape (kept in the domain's memo): part bounds and,
+    per IN slot parity, the views of the peers' copies of this member's part; the OUT views."""
+    n, r = d.size, d.rank
+    plan = reduction_plan(op, x.dtype)
+    acc, itemsize = plan.acc, plan.acc.itemsize
+    bounds = _parts(0, x.size, n, max(1, 64 // itemsize))
+    a, b = bounds[r], bounds[r + 1]
+    theirs = tuple(tuple(d.inbox[q][p][a * itemsize:b * itemsize].view(acc) for q in range(n) if q != r)
+                   for p in (0, 1))
+    mine = tuple(d.inbox[r][p][:bounds[-1] * itemsize].view(acc) for p in (0, 1))
+    outs = tuple(d.outbox[q][:(bounds[q + 1] - bounds[q]) * itemsize].view(acc) for q in range(n))
+    return plan, plan._replace(in_acc=True), bounds, theirs, mine, outs, acc == x.dtype
+
+
+def split(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
+    """Reduce ``x`` (at most one slot in the accumulation dtype) with each member reducing one part.
+
+    Two rounds: every member copies into its IN slot the parts of ``x`` its peers reduce and
+    posts; member ``r`` folds part ``r`` of every member (its own term read from ``x`` in place,
+    the others from the peers' slots, in member order) into its OUT region and posts; then
+    everyone copies every part out of the OUT regions. Compared with ``direct`` it moves about the
+    same bytes but does ``1/n`` of the arithmetic, for one more wait: better from a few tens of
+    KiB up. ``x`` is written only after the last wait. Arguments as ``direct``.
+    """
+    d = ctx.team.shm
+    if d is None:
+        raise no_domain(ctx)
+    key = ("split", ctx.signature if type(op) is ReduceOp else (ctx.signature, op))
+    setup = d.memo.get(key)
+    if setup is None:
+        setup = d.remember(key, _split_setup(d, op, x))
+    plan, in_out, bounds, theirs, mine, outs, same_dtype = setup
+    n, r = d.size, d.rank
+    rounds = d.round
+    parity = rounds & 1
+    a, b, end = bounds[r], bounds[r + 1], bounds[-1]
+    slot = mine[parity]
+    if a:
+        load(plan, slot[:a], x[:a])
+    if end > b:
+        load(plan, slot[b:end], x[b:end])
+    d.start(ctx, None)
+    d.round = rounds + 1
+    own = x[a:b]
+    if not plan.raw:
+        own = np.empty(b - a, dtype=plan.acc)
+        load(plan, own, x[a:b])
+    terms = list(theirs[parity])
+    terms.insert(r, own)
+    fold(in_out, terms, outs[r], n)
+    d.post()
+    d.wait(d.peers, d.posts, ctx)
+    if root is not None and root != r:
+        return
+    for q in range(n):
+        lo, hi = bounds[q], bounds[q + 1]
+        if same_dtype:
+            x[lo:hi] = outs[q]
+        else:
+            np.copyto(x[lo:hi], outs[q], casting="unsafe")
+
+
 def _pipeline_setup(d, op: Op, x: np.ndarray) -> tuple:  # type: ignore[no-untyped-def,type-arg]
     """What ``pipelined`` computes once per call shape (kept in the domain's memo)."""
     n = d.size
@@ -195,6 +258,11 @@ def pipelined(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
 def reduce_direct(ctx: Ctx, x: np.ndarray, root: int, op: Op) -> None:
     """``reduce`` onto group rank ``root`` in one round (see ``direct``)."""
     direct(ctx, x, op, root)
+
+
+def reduce_split(ctx: Ctx, x: np.ndarray, root: int, op: Op) -> None:
+    """``reduce`` onto group rank ``root``, each member reducing one part (see ``split``)."""
+    split(ctx, x, op, root)
 
 
 def reduce_pipelined(ctx: Ctx, x: np.ndarray, root: int, op: Op) -> None:
