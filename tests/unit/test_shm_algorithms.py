@@ -150,13 +150,15 @@ def test_broadcast_and_scatter(group, count):
     n = group.size
     for root in range(n):
         arrays = [rank_data(r, count, np.int32, salt=root) for r in range(n)]
-        group.call(lambda ctx: shm_broadcast.broadcast(ctx, arrays[ctx.rank], root))
+        group.call(lambda ctx: shm_broadcast.broadcast(ctx, arrays[ctx.rank], root),
+                   signature("broadcast", np.dtype(np.int32), count, root=root))
         for r in range(n):
             np.testing.assert_array_equal(arrays[r], rank_data(root, count, np.int32, salt=root))
         pieces = [rank_data(i, count, np.float64, salt=7) for i in range(n)]
         outs = [np.zeros(count, np.float64) for _ in range(n)]
         group.call(lambda ctx: shm_broadcast.scatter(ctx, outs[ctx.rank], pieces if ctx.rank == root else None,
-                                                     [count] * n, root))
+                                                     [count] * n, root),
+                   signature("scatter", np.dtype(np.float64), count * n, root=root))
         for r in range(n):
             np.testing.assert_array_equal(outs[r], pieces[r])
 
@@ -167,14 +169,16 @@ def test_all_gather_and_gather_including_uneven(group, count):
     sizes = [count + 3 * r for r in range(n)]  # uneven: the "v" variant
     sends = [rank_data(r, sizes[r], np.float16) for r in range(n)]
     outputs = [[np.zeros(sizes[q], np.float16) for q in range(n)] for _ in range(n)]
-    group.call(lambda ctx: shm_allgather.allgather(ctx, sends[ctx.rank], outputs[ctx.rank]))
+    group.call(lambda ctx: shm_allgather.allgather(ctx, sends[ctx.rank], outputs[ctx.rank]),
+               signature("all_gather", np.dtype(np.float16), sum(sizes)))
     for r in range(n):
         for q in range(n):
             np.testing.assert_array_equal(outputs[r][q], sends[q])
     for root in range(n):
         outs = [[np.full(sizes[q], -1, np.float16) for q in range(n)] for _ in range(n)]
         group.call(lambda ctx: shm_allgather.gather(ctx, sends[ctx.rank], outs[ctx.rank] if ctx.rank == root
-                                                    else None, root))
+                                                    else None, root),
+                   signature("gather", np.dtype(np.float16), sum(sizes), root=root))
         for q in range(n):
             np.testing.assert_array_equal(outs[root][q], sends[q])
         for r in range(n):
@@ -189,7 +193,8 @@ def test_reduce_scatter(group, count):
                       (ReduceOp.premul_sum(2.0), np.float64)]:
         blocks = [[rank_data(r, count + i, dtype, salt=i, op=op) for i in range(n)] for r in range(n)]
         outs = [np.zeros(count + r, dtype) for r in range(n)]
-        group.call(lambda ctx: shm_reduce_scatter.reduce_scatter(ctx, outs[ctx.rank], blocks[ctx.rank], op))
+        group.call(lambda ctx: shm_reduce_scatter.reduce_scatter(ctx, outs[ctx.rank], blocks[ctx.rank], op),
+                   signature("reduce_scatter", np.dtype(dtype), sum(count + i for i in range(n)), op))
         for r in range(n):
             _close(outs[r], reduce_reference(op, [blocks[q][r] for q in range(n)]), op)
 

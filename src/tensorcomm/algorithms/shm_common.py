@@ -196,7 +196,8 @@ Read = Callable[[int, int, int, "Journal | None"], None]
 
 
 def run_rounds(ctx: Ctx, stream: Stream, read: Read, outputs: Sequence[np.ndarray] = (),
-               verify: Callable[[], None] | None = None, header: np.ndarray | None = None) -> int:
+               verify: Callable[[list[int]], None] | None = None,
+               header: np.ndarray | None = None) -> int:
     """Exchange every member's ``stream`` one slot per round; return the number of rounds.
 
     Each round ``t`` covers bytes ``[t*S, (t+1)*S)`` of every stream (``S`` the slot size): this
@@ -209,7 +210,8 @@ def run_rounds(ctx: Ctx, stream: Stream, read: Read, outputs: Sequence[np.ndarra
         read: must ``journal.save`` what it is about to overwrite in ``outputs`` when ``journal``
             is not None (the call spans several rounds, so a later round could still fail).
         outputs: the caller's arrays ``read`` writes into; restored if a later round fails.
-        verify: called once every member has arrived, before anything is read (size checks).
+        verify: called with every member's extent once all have arrived, before anything is
+            read (size checks).
         header: bytes written at the start of the first round, before the stream (whose offsets
             must leave room for it); peers read it in the first round.
     """
@@ -223,10 +225,10 @@ def run_rounds(ctx: Ctx, stream: Stream, read: Read, outputs: Sequence[np.ndarra
         mine[first & 1][:header.size] = header
     stream.write(mine[first & 1], 0, size)
     d.start(ctx, stream.nbytes)
+    extents = d.extents(ctx)
     if verify is not None:
-        verify()
-    longest = max(d.extent(q, ctx) for q in range(d.size))
-    rounds = max(1, -(-longest // size))
+        verify(extents)
+    rounds = max(1, -(-max(extents) // size))
     journal = Journal(d, outputs) if rounds > 1 and outputs else None
     base = d.posts - 1
     peers = d.peers

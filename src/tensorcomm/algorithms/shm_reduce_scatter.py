@@ -13,9 +13,24 @@ from typing import Sequence
 
 import numpy as np
 
+from ..types import ReduceOp
 from .allgather import bounds
 from .base import Ctx
 from .shm_common import Journal, Op, Stream, fold, load, no_domain, reduction_plan, run_rounds
+
+
+def _one_slot(d, op: Op, dtype: np.dtype, counts: tuple[int, ...]):  # type: ignore[no-untyped-def]
+    """Set-up of a one-round reduce-scatter (kept in the domain's memo), or False when the
+    terms (in the accumulation dtype) do not fit one slot."""
+    plan = reduction_plan(op, dtype)
+    acc, r = plan.acc, d.rank
+    starts = bounds(counts)
+    if starts[-1] * acc.itemsize > d.slot_bytes:
+        return False
+    mine = tuple(d.inbox[r][p][:starts[-1] * acc.itemsize].view(acc) for p in (0, 1))
+    theirs = tuple(tuple(d.inbox[q][p][starts[r] * acc.itemsize:starts[r + 1] * acc.itemsize].view(acc)
+                         for q in range(d.size) if q != r) for p in (0, 1))
+    return plan, plan._replace(factor=None, raw=True), starts, mine, theirs
 
 
 def reduce_scatter(ctx: Ctx, out: np.ndarray, inputs: Sequence[np.ndarray], op: Op) -> None:
@@ -30,6 +45,28 @@ def reduce_scatter(ctx: Ctx, out: np.ndarray, inputs: Sequence[np.ndarray], op: 
     if d is None:
         raise no_domain(ctx)
     n, r = d.size, d.rank
+    counts = tuple(i.size for i in inputs)
+    key = ("reduce_scatter", ctx.signature if type(op) is ReduceOp else (ctx.signature, op), counts)
+    setup = d.memo.get(key)
+    if setup is None:
+        setup = d.remember(key, _one_slot(d, op, out.dtype, counts))
+    if setup is not False:  # one round: fold this member's block of every slot, in place
+        plan, raw_plan, starts, mine, theirs = setup
+        rounds = d.round
+        parity = rounds & 1
+        slot = mine[parity]
+        for q in d.peers:
+            load(plan, slot[starts[q]:starts[q + 1]], inputs[q])
+        d.start(ctx, None)  # nobody reads extents in one round
+        d.round = rounds + 1
+        own = inputs[r]
+        if not plan.raw:
+            own = np.empty(own.size, dtype=plan.acc)
+            load(plan, own, inputs[r])
+        terms = list(theirs[parity])
+        terms.insert(r, own)
+        fold(raw_plan, terms, out, n)
+        return
     plan = reduction_plan(op, out.dtype)
     if not plan.raw:  # terms travel in the accumulation dtype, premultiplied
         prepared = []

@@ -13,8 +13,8 @@ broadcast's receivers) untouched:
   are copied to the caller's arrays only once the whole collective has succeeded.
 
 The per-call path is the latency budget of small messages, so what does not change between calls
-is cached: signatures (``_signature``), each group's ``Team`` and labels (``Group``), reduction
-plans (``algorithms.shm_common``).
+is cached: signatures and chosen rows per call shape (``_reduction``, ``_shape``), each group's
+``Team`` and labels (``Group``), reduction plans and slot views (``algorithms/shm_*.py``).
 """
 
 from __future__ import annotations
@@ -25,14 +25,13 @@ import numpy as np
 
 from ..algorithms import kernels, select
 from ..algorithms.base import Ctx
-from ..algorithms.signature import UNCHECKED, Signature, signature
+from ..algorithms.signature import UNCHECKED, signature
 from ..types import PremulSum, ReduceOp
 from .group import Group
 from .work import Work
 
 Op = ReduceOp | PremulSum
 
-_SIGNATURES: dict[tuple, Signature] = {}  # type: ignore[type-arg]
 _REDUCTIONS: dict[tuple, list] = {}  # type: ignore[type-arg]
 _last_reduction: tuple = (None,) * 6  # type: ignore[type-arg]
 _CACHE_LIMIT = 4096
@@ -41,18 +40,6 @@ _CACHE_LIMIT = 4096
 def _op_key(op: Op | None) -> object:
     # ReduceOp members hash through Python code (Enum.__hash__); their value hashes in C.
     return op._value_ if type(op) is ReduceOp else op  # type: ignore[union-attr]
-
-
-def _signature(collective: str, dtype: np.dtype | None = None, count: int = 0, op: Op | None = None,
-               root: int = -1) -> Signature:
-    """``signature(...)``, cached: calls repeat the same few signatures."""
-    key = (collective, dtype, count, _op_key(op), root)
-    found = _SIGNATURES.get(key)
-    if found is None:
-        if len(_SIGNATURES) >= _CACHE_LIMIT:
-            _SIGNATURES.clear()
-        found = _SIGNATURES[key] = signature(collective, dtype, count, op, root)
-    return found
 
 
 def _reduction(collective: str, flat: np.ndarray, op: Op, root: int = -1) -> list:  # type: ignore[type-arg]
@@ -71,6 +58,22 @@ def _reduction(collective: str, flat: np.ndarray, op: Op, root: int = -1) -> lis
         nbytes = size * kernels.accumulation_dtype(op, dtype).itemsize
         found = _REDUCTIONS[key] = [signature(collective, dtype, size, op, root), nbytes, (None, None)]
     _last_reduction = (size, dtype, op, collective, root, found)
+    return found
+
+
+_SHAPES: dict[tuple, list] = {}  # type: ignore[type-arg]
+
+
+def _shape(collective: str, name: str, dtype: np.dtype | None, count: int, nbytes: int,
+           root: int = -1, op: Op | None = None) -> list:  # type: ignore[type-arg]
+    """``[signature, nbytes, (team, row)]`` for a call of ``collective`` (the select table's name;
+    ``name`` is the signature's), cached like ``_reduction``."""
+    key = (collective, dtype, count, nbytes, root, _op_key(op))
+    found = _SHAPES.get(key)
+    if found is None:
+        if len(_SHAPES) >= _CACHE_LIMIT:
+            _SHAPES.clear()
+        found = _SHAPES[key] = [signature(name, dtype, count, op, root), nbytes, (None, None)]
     return found
 
 
@@ -134,9 +137,10 @@ def reduce(group: Group, array: np.ndarray, root: int, op: Op, async_op: bool) -
 def broadcast(group: Group, array: np.ndarray, root: int, async_op: bool) -> Work | None:
     """Copy group rank ``root``'s ``array`` into every member's."""
     flat = _flat(array)
+    cached = _shape("broadcast", "broadcast", flat.dtype, flat.size, flat.nbytes, root)
 
     def body(ctx: Ctx) -> None:
-        row = select.pick("broadcast", ctx, flat.nbytes)
+        row = _pick("broadcast", ctx, cached)
         if row.direct:
             row.fn(ctx, flat, root)
             return
@@ -145,7 +149,7 @@ def broadcast(group: Group, array: np.ndarray, root: int, async_op: bool) -> Wor
         if ctx.rank != root:
             flat[...] = work
 
-    return group.run("broadcast", body, async_op, _signature("broadcast", flat.dtype, flat.size, root=root))
+    return group.run("broadcast", body, async_op, cached[0])
 
 
 def all_gather(group: Group, outputs: Sequence[np.ndarray], array: np.ndarray,
@@ -158,9 +162,10 @@ def all_gather(group: Group, outputs: Sequence[np.ndarray], array: np.ndarray,
     send = _flat(array)
     counts = [o.size for o in outputs]
     total = sum(counts)
+    cached = _shape("allgather", "all_gather", send.dtype, total, total * send.itemsize)
 
     def body(ctx: Ctx) -> None:
-        row = select.pick("allgather", ctx, total * send.itemsize)
+        row = _pick("allgather", ctx, cached)
         if row.direct:
             row.fn(ctx, send, [_flat(o) for o in outputs])
             return
@@ -168,16 +173,17 @@ def all_gather(group: Group, outputs: Sequence[np.ndarray], array: np.ndarray,
         row.fn(ctx, send, out, counts)
         _copy_out(outputs, out)
 
-    return group.run("all_gather", body, async_op, _signature("all_gather", send.dtype, total))
+    return group.run("all_gather", body, async_op, cached[0])
 
 
 def gather(group: Group, array: np.ndarray, outputs: Sequence[np.ndarray] | None, root: int,
            counts: Sequence[int], async_op: bool) -> Work | None:
     """Member ``i``'s ``array`` lands in ``outputs[i]`` on ``root`` only (``counts[i]`` elements)."""
     send = _flat(array)
+    cached = _shape("gather", "gather", send.dtype, sum(counts), send.nbytes * group.size, root)
 
     def body(ctx: Ctx) -> None:
-        row = select.pick("gather", ctx, send.nbytes * ctx.size)
+        row = _pick("gather", ctx, cached)
         if row.direct:
             row.fn(ctx, send, None if outputs is None else [_flat(o) for o in outputs], root)
             return
@@ -186,16 +192,17 @@ def gather(group: Group, array: np.ndarray, outputs: Sequence[np.ndarray] | None
         if out is not None and outputs is not None:
             _copy_out(outputs, out)
 
-    return group.run("gather", body, async_op, _signature("gather", send.dtype, sum(counts), root=root))
+    return group.run("gather", body, async_op, cached[0])
 
 
 def scatter(group: Group, array: np.ndarray, inputs: Sequence[np.ndarray] | None, root: int,
             counts: Sequence[int], async_op: bool) -> Work | None:
     """``inputs[i]`` on ``root`` lands in member ``i``'s ``array``."""
     flat = _flat(array)
+    cached = _shape("scatter", "scatter", flat.dtype, sum(counts), flat.nbytes * group.size, root)
 
     def body(ctx: Ctx) -> None:
-        row = select.pick("scatter", ctx, flat.nbytes * ctx.size)
+        row = _pick("scatter", ctx, cached)
         if row.direct:
             row.fn(ctx, flat, None if inputs is None else [_flat(i) for i in inputs], list(counts), root)
             return
@@ -204,7 +211,7 @@ def scatter(group: Group, array: np.ndarray, inputs: Sequence[np.ndarray] | None
         row.fn(ctx, send, out, list(counts), root)
         flat[...] = out
 
-    return group.run("scatter", body, async_op, _signature("scatter", flat.dtype, sum(counts), root=root))
+    return group.run("scatter", body, async_op, cached[0])
 
 
 def reduce_scatter(group: Group, output: np.ndarray, inputs: Sequence[np.ndarray], op: Op,
@@ -214,8 +221,10 @@ def reduce_scatter(group: Group, output: np.ndarray, inputs: Sequence[np.ndarray
     counts = [i.size for i in inputs]
     total = sum(counts)
 
+    cached = _shape("reduce_scatter", "reduce_scatter", flat.dtype, total, total * flat.itemsize, op=op)
+
     def body(ctx: Ctx) -> None:
-        row = select.pick("reduce_scatter", ctx, total * flat.itemsize)
+        row = _pick("reduce_scatter", ctx, cached)
         if row.direct:
             row.fn(ctx, flat, [_flat(i) for i in inputs], op)
             return
@@ -224,8 +233,7 @@ def reduce_scatter(group: Group, output: np.ndarray, inputs: Sequence[np.ndarray
         row.fn(ctx, send, out, counts, base)
         kernels.finish(op, out, flat, ctx.size)
 
-    return group.run("reduce_scatter", body, async_op,
-                     _signature("reduce_scatter", flat.dtype, total, op))
+    return group.run("reduce_scatter", body, async_op, cached[0])
 
 
 def all_to_all(group: Group, outputs: Sequence[np.ndarray], inputs: Sequence[np.ndarray],
@@ -233,9 +241,11 @@ def all_to_all(group: Group, outputs: Sequence[np.ndarray], inputs: Sequence[np.
     """``inputs[j]`` of member ``i`` lands in ``outputs[i]`` of member ``j``."""
     send_counts = [i.size for i in inputs]
     recv_counts = [o.size for o in outputs]
+    cached = _shape("alltoall", "all_to_all", outputs[0].dtype, UNCHECKED,
+                    sum(send_counts) * inputs[0].itemsize)
 
     def body(ctx: Ctx) -> None:
-        row = select.pick("alltoall", ctx, sum(send_counts) * inputs[0].itemsize)
+        row = _pick("alltoall", ctx, cached)
         if row.direct:
             row.fn(ctx, [_flat(o) for o in outputs], [_flat(i) for i in inputs])
             return
@@ -244,7 +254,7 @@ def all_to_all(group: Group, outputs: Sequence[np.ndarray], inputs: Sequence[np.
         row.fn(ctx, send, send_counts, out, recv_counts)
         _copy_out(outputs, out)
 
-    return group.run("all_to_all", body, async_op, _signature("all_to_all", outputs[0].dtype, UNCHECKED))
+    return group.run("all_to_all", body, async_op, cached[0])
 
 
 def all_to_all_flat(group: Group, output: np.ndarray, send_counts: Sequence[int],
@@ -252,9 +262,10 @@ def all_to_all_flat(group: Group, output: np.ndarray, send_counts: Sequence[int]
     """``all_to_all`` on two flat arrays cut into per-member blocks of the given element counts."""
     send = _flat(array)
     flat = _flat(output)
+    cached = _shape("alltoall", "all_to_all", flat.dtype, UNCHECKED, send.nbytes)
 
     def body(ctx: Ctx) -> None:
-        row = select.pick("alltoall", ctx, send.nbytes)
+        row = _pick("alltoall", ctx, cached)
         if row.direct:
             row.fn(ctx, _split(flat, recv_counts), _split(send, send_counts))
             return
@@ -262,7 +273,7 @@ def all_to_all_flat(group: Group, output: np.ndarray, send_counts: Sequence[int]
         row.fn(ctx, send, list(send_counts), out, list(recv_counts))
         flat[...] = out
 
-    return group.run("all_to_all_single", body, async_op, _signature("all_to_all", flat.dtype, UNCHECKED))
+    return group.run("all_to_all_single", body, async_op, cached[0])
 
 
 def _split(flat: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
@@ -276,7 +287,9 @@ def _split(flat: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
 def barrier(group: Group, async_op: bool) -> Work | None:
     """Return once every member has entered the barrier."""
 
-    def body(ctx: Ctx) -> None:
-        select.pick("barrier", ctx, 0).fn(ctx)
+    cached = _shape("barrier", "barrier", None, 0, 0)
 
-    return group.run("barrier", body, async_op, _signature("barrier"))
+    def body(ctx: Ctx) -> None:
+        _pick("barrier", ctx, cached).fn(ctx)
+
+    return group.run("barrier", body, async_op, cached[0])

@@ -20,15 +20,17 @@ from .arrays import Staged
 
 def _done(result: Work | None, outputs: Sequence[Staged], async_op: bool) -> Work | None:
     """Write outputs back to the callers' objects now (sync) or on completion (async)."""
-    def commit() -> None:
-        for staged in outputs:
-            staged.commit()
-
     if async_op:
+        def commit() -> None:
+            for staged in outputs:
+                staged.commit()
+
         assert result is not None
         result.after(commit)
         return result
-    commit()
+    for staged in outputs:
+        if staged.needs_commit:  # else the call wrote into the caller's own array
+            staged.commit()
     return None
 
 

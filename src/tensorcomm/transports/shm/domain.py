@@ -63,7 +63,7 @@ class ShmDomain:
         inbox: ``inbox[q][p]``, member ``q``'s IN slot ``p`` (uint8 array).
         outbox: ``outbox[q]``, member ``q``'s OUT region (uint8 array).
         round: rounds completed so far (IN slot parity); in step on every member.
-        start, begin, arrivals, post, wait, extent: the call protocol (``Slots``' methods).
+        start, begin, arrivals, post, wait, extent, extents: the call protocol (``Slots``' methods).
     """
 
     def __init__(self, arena: Arena, rank: int, size: int, global_ranks: Sequence[int],
@@ -100,6 +100,7 @@ class ShmDomain:
         self.post = slots.post
         self.wait = slots.wait
         self.extent = slots.extent
+        self.extents = slots.extents
         self._views: dict[tuple[Any, ...], tuple[np.ndarray, ...]] = {}
         self.memo: dict[Any, Any] = {}  # algorithms' per-call-shape set-ups (see ``remember``)
         self._backup = np.empty(0, dtype=np.uint8)

@@ -315,6 +315,11 @@ class Slots:
         """The extent ``rank`` announced for this call (valid after ``arrivals``)."""
         return self.words[self._entry[rank][ctx.seq & 1] + 2]
 
+    def extents(self, ctx: "CallInfo") -> list[int]:
+        """Every member's announced extent for this call, in group-rank order."""
+        words, parity = self.words, ctx.seq & 1
+        return [words[entry[parity] + 2] for entry in self._entry]
+
     def counter(self, rank: int) -> int:
         return self.words[self.counter_word[rank]]
 
