@@ -11,6 +11,9 @@ import numbers
 from dataclasses import dataclass
 from typing import Union
 
+import ml_dtypes
+import numpy as np
+
 
 class ReduceOp(enum.Enum):
     """Element-wise reduction applied by all_reduce, reduce and reduce_scatter.
@@ -74,6 +77,11 @@ class PremulSum:
 
 
 ReduceOpLike = Union[ReduceOp, PremulSum, str]
+
+# Every dtype tensorcomm moves and reduces; bfloat16 comes from ml_dtypes.
+SUPPORTED_DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in (
+    np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+    np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.complex64, np.complex128))
 
 
 class TransportKind(enum.Enum):

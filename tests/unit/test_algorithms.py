@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from tensorcomm.algorithms import (allgather, allreduce, alltoall, barrier, broadcast, gather_scatter,
                                    kernels, reduce, reduce_scatter)
 from tensorcomm.algorithms.base import Ctx
-from tensorcomm.algorithms.signature import signature
+from tensorcomm.signature import signature
 from tensorcomm.errors import CollectiveMismatchError, CommTimeoutError, GroupAbortedError
 from tensorcomm.transports.base import ANY_SOURCE, Transport, as_bytes, collective_tag
 from tensorcomm.transports.loopback import LoopbackHub, LoopbackTransport, run_threads

@@ -17,7 +17,7 @@ import pytest
 from tensorcomm.algorithms import kernels, shm_allgather, shm_allreduce, shm_alltoall, shm_barrier
 from tensorcomm.algorithms import shm_broadcast, shm_reduce_scatter
 from tensorcomm.algorithms.base import Ctx
-from tensorcomm.algorithms.signature import UNCHECKED, signature
+from tensorcomm.signature import UNCHECKED, signature
 from tensorcomm.errors import GroupAbortedError, PeerLostError
 from tensorcomm.testing import rank_data, reduce_reference
 from tensorcomm.transports.shm import slots

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tensorcomm.algorithms.base import Ctx
-from tensorcomm.algorithms.signature import Signature, signature
+from tensorcomm.signature import Signature, signature
 from tensorcomm.errors import (AuthenticationError, CollectiveMismatchError, CommTimeoutError,
                                GroupAbortedError, PeerLostError)
 from tensorcomm.rendezvous import auth

@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 
-from tensorcomm.algorithms.signature import signature
+from tensorcomm.signature import signature
 from tensorcomm.errors import CollectiveMismatchError, GroupAbortedError, PeerLostError
 from tensorcomm.rendezvous.store import HashStore
 from tensorcomm.transports.base import ANY_SOURCE, collective_tag

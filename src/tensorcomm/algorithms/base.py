@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import CommError, CommTimeoutError
 from ..transports.base import Request, Transport, as_bytes, collective_tag, p2p_tag  # noqa: F401
-from .signature import NO_SIGNATURE, Signature
+from ..signature import NO_SIGNATURE, Signature
 
 _new = object.__new__
 _monotonic = time.monotonic

@@ -21,11 +21,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from ..types import PremulSum, ReduceOp
+from ..types import SUPPORTED_DTYPES, PremulSum, ReduceOp
 
-SUPPORTED_DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in (
-    np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
-    np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.complex64, np.complex128))
 
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 _HALF = (np.dtype(np.float16), _BFLOAT16)

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..algorithms import kernels, select
 from ..algorithms.base import Ctx
-from ..algorithms.signature import UNCHECKED, signature
+from ..signature import UNCHECKED, signature
 from ..types import PremulSum, ReduceOp
 from .group import Group
 from .work import Work

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..algorithms.base import Ctx, Team
-from ..algorithms.signature import Signature
+from ..signature import Signature
 from ..types import TransportKind
 from .engine import Engine
 from .work import Work

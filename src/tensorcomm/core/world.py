@@ -20,7 +20,7 @@ import time
 from typing import Sequence
 
 from .. import config
-from ..algorithms.signature import Signature
+from ..signature import Signature
 from ..errors import CommTimeoutError, GroupAbortedError, RendezvousError
 from ..rendezvous.init_method import Rendezvous, rendezvous
 from ..rendezvous.store import Store

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..adapters.base import Adapter
 from ..adapters.registry import adapter_for
-from ..algorithms.kernels import SUPPORTED_DTYPES
+from ..types import SUPPORTED_DTYPES
 
 _SUPPORTED = frozenset(SUPPORTED_DTYPES)  # a set: ``in`` on the tuple compares dtypes one by one
 _SUPPORTED_NAMES = ", ".join(d.name for d in SUPPORTED_DTYPES)

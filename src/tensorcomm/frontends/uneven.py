@@ -22,7 +22,8 @@ from ..core import collectives
 from ..core.group import Group
 from ..errors import CollectiveMismatchError
 from . import validate
-from .arrays import SUPPORTED_DTYPES, Staged
+from ..types import SUPPORTED_DTYPES
+from .arrays import Staged
 
 _CHECKED = 2  # leading header fields every member must agree on: dtype index, shape fingerprint
 

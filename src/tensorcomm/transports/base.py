@@ -13,7 +13,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from ..algorithms.signature import Signature
+from ..signature import Signature
 from ..errors import CollectiveMismatchError
 
 ANY_SOURCE = -1

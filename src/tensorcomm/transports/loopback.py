@@ -15,7 +15,7 @@ import time
 from typing import Callable, TypeVar
 
 from ..errors import CollectiveMismatchError, CommTimeoutError, GroupAbortedError, PeerLostError
-from ..algorithms.signature import Signature
+from ..signature import Signature
 from .base import ANY_SOURCE, Transport, group_of_tag, signature_mismatch
 
 T = TypeVar("T")

@@ -14,7 +14,7 @@ import socket
 import struct
 import time
 
-from ...algorithms.signature import NO_SIGNATURE, Signature
+from ...signature import NO_SIGNATURE, Signature
 
 HEADER = struct.Struct("<IIQQ5q")
 MAGIC = 0x31434D54  # b"TMC1" read little-endian

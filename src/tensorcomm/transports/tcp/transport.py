@@ -20,7 +20,7 @@ from collections import OrderedDict, deque
 from typing import Callable, Sequence
 
 from ... import config
-from ...algorithms.signature import Signature
+from ...signature import Signature
 from ...errors import (CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError,
                        PeerLostError)
 from ..base import ANY_SOURCE, Transport, call_of_tag, group_of_tag, signature_mismatch

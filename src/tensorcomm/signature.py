@@ -13,8 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..types import PremulSum, ReduceOp
-from .kernels import SUPPORTED_DTYPES
+from .types import SUPPORTED_DTYPES, PremulSum, ReduceOp
 
 COLLECTIVES = ("none", "all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter",
                "reduce_scatter", "all_to_all", "barrier")
