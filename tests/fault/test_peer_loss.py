@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tensorcomm as tc
-from tensorcomm.testing import spawn_ranks
+from tensorcomm.testing import run_ranks, spawn_ranks
 
 pytestmark = pytest.mark.fault
 
@@ -152,3 +152,30 @@ def test_init_with_a_rank_missing_names_who_came():
     for outcome in outcomes[:2]:
         assert outcome.ok, outcome.output
         assert "ranks [2] of 3 did not join within 2 s (arrived: [0, 1])" in outcome.result
+
+
+def body_abort_from_another_thread() -> dict:
+    rank = tc.get_rank()
+    group = tc.new_group([0, 1, 2])
+    if rank == 0:
+        threading.Timer(0.5, group.abort, args=("the user pressed stop",)).start()
+    if rank == 2:
+        time.sleep(1.5)  # arrives after the abort: its call must fail at once, not wait
+    start = time.monotonic()
+    try:
+        tc.all_reduce(np.ones(1000, np.float32), group=group)
+    except tc.GroupAbortedError as exc:
+        message, elapsed = str(exc), time.monotonic() - start
+    else:
+        raise AssertionError("the call on an aborted group succeeded")
+    tc.barrier()  # the world goes on
+    return {"message": message, "elapsed": elapsed}
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_group_abort_ends_pending_and_later_calls_on_every_member(transport):
+    results = run_ranks(body_abort_from_another_thread, 3, timeout=60, env=TRANSPORTS[transport])
+    for result in results:
+        assert "aborted by rank 0: the user pressed stop" in result["message"], result
+        assert result["elapsed"] < 5, result
+    assert results[2]["elapsed"] < 0.5, results[2]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..algorithms.base import Ctx, Team
+from ..errors import GroupAbortedError
 from ..signature import Signature
 from ..types import TransportKind
 from .engine import Engine
@@ -162,6 +163,25 @@ class Group:
                 raise
 
         return engine.submit(label, with_ctx, async_op)
+
+    def abort(self, reason: str = "aborted") -> None:
+        """End the group at once, from any thread, on every member.
+
+        Pending and later calls on the group fail with ``GroupAbortedError`` here and on the
+        other members (who are told over the same links a failed call uses). The world and other
+        groups go on.
+
+        Raises:
+            ValueError: this process is not a member.
+        """
+        target = self._target()
+        world = target._world
+        target.rank  # raises for non-members
+        error = GroupAbortedError(f"group {target._name!r} was aborted by rank {world.rank}: {reason}")
+        world.transport.abort_group(target._group_id, error)
+        if target._shm is not None:
+            target._shm.abort(error)
+        target._engine.stop(error)
 
     def _stop(self, error: BaseException) -> None:
         """Fail pending and later calls with ``error``; leave the shared-memory domain."""
