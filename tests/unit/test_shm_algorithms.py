@@ -18,7 +18,7 @@ from tensorcomm.algorithms import kernels, shm_allgather, shm_allreduce, shm_all
 from tensorcomm.algorithms import shm_broadcast, shm_reduce_scatter
 from tensorcomm.algorithms.base import Ctx
 from tensorcomm.signature import UNCHECKED, signature
-from tensorcomm.errors import GroupAbortedError, PeerLostError
+from tensorcomm.errors import GroupAbortedError
 from tensorcomm.testing import rank_data, reduce_reference
 from tensorcomm.transports.shm import slots
 from tensorcomm.types import PremulSum, ReduceOp
