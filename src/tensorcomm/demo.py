@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     tc.init()
     rank, size = tc.get_rank(), tc.get_world_size()
+    transport = tc.WORLD.transport_kind.value
     rows = []
     for count in args.sizes:
         for name, check in _cases(rank, size, count).items():
@@ -132,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((name, count * 4, int(wrong[0]), float(slowest[0])))
     tc.destroy()
     if rank == 0:
-        print(f"tensorcomm demo: {size} ranks, float32, {args.iterations} timed calls per row")
+        print(f"tensorcomm demo: {size} ranks over {transport}, float32, {args.iterations} timed "
+              "calls per row")
         print(f"{'collective':<24} {'bytes':>10} {'result':>12} {'time/call':>12}")
         for name, nbytes, wrong_ranks, seconds in rows:
             result = "ok" if wrong_ranks == 0 else f"WRONG on {wrong_ranks}"
