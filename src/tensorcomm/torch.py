@@ -37,9 +37,8 @@ import torch.distributed as dist
 from .core import world as core_world
 from .errors import CommTimeoutError
 from .frontends.torch_backend import BACKEND_NAME, ProcessGroupTensorcomm, TensorcommWork
-from .rendezvous import (JobInfo, Rendezvous, Store, TCPStore, discover, generate_secret,
-                         register_scheme, rendezvous, secret_bytes)
-from .rendezvous.init_method import TORCHRUN_SCHEME, resolve_ranks
+from .rendezvous import JobInfo, Rendezvous, Store, TCPStore, discover, register_scheme, rendezvous
+from .rendezvous.init_method import TORCHRUN_SCHEME, resolve_ranks, shared_secret
 from .rendezvous.store import check_key, check_keys, check_value
 
 __all__ = ["BACKEND_NAME", "ProcessGroupTensorcomm", "TensorcommWork"]
@@ -147,13 +146,7 @@ def _torchstore_handler(url: str, rank: int | None, world_size: int | None, time
         store, generation = _handover.pop(token)
     assert rank is not None and world_size is not None  # the creator always passes them
     bridge = _OverTorchStore(store, f"tensorcomm/{generation}/", timeout)
-    if info.secret is not None:
-        secret = secret_bytes(info.secret)
-    elif rank == 0:
-        secret = secret_bytes(generate_secret())
-        bridge.set(_SECRET_KEY, secret)
-    else:
-        secret = bridge.get(_SECRET_KEY)
+    secret = shared_secret(bridge, rank, info, _SECRET_KEY)
     return Rendezvous(bridge, rank, world_size, info.local_rank, info.host_id, secret)
 
 

@@ -227,6 +227,21 @@ def _tcp_handler(url: str, rank: int | None, world_size: int | None, timeout: fl
     return _tcp_rendezvous("tcp://", parts.hostname, port, rank, world_size, timeout, info)
 
 
+def shared_secret(store: Store, rank: int, info: JobInfo, key: str) -> bytes:
+    """The job secret: ``TENSORCOMM_SECRET`` if set, else one rank 0 makes and shares at ``key``.
+
+    Only for stores that are themselves private to the job (a 0600 file, a store the caller
+    already trusts): the secret is exactly as safe as the store it travels through.
+    """
+    if info.secret is not None:
+        return secret_bytes(info.secret)
+    if rank == 0:
+        secret = secret_bytes(generate_secret())
+        store.set(key, secret)
+        return secret
+    return store.get(key)
+
+
 def _file_handler(url: str, rank: int | None, world_size: int | None, timeout: float,
                   info: JobInfo) -> Rendezvous:
     parts = urllib.parse.urlsplit(url)
@@ -235,13 +250,7 @@ def _file_handler(url: str, rank: int | None, world_size: int | None, timeout: f
     rank, world_size = resolve_ranks("file://", rank, world_size, info)
     store = FileStore(urllib.parse.unquote(parts.path), timeout)
     try:
-        if info.secret is not None:
-            secret = secret_bytes(info.secret)
-        elif rank == 0:
-            secret = secret_bytes(generate_secret())
-            store.set(FILE_SECRET_KEY, secret)
-        else:
-            secret = store.get(FILE_SECRET_KEY)
+        secret = shared_secret(store, rank, info, FILE_SECRET_KEY)
     except BaseException:
         store.close()
         raise
