@@ -47,6 +47,10 @@ def body_bad_arguments() -> None:
     _raises(ValueError, "gather_list is required", tc.gather, x, None, dst=rank)
     _raises(ValueError, "must hold group size", tc.all_gather_into_tensor, np.ones(3), np.ones(2))
     _raises(ValueError, "tag must be in", tc.isend, x, 0, tag=-1)
+    outs = [np.ones(4, np.float32) for _ in range(size)]
+    outs[-1] = np.ones(4, np.float64)
+    _raises(ValueError, rf"output_tensor_list\[{size - 1}\] is float64\[4\]", tc.all_to_all,
+            outs, [x] * size)
     _raises(ValueError, "ranks must be unique", tc.new_group, [0, 0])
     _raises(TypeError, r"ranks\[0\] must be an int", tc.new_group, ["a"])
     _raises(ValueError, "input_split_sizes must be non-negative and sum", tc.all_to_all_single,

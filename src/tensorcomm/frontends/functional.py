@@ -230,7 +230,8 @@ def all_to_all(output_tensor_list: Any, input_tensor_list: Any, group: Any = Non
     validate.flag(async_op, "async_op", fn)
     inputs = validate.array_list(input_tensor_list, "input_tensor_list", fn, g.size)
     outputs = validate.array_list(output_tensor_list, "output_tensor_list", fn, g.size, writable=True)
-    validate.same_dtype(inputs[1:] + outputs, inputs[0], "input/output_tensor_list", fn)
+    validate.same_dtype(inputs, inputs[0], "input_tensor_list", fn)
+    validate.same_dtype(outputs, inputs[0], "output_tensor_list", fn)
     work = collectives.all_to_all(g, [o.buf for o in outputs], [i.buf for i in inputs], async_op)
     return _done(work, outputs, async_op)
 
