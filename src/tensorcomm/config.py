@@ -14,6 +14,7 @@ ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 ENV_MASTER_ADDR = "MASTER_ADDR"
 ENV_MASTER_PORT = "MASTER_PORT"
 ENV_SECRET = "TENSORCOMM_SECRET"  # hex string; the per-job HMAC key
+ENV_SECRET_DIR = "TENSORCOMM_SECRET_DIR"  # private directory for generated secrets (docs/security.md)
 ENV_STORE_HOSTED = "TENSORCOMM_STORE_HOSTED"  # "1": the launcher already serves the store
 ENV_HOST_ID = "TENSORCOMM_HOST_ID"  # overrides which ranks count as sharing a host
 ENV_TIMEOUT = "TENSORCOMM_TIMEOUT"  # seconds, default for init(timeout=None)
@@ -22,3 +23,10 @@ ENV_TRANSPORT = "TENSORCOMM_TRANSPORT"  # "tcp" forces sockets even on one host
 DEFAULT_TIMEOUT = 300.0  # seconds; bounds every blocking call unless init(timeout=...) says otherwise
 CONNECT_RETRY_INTERVAL = 0.05  # seconds between attempts to reach the store or a peer
 SOCKET_BUFFER_BYTES = 4 << 20
+# Longest timeout accepted anywhere (about 31 years): longer ones overflow the platform's timers.
+MAX_TIMEOUT = 1e9
+
+# --- listeners (store server, TCP mesh, shared-memory descriptor server) ---
+HANDSHAKE_TIMEOUT = 5.0  # seconds an accepted connection has to pass the job-secret challenge
+MAX_PENDING_HANDSHAKES = 64  # connections one listener authenticates at once; more are closed
+MAX_STORE_CLIENTS = 4096  # connections a store server holds at once (pending ones included)

@@ -18,7 +18,9 @@ Fresh nonces from both sides make a recorded exchange useless later (no replay);
 (``S``/``C``) in each MAC means a proof the server produces can never serve as a client answer,
 so a connection reflected back at the job cannot pass; ``purpose`` keeps a store proof from
 opening a data link. A server that rejects a client closes the connection without a word, which
-the client sees as a missing ``OK``.
+the client sees as a missing ``OK``. A server that closes the connection before its ``PROOF``
+(a listener at its limit of pending handshakes, or one shutting down) has judged nothing:
+the client raises :class:`HandshakeRefused`, which callers retry.
 """
 
 from __future__ import annotations
@@ -39,6 +41,12 @@ MAC_BYTES = 32  # SHA-256 digest size
 _HEADER = MAGIC + bytes([VERSION])
 _HELLO, _PROOF, _ANSWER, _OK = b"H", b"P", b"A", b"K"
 _HEADER_BYTES = len(_HEADER) + 1
+# A socket timeout above the platform's limit overflows; recv_exact waits in slices of this.
+_SLICE_SECONDS = 3600.0
+
+
+class HandshakeRefused(AuthenticationError):
+    """The server closed the connection before proving anything (busy or closing): retry later."""
 
 
 def generate_secret() -> str:
@@ -83,16 +91,17 @@ def recv_exact(sock: socket.socket, n: int, timeout: float | None) -> bytes:
             if deadline is not None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise socket.timeout
-                sock.settimeout(remaining)
+                    raise CommTimeoutError(f"timed out after {timeout} s with {got} of {n} bytes received")
+                sock.settimeout(min(remaining, _SLICE_SECONDS))
             else:
                 sock.settimeout(None)
-            count = sock.recv_into(view[got:])
+            try:
+                count = sock.recv_into(view[got:])
+            except socket.timeout:
+                continue  # a slice ended; the deadline decides
             if count == 0:
                 raise ConnectionError(f"connection closed after {got} of {n} bytes")
             got += count
-    except socket.timeout:
-        raise CommTimeoutError(f"timed out after {timeout} s with {got} of {n} bytes received") from None
     finally:
         view.release()
         try:
@@ -112,14 +121,19 @@ def handshake_client(sock: socket.socket, secret: bytes, timeout: float, purpose
         purpose: what the connection is for, e.g. ``b"store"`` or ``b"data"``.
 
     Raises:
+        HandshakeRefused: the server closed the connection before its proof (busy or closing).
         AuthenticationError: the peer does not know the secret, rejected ours, spoke another
             protocol, closed the connection or did not answer within ``timeout``.
     """
     deadline = time.monotonic() + timeout
     client_nonce = secrets.token_bytes(NONCE_BYTES)
     try:
-        _send(sock, _HEADER + _HELLO + client_nonce, deadline)
-        body = _expect(sock, _PROOF, NONCE_BYTES + MAC_BYTES, deadline)
+        try:
+            _send(sock, _HEADER + _HELLO + client_nonce, deadline)
+            body = _expect(sock, _PROOF, NONCE_BYTES + MAC_BYTES, deadline)
+        except ConnectionError as exc:  # EOF or reset before any proof: nothing was judged
+            raise HandshakeRefused(f"the server closed the connection before the handshake "
+                                   f"(busy with other connections, or closing): {exc}") from exc
         server_nonce, server_mac = body[:NONCE_BYTES], body[NONCE_BYTES:]
         if not hmac.compare_digest(server_mac, _mac(secret, purpose, b"S", server_nonce, client_nonce)):
             raise AuthenticationError("the server holds a different job secret "

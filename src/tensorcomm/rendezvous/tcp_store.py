@@ -1,8 +1,10 @@
 """The store over TCP: a server hosted by rank 0 (or the launcher) and the client every rank uses.
 
 Owns: :class:`TCPStoreServer`, :class:`TCPStore` and their wire protocol. Every connection runs
-the ``auth`` handshake (purpose ``b"store"``) before its first frame. Imports ``auth``, ``store``,
-``config`` and ``errors`` only.
+the ``auth`` handshake (purpose ``b"store"``) before its first frame, admitted by a ``gate``
+(concurrent handshakes, each within ``config.HANDSHAKE_TIMEOUT``, a bounded number pending);
+the server holds at most ``config.MAX_STORE_CLIENTS`` connections and closes any beyond at
+once. Imports ``auth``, ``gate``, ``store``, ``config`` and ``errors`` only.
 
 Protocol, after the handshake; all integers big-endian::
 
@@ -27,19 +29,22 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from tensorcomm.config import CONNECT_RETRY_INTERVAL
+from tensorcomm.config import (CONNECT_RETRY_INTERVAL, HANDSHAKE_TIMEOUT, MAX_STORE_CLIENTS,
+                               MAX_TIMEOUT)
 from tensorcomm.errors import AuthenticationError, CommTimeoutError, RendezvousError
-from tensorcomm.rendezvous.auth import handshake_client, handshake_server, recv_exact, secret_bytes
+from tensorcomm.rendezvous.auth import (HandshakeRefused, handshake_client, handshake_server,
+                                        recv_exact, secret_bytes)
+from tensorcomm.rendezvous.gate import Gate, describe_error, out_of_descriptors
 from tensorcomm.rendezvous.store import (MAX_KEY_BYTES, MAX_VALUE_BYTES, Store, add_to_counter,
                                          check_amount, check_key, check_keys, check_value,
                                          timeout_error)
 
 logger = logging.getLogger("tensorcomm.store")
 
-HANDSHAKE_TIMEOUT = 10.0  # seconds a new connection may take to authenticate on the server
+ACCEPT_BACKOFF = 0.1  # seconds between accept attempts after one failed (out of descriptors)
 # Once a frame's header has arrived its body follows at once; a peer that stalls mid-frame (or
 # stops reading a response) for this long is dropped so it cannot pin a server thread forever.
 FRAME_TIMEOUT = 60.0
@@ -99,6 +104,9 @@ def _peer(addr: object) -> str:
 class TCPStoreServer:
     """Serve a store on ``host:port`` to clients that know the job secret; a thread per client.
 
+    Connections are admitted as the module docstring says; a failing ``accept`` (out of
+    descriptors) is logged naming the descriptor limit, at most once per ``gate.LOG_INTERVAL``.
+
     Args:
         host: the address to bind, exactly (no wildcard unless given one).
         port: the port; 0 picks a free one, see ``.port``.
@@ -127,10 +135,10 @@ class TCPStoreServer:
         self.port: int = self._listener.getsockname()[1]
         self._data: dict[str, bytes] = {}
         self._cond = threading.Condition()  # guards _data; notified on every change and on close
-        self._lock = threading.Lock()  # guards _closed, _conns, _threads
+        self._lock = threading.Lock()  # guards _closed and _conns
         self._closed = False
-        self._conns: set[socket.socket] = set()
-        self._threads: set[threading.Thread] = set()
+        self._conns: set[socket.socket] = set()  # pending and authenticated, at most MAX_STORE_CLIENTS
+        self._gate = Gate(f"store {host}:{self.port}", logger)
         self._acceptor = threading.Thread(target=self._accept_loop, name=f"tensorcomm-store:{self.port}",
                                           daemon=True)
         self._acceptor.start()
@@ -141,7 +149,7 @@ class TCPStoreServer:
             if self._closed:
                 return
             self._closed = True
-            conns, threads = list(self._conns), list(self._threads)
+            conns = list(self._conns)
         with self._cond:
             self._cond.notify_all()
         for sock in [self._listener, *conns]:
@@ -151,8 +159,7 @@ class TCPStoreServer:
                 pass
         self._acceptor.join(FRAME_TIMEOUT)
         self._listener.close()
-        for thread in threads:
-            thread.join(FRAME_TIMEOUT)
+        self._gate.join(FRAME_TIMEOUT)
 
     def __enter__(self) -> "TCPStoreServer":
         return self
@@ -167,39 +174,51 @@ class TCPStoreServer:
             except OSError as exc:
                 if self._closed:
                     return
-                logger.warning("store %s:%s: accept failed: %s", self.host, self.port, exc)
-                time.sleep(CONNECT_RETRY_INTERVAL)  # e.g. out of descriptors: do not spin
+                self._gate.warn(f"cannot accept connections: {describe_error(exc)}")
+                time.sleep(ACCEPT_BACKOFF)  # e.g. out of descriptors: do not spin
                 continue
-            thread = threading.Thread(target=self._serve, args=(conn, addr), daemon=True,
-                                      name=f"tensorcomm-store-client:{_peer(addr)}")
+            peer = _peer(addr)
             with self._lock:
                 if self._closed:
                     conn.close()
                     return
-                self._conns.add(conn)
-                self._threads.add(thread)
-            thread.start()
+                full = len(self._conns) >= MAX_STORE_CLIENTS
+                if not full:
+                    self._conns.add(conn)
+            if full:
+                self._gate.refuse(conn, peer, f"it holds {MAX_STORE_CLIENTS} connections, the most it serves")
+            elif not self._gate.admit(conn, peer, self._authenticate):
+                self._forget(conn)
 
-    def _serve(self, conn: socket.socket, addr: object) -> None:
-        peer = _peer(addr)
+    def _authenticate(self, conn: socket.socket, peer: str) -> Callable[[], None] | None:
+        """Run the handshake (in a gate thread); return the serving loop, or None if refused."""
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.settimeout(FRAME_TIMEOUT)
             handshake_server(conn, self._secret, HANDSHAKE_TIMEOUT, b"store")
+        except (AuthenticationError, OSError) as exc:
+            if not self._closed:
+                self._gate.warn(f"rejected connection from {peer}: {exc}")
+            self._forget(conn)
+            return None
+        return lambda: self._serve(conn, peer)
+
+    def _serve(self, conn: socket.socket, peer: str) -> None:
+        threading.current_thread().name = f"tensorcomm-store-client:{peer}"  # no longer a handshake
+        try:
             while self._handle(conn):
                 pass
-        except AuthenticationError as exc:
-            if not self._closed:
-                logger.warning("store %s:%s: rejected connection from %s: %s", self.host, self.port, peer, exc)
         except ProtocolError as exc:
             logger.warning("store %s:%s: dropped connection from %s: %s", self.host, self.port, peer, exc)
         except OSError as exc:  # the client went away, stalled, or we are closing
             logger.debug("store %s:%s: connection from %s ended: %s", self.host, self.port, peer, exc)
         finally:
-            conn.close()
-            with self._lock:
-                self._conns.discard(conn)
-                self._threads.discard(threading.current_thread())
+            self._forget(conn)
+
+    def _forget(self, conn: socket.socket) -> None:
+        conn.close()
+        with self._lock:
+            self._conns.discard(conn)
 
     def _handle(self, conn: socket.socket) -> bool:
         """Serve one request; return False when the client closed the connection between frames."""
@@ -269,7 +288,9 @@ class TCPStoreServer:
                 remaining = deadline - time.monotonic()
                 if not missing or remaining <= 0:
                     return ([] if missing else [self._data[k] for k in keys]), missing
-                self._cond.wait(remaining)
+                # A client may send any finite timeout; one wait beyond the platform's limit
+                # would overflow, so wait in slices.
+                self._cond.wait(min(remaining, MAX_TIMEOUT))
 
 
 class TCPStore(Store):
@@ -279,10 +300,11 @@ class TCPStore(Store):
         host, port: where the server listens; it may start later.
         secret: the job's HMAC key.
         timeout: seconds to keep retrying the connection (the handshake then has up to
-            ``HANDSHAKE_TIMEOUT``), and the default for ``get``/``wait`` and other requests.
+            ``config.HANDSHAKE_TIMEOUT``), and the default for ``get``/``wait`` and other requests.
 
     Raises:
-        RendezvousError: no server answered at ``host:port`` within ``timeout``.
+        RendezvousError: no server answered at ``host:port`` (or it stayed too busy to take
+            the connection) within ``timeout``.
         AuthenticationError: the server and this process disagree on the secret.
     """
 
@@ -376,22 +398,40 @@ class TCPStore(Store):
 
 
 def _connect(host: str, port: int, secret: bytes, timeout: float) -> socket.socket:
-    """Connect to the store, retrying while nobody listens yet, then authenticate."""
+    """Connect to the store and authenticate, retrying while nobody listens yet or while the
+    server is too busy to take the connection."""
     deadline = time.monotonic() + timeout
+    pause = CONNECT_RETRY_INTERVAL
+    while True:
+        sock = _dial(host, port, deadline, timeout)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            handshake_client(sock, secret, HANDSHAKE_TIMEOUT, b"store")
+            return sock
+        except HandshakeRefused as exc:
+            sock.close()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RendezvousError(f"the store at {host}:{port} refused the connection for "
+                                      f"{timeout:g} s: {exc}") from exc
+            time.sleep(min(pause, remaining))
+            pause = min(2 * pause, 1.0)
+        except BaseException:
+            sock.close()
+            raise
+
+
+def _dial(host: str, port: int, deadline: float, timeout: float) -> socket.socket:
+    """Open a TCP connection to the store, retrying while nobody listens yet."""
     while True:
         remaining = deadline - time.monotonic()
         try:
-            sock = socket.create_connection((host, port), timeout=max(remaining, CONNECT_RETRY_INTERVAL))
-            break
+            return socket.create_connection((host, port), timeout=max(remaining, CONNECT_RETRY_INTERVAL))
         except OSError as exc:  # refused (server not up yet), unreachable, name not resolvable yet
+            if out_of_descriptors(exc):
+                raise RendezvousError(f"cannot connect to the store at {host}:{port}: "
+                                      f"{describe_error(exc)}") from exc
             if remaining <= 0:
                 raise RendezvousError(f"could not reach the store at {host}:{port} within {timeout:g} s: "
                                       f"{exc}") from exc
             time.sleep(min(CONNECT_RETRY_INTERVAL, max(remaining, 0.0)))
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        handshake_client(sock, secret, HANDSHAKE_TIMEOUT, b"store")
-    except BaseException:
-        sock.close()
-        raise
-    return sock

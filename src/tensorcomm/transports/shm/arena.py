@@ -1,7 +1,8 @@
 """Shared memory that cannot leak: one anonymous segment per group, handed to the members by fd.
 
 Owns creating the segment, passing it to the other members of a group, mapping it and learning
-every member's pid (for liveness checks). Imports ``errors`` and ``rendezvous.auth`` only.
+every member's pid (for liveness checks). Imports ``config``, ``errors``, ``rendezvous.auth`` and
+``rendezvous.gate`` only.
 
 Why this shape:
 
@@ -16,6 +17,11 @@ Why this shape:
   member says which group rank it is, and the leader sends the descriptor with ``SCM_RIGHTS``
   (``socket.send_fds``) together with every member's pid. A process that does not know the job
   secret never gets the descriptor.
+- Abstract sockets have no file permissions (anyone on the host can connect, and read the name
+  in ``/proc/net/unix``), so both sides also check the other's uid (``SO_PEERCRED``) and refuse
+  a process of another user before the handshake. The leader authenticates connections
+  concurrently, each within ``config.HANDSHAKE_TIMEOUT``, a bounded number at a time, so a
+  silent local connection delays no member.
 - Pids come from the kernel (``SO_PEERCRED``), not from what a peer claims. Members in another
   pid namespace (the pid the leader reports for itself differs from the one the kernel shows)
   refuse the segment, since liveness checks would watch the wrong processes.
@@ -39,11 +45,14 @@ import os
 import secrets
 import socket
 import struct
+import threading
 import time
 from typing import Callable
 
+from ...config import HANDSHAKE_TIMEOUT
 from ...errors import AuthenticationError
 from ...rendezvous import auth
+from ...rendezvous.gate import Gate, describe_error
 
 log = logging.getLogger("tensorcomm.shm")
 
@@ -101,9 +110,23 @@ def _map(fd: int, nbytes: int) -> mmap.mmap:
     return mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
 
 
-def _peer_pid(sock: socket.socket) -> int:
-    pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                          struct.calcsize("3i")))
+def _peer_credentials(sock: socket.socket) -> tuple[int, int]:
+    """The (pid, uid) of the process at the other end of ``sock``, from the kernel."""
+    pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                         struct.calcsize("3i")))
+    return pid, uid
+
+
+def _check_same_user(sock: socket.socket, role: str) -> int:
+    """Refuse a peer that runs as another user; return its pid.
+
+    Raises:
+        AuthenticationError: the peer's uid is not this process's effective uid.
+    """
+    pid, uid = _peer_credentials(sock)
+    if uid != os.geteuid():
+        raise AuthenticationError(f"the {role} (pid {pid}) runs as uid {uid}, not as this user "
+                                  f"(uid {os.geteuid()})")
     return pid
 
 
@@ -157,21 +180,20 @@ def _lead(size: int, nbytes: int, secret: bytes, publish: Callable[[str], None],
             raise
         if size == 1:
             return Arena(mm, nbytes, (os.getpid(),))
-        members: dict[int, tuple[socket.socket, int]] = {}
         address = f"tensorcomm-{secrets.token_hex(16)}"
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        members = _Members(size, secret, deadline)
         try:
             listener.bind("\0" + address)
             listener.listen(size)
             publish(address)
-            while len(members) < size - 1:
-                _accept_member(listener, size, secret, members, failed, deadline)
-            pids = [os.getpid()] + [members[r][1] for r in range(1, size)]
+            socks = members.gather(listener, failed)
+            pids = [os.getpid()] + [pid for _, pid in socks]
             offer = _OFFER.pack(nbytes, size) + struct.pack(f"<{size}Q", *pids)
-            for sock, _ in members.values():
+            for sock, _ in socks:
                 socket.send_fds(sock, [offer], [fd])
             # Wait until every member has mapped the segment: then the descriptor may go.
-            for sock, _ in members.values():
+            for sock, _ in socks:
                 if _recv_exact(sock, 1, deadline) != b"M":
                     raise ShmUnavailable("a member could not map the shared segment")
         except BaseException:
@@ -179,41 +201,88 @@ def _lead(size: int, nbytes: int, secret: bytes, publish: Callable[[str], None],
             raise
         finally:
             listener.close()
-            for sock, _ in members.values():
-                sock.close()
+            members.close()
         return Arena(mm, nbytes, tuple(pids))
     finally:
         os.close(fd)
 
 
-def _accept_member(listener: socket.socket, size: int, secret: bytes,
-                   members: dict[int, tuple[socket.socket, int]],
-                   failed: Callable[[], str | None], deadline: float) -> None:
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        missing = sorted(set(range(1, size)) - set(members))
-        raise ShmUnavailable(f"group ranks {missing} did not connect to the shared-memory leader in time")
-    listener.settimeout(min(_POLL, remaining))
-    try:
-        sock, _ = listener.accept()
-    except socket.timeout:
-        reason = failed()
-        if reason is not None:
-            raise ShmUnavailable(reason) from None
-        return
-    try:
-        auth.handshake_server(sock, secret, max(0.01, deadline - time.monotonic()), PURPOSE)
-        (member,) = _RANK.unpack(_recv_exact(sock, _RANK.size, deadline))
-        pid = _peer_pid(sock)
-    except (AuthenticationError, OSError) as exc:
-        # A stranger (or a broken client): refuse it and keep waiting for the real members.
-        sock.close()
-        log.warning("refused a shared-memory connection: %s", exc)
-        return
-    if not 0 < member < size or member in members or pid <= 0:
-        sock.close()
-        raise ShmUnavailable(f"unexpected shared-memory member claiming group rank {member} (pid {pid})")
-    members[member] = (sock, pid)
+class _Members:
+    """The leader's side of set-up: accepts connections on its socket and authenticates them
+    concurrently through a ``rendezvous.gate.Gate`` (each within ``config.HANDSHAKE_TIMEOUT``),
+    so a silent or slow local stranger delays no member."""
+
+    def __init__(self, size: int, secret: bytes, deadline: float) -> None:
+        self._size, self._secret, self._deadline = size, secret, deadline
+        self._lock = threading.Lock()
+        self._joined: dict[int, tuple[socket.socket, int]] = {}
+        self._error: str | None = None
+        self._closed = False
+        self._gate = Gate("shared-memory leader", log)
+
+    def gather(self, listener: socket.socket,
+               failed: Callable[[], str | None]) -> list[tuple[socket.socket, int]]:
+        """Accept until every member is in; return (socket, pid) in group-rank order 1..size-1.
+
+        Raises:
+            ShmUnavailable: a member gave up (``failed``), one claimed a wrong rank, accepting
+                failed (the message names a descriptor limit), or the deadline passed.
+        """
+        next_check = 0.0
+        while True:
+            with self._lock:
+                if self._error is not None:
+                    raise ShmUnavailable(self._error)
+                if len(self._joined) == self._size - 1:
+                    return [self._joined[r] for r in range(1, self._size)]
+                missing = sorted(set(range(1, self._size)) - set(self._joined))
+            now = time.monotonic()
+            if now >= self._deadline:
+                raise ShmUnavailable(f"group ranks {missing} did not connect to the shared-memory "
+                                     f"leader in time")
+            if now >= next_check:  # asks the store: not on every connection of a flood
+                reason = failed()
+                if reason is not None:
+                    raise ShmUnavailable(reason)
+                next_check = now + _POLL
+            listener.settimeout(min(_POLL, self._deadline - now))
+            try:
+                sock, _ = listener.accept()
+            except socket.timeout:
+                continue
+            except OSError as exc:
+                raise ShmUnavailable(f"cannot accept members: {describe_error(exc)}") from exc
+            self._gate.admit(sock, "a local process", self._handshake)
+
+    def close(self) -> None:
+        """Close every member's socket; connections still authenticating are closed when done."""
+        with self._lock:
+            self._closed = True
+            joined, self._joined = list(self._joined.values()), {}
+        for sock, _ in joined:
+            sock.close()
+
+    def _handshake(self, sock: socket.socket, peer: str) -> None:
+        limit = min(self._deadline, time.monotonic() + HANDSHAKE_TIMEOUT)
+        try:
+            pid = _check_same_user(sock, "connecting process")
+            auth.handshake_server(sock, self._secret, max(0.01, limit - time.monotonic()), PURPOSE)
+            (member,) = _RANK.unpack(_recv_exact(sock, _RANK.size, limit))
+        except (AuthenticationError, OSError) as exc:
+            # A stranger (or a broken client): refuse it and keep waiting for the real members.
+            sock.close()
+            log.warning("refused a shared-memory connection: %s", exc)
+            return None
+        with self._lock:
+            if self._closed:
+                sock.close()
+            elif not 0 < member < self._size or member in self._joined or pid <= 0:
+                sock.close()
+                self._error = self._error or (f"unexpected shared-memory member claiming group rank "
+                                              f"{member} (pid {pid})")
+            else:
+                self._joined[member] = (sock, pid)
+        return None
 
 
 def _join(rank: int, size: int, nbytes: int, secret: bytes, lookup: Callable[[float], str | None],
@@ -227,12 +296,8 @@ def _join(rank: int, size: int, nbytes: int, secret: bytes, lookup: Callable[[fl
         if remaining <= 0:
             raise ShmUnavailable("the shared-memory leader did not publish its address in time")
         address = lookup(min(_POLL, remaining))
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock = _connect_leader(address, rank, secret, deadline)
     try:
-        sock.settimeout(max(0.01, deadline - time.monotonic()))
-        sock.connect("\0" + address)
-        auth.handshake_client(sock, secret, max(0.01, deadline - time.monotonic()), PURPOSE)
-        sock.sendall(_RANK.pack(rank))
         header_bytes = _OFFER.size + 8 * size
         sock.settimeout(max(0.01, deadline - time.monotonic()))
         message, fds, _flags, _addr = socket.recv_fds(sock, header_bytes, 1)
@@ -244,7 +309,7 @@ def _join(rank: int, size: int, nbytes: int, secret: bytes, lookup: Callable[[fl
                 raise ShmUnavailable(f"the leader offered {len(fds)} descriptors for {offered} bytes and "
                                      f"{members} members; expected 1, {nbytes} and {size}")
             pids = struct.unpack_from(f"<{size}Q", message, _OFFER.size)
-            if pids[0] != _peer_pid(sock) or pids[rank] != os.getpid():
+            if pids[0] != _peer_credentials(sock)[0] or pids[rank] != os.getpid():
                 raise ShmUnavailable("members are in different pid namespaces; liveness checks "
                                      "could not see each other's processes")
             mm = _map(fds[0], nbytes)
@@ -259,3 +324,29 @@ def _join(rank: int, size: int, nbytes: int, secret: bytes, lookup: Callable[[fl
         return Arena(mm, nbytes, tuple(pids))
     finally:
         sock.close()
+
+
+def _connect_leader(address: str, rank: int, secret: bytes, deadline: float) -> socket.socket:
+    """Connect to the leader, check it runs as this user, authenticate and say our rank.
+
+    Retries while the leader is too busy with other connections to take ours.
+    """
+    pause = _POLL
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            sock.connect("\0" + address)
+            _check_same_user(sock, "shared-memory leader")
+            auth.handshake_client(sock, secret, max(0.01, deadline - time.monotonic()), PURPOSE)
+            sock.sendall(_RANK.pack(rank))
+            return sock
+        except auth.HandshakeRefused:
+            sock.close()
+            if time.monotonic() + pause >= deadline:
+                raise
+            time.sleep(pause)
+            pause = min(2 * pause, 1.0)
+        except BaseException:
+            sock.close()
+            raise

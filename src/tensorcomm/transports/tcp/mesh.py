@@ -3,7 +3,10 @@
 Each rank listens on its own address and publishes it in the store; a rank connects to every
 lower rank and accepts every higher one. Accepting runs in a thread beside the connects, so no
 ordering of arrivals can deadlock. Every link passes the job-secret challenge (``purpose=b"data"``)
-before the ranks are exchanged, so a stranger can neither join nor impersonate a rank.
+before the ranks are exchanged, so a stranger can neither join nor impersonate a rank. Accepted
+connections authenticate concurrently through a ``rendezvous.gate.Gate``, each within
+``config.HANDSHAKE_TIMEOUT``: a silent or slow stranger delays no rank, and a flood of them
+costs a bounded number of threads (the excess is closed at once; a refused rank retries).
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ import struct
 import threading
 import time
 
-from ...config import CONNECT_RETRY_INTERVAL, SOCKET_BUFFER_BYTES
+from ...config import CONNECT_RETRY_INTERVAL, HANDSHAKE_TIMEOUT, SOCKET_BUFFER_BYTES
 from ...errors import AuthenticationError, RendezvousError
 from ...rendezvous import auth
+from ...rendezvous.gate import Gate, describe_error, out_of_descriptors
 from ...rendezvous.store import Store
 
 _RANK = struct.Struct("<I")
@@ -26,6 +30,7 @@ KEEPALIVE_PROBES = 3
 # Linux lets TCP_USER_TIMEOUT override the keep-alive probe count, so it must not be longer
 # than the keep-alive verdict (idle + interval x probes) or a vanished host is noticed late.
 USER_TIMEOUT_MS = (KEEPALIVE_IDLE_SECONDS + KEEPALIVE_INTERVAL_SECONDS * KEEPALIVE_PROBES) * 1000
+_ACCEPT_POLL = 0.05  # seconds; how soon the acceptor notices that set-up is over
 log = logging.getLogger("tensorcomm.tcp")
 
 
@@ -45,20 +50,37 @@ def _tune(sock: socket.socket) -> None:
 
 
 def _connect(address: str, rank: int, secret: bytes, deadline: float) -> socket.socket:
+    """Dial the peer at ``address`` and authenticate, retrying while it does not listen yet or
+    is too busy to take the connection."""
     host, port = address.rsplit(":", 1)
+    pause = CONNECT_RETRY_INTERVAL
     while True:
         try:
             sock = socket.create_connection((host, int(port)), timeout=max(0.1, deadline - time.monotonic()))
-            break
         except OSError as exc:
+            if out_of_descriptors(exc):
+                raise RendezvousError(f"rank {rank}: cannot connect to peer at {address}: "
+                                      f"{describe_error(exc)}") from None
             if time.monotonic() >= deadline:
                 raise RendezvousError(f"could not connect to peer at {address}: {exc}") from None
             time.sleep(CONNECT_RETRY_INTERVAL)
-    _tune(sock)
-    auth.handshake_client(sock, secret, max(0.1, deadline - time.monotonic()), b"data")
-    sock.sendall(_RANK.pack(rank))
-    sock.settimeout(None)
-    return sock
+            continue
+        try:
+            _tune(sock)
+            auth.handshake_client(sock, secret, max(0.1, deadline - time.monotonic()), b"data")
+            sock.sendall(_RANK.pack(rank))
+        except auth.HandshakeRefused:
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(pause)
+            pause = min(2 * pause, 1.0)
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        sock.settimeout(None)
+        return sock
 
 
 def connect_mesh(rank: int, size: int, store: Store, secret: bytes, host: str,
@@ -66,62 +88,121 @@ def connect_mesh(rank: int, size: int, store: Store, secret: bytes, host: str,
     """Connect this rank to every other; return ``{peer global rank: socket}``.
 
     Raises:
-        RendezvousError: a peer could not be reached or did not arrive within ``timeout``.
+        RendezvousError: a peer could not be reached or did not arrive within ``timeout``, or
+            this process ran out of descriptors (the message names the limit).
         AuthenticationError: a link failed the job-secret challenge.
     """
     deadline = time.monotonic() + timeout
     listener = socket.create_server((host, 0), backlog=max(size, 8))
     store.set(f"tcp/addr/{rank}", f"{host}:{listener.getsockname()[1]}".encode())
-    accepted: dict[int, socket.socket] = {}
-    failures: list[BaseException] = []
-    acceptor = threading.Thread(target=_accept_higher, daemon=True, name="tensorcomm-tcp-accept",
-                                args=(listener, rank, size, secret, deadline, accepted, failures))
-    acceptor.start()
+    acceptor = _Acceptor(listener, rank, size, secret, deadline)
     sockets: dict[int, socket.socket] = {}
     try:
         for peer in range(rank):
             address = store.get(f"tcp/addr/{peer}", timeout=max(0.1, deadline - time.monotonic())).decode()
             sockets[peer] = _connect(address, rank, secret, deadline)
-        acceptor.join(max(0.0, deadline - time.monotonic()) + 1.0)
-        if failures:
-            raise failures[0]
-        missing = sorted(set(range(rank + 1, size)) - set(accepted))
-        if missing:
-            raise RendezvousError(f"rank {rank}: ranks {missing} did not connect within {timeout:g} s")
+        sockets.update(acceptor.result(timeout))
     except BaseException:
-        for sock in [*sockets.values(), *accepted.values()]:
+        acceptor.close()
+        for sock in sockets.values():
             sock.close()
         raise
     finally:
         listener.close()
-    sockets.update(accepted)
     return sockets
 
 
-def _accept_higher(listener: socket.socket, rank: int, size: int, secret: bytes, deadline: float,
-                   accepted: dict[int, socket.socket], failures: list[BaseException]) -> None:
-    expected = set(range(rank + 1, size))
-    while expected - set(accepted):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return
-        listener.settimeout(remaining)
-        try:
-            sock, _ = listener.accept()
-        except OSError:
-            return
+class _Acceptor:
+    """Accepts the higher ranks' links in a thread; each connection authenticates through a gate
+    (concurrently, within ``config.HANDSHAKE_TIMEOUT``), so a silent stranger delays no rank."""
+
+    def __init__(self, listener: socket.socket, rank: int, size: int, secret: bytes,
+                 deadline: float) -> None:
+        self._listener, self._rank, self._secret, self._deadline = listener, rank, secret, deadline
+        self._expected = set(range(rank + 1, size))
+        self._accepted: dict[int, socket.socket] = {}
+        self._error: BaseException | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+        self._done = threading.Event()  # every expected rank is in, or something failed
+        if not self._expected:
+            self._done.set()
+        self._gate = Gate(f"rank {rank} data listener", log)
+        self._thread = threading.Thread(target=self._accept, daemon=True, name="tensorcomm-tcp-accept")
+        self._thread.start()
+
+    def result(self, timeout: float) -> dict[int, socket.socket]:
+        """Wait for every higher rank; return their sockets (ours from now on).
+
+        Raises:
+            RendezvousError: a connection claimed a wrong rank, accepting failed, or ranks are
+                missing at the deadline.
+        """
+        self._done.wait(max(0.0, self._deadline - time.monotonic()) + 1.0)
+        with self._lock:
+            self._closed = True
+            self._done.set()
+            if self._error is not None:
+                raise self._error
+            missing = sorted(self._expected - set(self._accepted))
+            if missing:
+                raise RendezvousError(f"rank {self._rank}: ranks {missing} did not connect within {timeout:g} s")
+            return dict(self._accepted)
+
+    def close(self) -> None:
+        """Stop accepting and close whatever was accepted."""
+        with self._lock:
+            self._closed = True
+            self._done.set()
+            accepted, self._accepted = list(self._accepted.values()), {}
+        for sock in accepted:
+            sock.close()
+
+    def _fail(self, error: BaseException) -> None:
+        with self._lock:
+            if self._error is None:
+                self._error = error
+            self._done.set()
+
+    def _accept(self) -> None:
+        while not self._done.is_set():
+            remaining = self._deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._listener.settimeout(min(remaining, _ACCEPT_POLL))
+            try:
+                sock, addr = self._listener.accept()
+            except socket.timeout:
+                continue
+            except OSError as exc:
+                if out_of_descriptors(exc):
+                    self._fail(RendezvousError(f"rank {self._rank}: cannot accept the other ranks' "
+                                               f"connections: {describe_error(exc)}"))
+                return  # else the listener was closed: set-up is over
+            self._gate.admit(sock, f"{addr[0]}:{addr[1]}", self._handshake)
+
+    def _handshake(self, sock: socket.socket, peer: str) -> None:
+        limit = min(self._deadline, time.monotonic() + HANDSHAKE_TIMEOUT)
         try:
             _tune(sock)
-            auth.handshake_server(sock, secret, max(0.1, deadline - time.monotonic()), b"data")
-            (peer,) = _RANK.unpack(auth.recv_exact(sock, _RANK.size, max(0.1, deadline - time.monotonic())))
+            auth.handshake_server(sock, self._secret, max(0.01, limit - time.monotonic()), b"data")
+            (rank,) = _RANK.unpack(auth.recv_exact(sock, _RANK.size, max(0.01, limit - time.monotonic())))
         except (AuthenticationError, OSError) as exc:
-            # A stranger or a broken client: drop it and keep waiting for the real ranks.
+            # A stranger or a broken client: drop it; the real ranks are not kept waiting.
             sock.close()
-            log.warning("refused a data connection: %s", exc)
-            continue
-        if peer not in expected or peer in accepted:
-            sock.close()
-            failures.append(RendezvousError(f"rank {rank}: unexpected connection claiming rank {peer}"))
-            return
-        sock.settimeout(None)
-        accepted[peer] = sock
+            log.warning("rank %d: refused a data connection from %s: %s", self._rank, peer, exc)
+            return None
+        with self._lock:
+            if self._closed:
+                sock.close()
+            elif rank not in self._expected or rank in self._accepted:
+                sock.close()
+                if self._error is None:
+                    self._error = RendezvousError(f"rank {self._rank}: unexpected connection claiming rank {rank}")
+                self._done.set()
+            else:
+                sock.settimeout(None)
+                self._accepted[rank] = sock
+                if len(self._accepted) == len(self._expected):
+                    self._done.set()
+        return None
