@@ -19,8 +19,10 @@ hand), on CPU tensors. Importing this module:
   own ``env://`` runs unchanged.
 
 The job secret is ``TENSORCOMM_SECRET`` when set (``tensorcomm run`` sets it). Otherwise rank 0
-makes one and shares it through torch's store, which is then exactly as trusted as torch's own
-store (torch's TCPStore does not authenticate its clients).
+makes one and hands it to the other ranks through a private file on this host
+(``rendezvous.init_method.secret_via_store``): never through torch's store, which any local user
+can read (torch's TCPStore does not authenticate its clients). Ranks on several hosts need
+``TENSORCOMM_SECRET``.
 """
 
 from __future__ import annotations
@@ -38,13 +40,12 @@ from .core import world as core_world
 from .errors import CommTimeoutError
 from .frontends.torch_backend import BACKEND_NAME, ProcessGroupTensorcomm, TensorcommWork
 from .rendezvous import JobInfo, Rendezvous, Store, TCPStore, discover, register_scheme, rendezvous
-from .rendezvous.init_method import TORCHRUN_SCHEME, resolve_ranks, shared_secret
+from .rendezvous.init_method import TORCHRUN_SCHEME, resolve_ranks, secret_via_store
 from .rendezvous.store import check_key, check_keys, check_value
 
 __all__ = ["BACKEND_NAME", "ProcessGroupTensorcomm", "TensorcommWork"]
 
 _SCHEME = "torchstore"
-_SECRET_KEY = "tensorcomm/secret"
 _JOINS_KEY = "tensorcomm/joins"
 
 
@@ -146,8 +147,9 @@ def _torchstore_handler(url: str, rank: int | None, world_size: int | None, time
         store, generation = _handover.pop(token)
     assert rank is not None and world_size is not None  # the creator always passes them
     bridge = _OverTorchStore(store, f"tensorcomm/{generation}/", timeout)
-    secret = shared_secret(bridge, rank, info, _SECRET_KEY)
-    return Rendezvous(bridge, rank, world_size, info.local_rank, info.host_id, secret)
+    secret, secret_file = secret_via_store(f"{_SCHEME}://", bridge, bridge.host, rank, info, timeout)
+    return Rendezvous(bridge, rank, world_size, info.local_rank, info.host_id, secret,
+                      secret_file=secret_file)
 
 
 def _torchrun_handler(url: str, rank: int | None, world_size: int | None, timeout: float,

@@ -62,6 +62,15 @@ def test_tensorcomm_variables() -> None:
     assert discover({"TENSORCOMM_STORE_HOSTED": "0"}).store_hosted is False
 
 
+def test_secret_directory_prefers_tensorcomm_then_xdg() -> None:
+    both = {"TENSORCOMM_SECRET_DIR": "/run/mine", "XDG_RUNTIME_DIR": "/run/user/7"}
+    assert discover(both).secret_dir == "/run/mine"
+    assert discover({"XDG_RUNTIME_DIR": "/run/user/7"}).secret_dir == "/run/user/7"
+    assert discover({"XDG_RUNTIME_DIR": ""}).secret_dir is None  # the /tmp default
+    with pytest.raises(ValueError, match="TENSORCOMM_SECRET_DIR"):
+        discover({"TENSORCOMM_SECRET_DIR": " "})
+
+
 def test_defaults() -> None:
     assert discover({}) == JobInfo(rank=None, world_size=None, local_rank=0, local_world_size=None,
                                    master_addr=None, master_port=None, secret=None, store_hosted=False,
@@ -96,6 +105,7 @@ def test_reads_os_environ_when_not_given(monkeypatch: pytest.MonkeyPatch) -> Non
     ({"TENSORCOMM_TIMEOUT": "soon"}, "TENSORCOMM_TIMEOUT='soon'"),
     ({"TENSORCOMM_TIMEOUT": "-3"}, "TENSORCOMM_TIMEOUT='-3'"),
     ({"TENSORCOMM_TIMEOUT": "inf"}, "TENSORCOMM_TIMEOUT='inf'"),
+    ({"TENSORCOMM_TIMEOUT": "1e10"}, "TENSORCOMM_TIMEOUT='1e10': expected a positive number of seconds, at most"),
     ({"TENSORCOMM_SECRET": ""}, "TENSORCOMM_SECRET=''"),
 ])
 def test_malformed_values_name_variable_and_value(env: dict[str, str], named: str) -> None:

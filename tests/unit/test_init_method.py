@@ -1,16 +1,30 @@
-"""init_method URLs: scheme errors, env:// / tcp:// / file:// with threads as ranks, the secret rule."""
+"""init_method URLs: scheme errors, env:// / tcp:// / file:// with threads as ranks, the secret rule.
+
+What a stranger can do to a job without a secret is tested in tests/fault/test_security.py.
+"""
 
 from __future__ import annotations
 
+import os
 import socket
+import stat
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from tensorcomm.errors import AuthenticationError, RendezvousError
 from tensorcomm.rendezvous import Rendezvous, TCPStoreServer, register_scheme, rendezvous
-from tensorcomm.rendezvous.init_method import LOOPBACK_SECRET
+from tensorcomm.rendezvous.private import SecretDir
+
+
+@pytest.fixture
+def private_env(tmp_path: Path) -> dict[str, str]:
+    """An environment whose generated secrets go to a private directory of this test's own."""
+    directory = tmp_path / "secrets"
+    directory.mkdir(mode=0o700)
+    return {"TENSORCOMM_SECRET_DIR": str(directory)}
 
 
 def free_port() -> int:
@@ -63,7 +77,7 @@ def test_unknown_scheme_lists_the_known_ones() -> None:
 
 
 @pytest.mark.parametrize("timeout, error", [(0, ValueError), (-1, ValueError), (float("inf"), ValueError),
-                                            ("5", TypeError), (True, TypeError)])
+                                            (1e10, ValueError), ("5", TypeError), (True, TypeError)])
 def test_timeout_must_be_positive_seconds(timeout: object, error: type) -> None:
     with pytest.raises(error, match="timeout"):
         rendezvous("tcp://127.0.0.1:1", 0, 1, timeout, environ={})  # type: ignore[arg-type]
@@ -106,12 +120,13 @@ def test_env_rejects_an_address_in_the_url() -> None:
         rendezvous("env://127.0.0.1:1", 0, 1, 1.0, environ={})
 
 
-def test_tcp_with_two_thread_ranks() -> None:
+def test_tcp_with_two_thread_ranks(private_env: dict[str, str]) -> None:
     url = f"tcp://127.0.0.1:{free_port()}"
-    rdvs = as_ranks(2, lambda rank: rendezvous(url, rank, 2, 5.0, environ={}))
+    rdvs = as_ranks(2, lambda rank: rendezvous(url, rank, 2, 5.0, environ=private_env))
     assert [r.rank for r in rdvs] == [0, 1] and {r.world_size for r in rdvs} == {2}
     assert rdvs[0].server is not None and rdvs[1].server is None
-    assert rdvs[0].secret == rdvs[1].secret == LOOPBACK_SECRET
+    assert rdvs[0].secret == rdvs[1].secret and len(rdvs[0].secret) == 64
+    assert rdvs[0].secret_file is not None and rdvs[1].secret_file is None
     exchange_and_close(rdvs)
 
 
@@ -160,14 +175,29 @@ def test_non_loopback_store_needs_a_secret() -> None:
 
 
 @pytest.mark.parametrize("host", ["localhost", "127.0.0.2", "[::1]"])
-def test_loopback_hosts_use_the_fallback_key(host: str) -> None:
+def test_loopback_hosts_generate_a_fresh_secret(host: str, private_env: dict[str, str]) -> None:
     port = free_port()
     try:
-        rdv = rendezvous(f"tcp://{host}:{port}", 0, 1, 2.0, environ={})
+        rdv = rendezvous(f"tcp://{host}:{port}", 0, 1, 2.0, environ=private_env)
     except RendezvousError as exc:  # e.g. no IPv6 loopback in this sandbox
         pytest.skip(f"cannot serve on {host}: {exc}")
     with rdv:
-        assert rdv.secret == LOOPBACK_SECRET
+        assert len(rdv.secret) == 64 and bytes.fromhex(rdv.secret.decode())
+        assert rdv.secret_file is None  # a lone process shares it with nobody
+
+
+def test_the_default_secret_directory_is_private_to_this_user() -> None:
+    directory = SecretDir(None)
+    assert directory.path == f"/tmp/tensorcomm-{os.geteuid()}"
+    info = os.lstat(directory.path)
+    assert stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid()
+    assert stat.S_IMODE(info.st_mode) & 0o077 == 0
+
+
+def test_a_member_without_rank_0_names_the_file_it_waited_for(private_env: dict[str, str]) -> None:
+    port = free_port()
+    with pytest.raises(RendezvousError, match=f"no secret appeared in .*127.0.0.1-{port}.key within 0.3 s"):
+        rendezvous(f"tcp://127.0.0.1:{port}", 1, 2, 0.3, environ=private_env)
 
 
 def test_ranks_with_different_secrets_fail_authentication() -> None:
@@ -183,7 +213,7 @@ def test_ranks_with_different_secrets_fail_authentication() -> None:
 def test_unreachable_store_names_the_address() -> None:
     port = free_port()
     with pytest.raises(RendezvousError, match=f"127.0.0.1:{port}"):
-        rendezvous(f"tcp://127.0.0.1:{port}", 1, 2, 0.2, environ={})
+        rendezvous(f"tcp://127.0.0.1:{port}", 1, 2, 0.2, environ={"TENSORCOMM_SECRET": "s"})
 
 
 def test_file_with_two_thread_ranks_shares_a_generated_secret(tmp_path) -> None:

@@ -24,9 +24,12 @@ Read whatever the source::
     MASTER_ADDR, MASTER_PORT   where the store listens; for msrun, MS_SCHED_HOST and
                                MS_SCHED_PORT when MASTER_* are unset
     TENSORCOMM_SECRET          the per-job HMAC key (hex); the launcher sets it
+    TENSORCOMM_SECRET_DIR      the private directory for a generated secret when TENSORCOMM_SECRET
+                               is unset (docs/security.md); else XDG_RUNTIME_DIR; else None,
+                               which means /tmp/tensorcomm-<uid>
     TENSORCOMM_STORE_HOSTED    "1": the launcher serves the store, rank 0 must not; "0" or unset: no
     TENSORCOMM_HOST_ID         which ranks share a host (default: the hostname)
-    TENSORCOMM_TIMEOUT         seconds, default for init(timeout=None)
+    TENSORCOMM_TIMEOUT         seconds, default for init(timeout=None); at most config.MAX_TIMEOUT
     TENSORCOMM_TRANSPORT       "tcp": sockets even between ranks on one host; "auto" or unset:
                                shared memory where every member of a group shares a host
     TORCHELASTIC_USE_AGENT_STORE  "True" (torchrun): torchrun's own store holds MASTER_PORT, so
@@ -49,8 +52,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tensorcomm.config import (ENV_HOST_ID, ENV_LOCAL_RANK, ENV_LOCAL_WORLD_SIZE, ENV_MASTER_ADDR,
-                               ENV_MASTER_PORT, ENV_RANK, ENV_SECRET, ENV_STORE_HOSTED, ENV_TIMEOUT,
-                               ENV_TRANSPORT, ENV_WORLD_SIZE)
+                               ENV_MASTER_PORT, ENV_RANK, ENV_SECRET, ENV_SECRET_DIR, ENV_STORE_HOSTED,
+                               ENV_TIMEOUT, ENV_TRANSPORT, ENV_WORLD_SIZE, MAX_TIMEOUT)
 
 # Names of other launchers' variables (tensorcomm's own are in config.py).
 OMPI_RANK, OMPI_SIZE = "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"
@@ -62,6 +65,7 @@ MS_RANK, MS_SIZE = "RANK_ID", "RANK_SIZE"
 MS_NODE_ID, MS_WORKER_NUM = "MS_NODE_ID", "MS_WORKER_NUM"
 MS_SCHED_HOST, MS_SCHED_PORT = "MS_SCHED_HOST", "MS_SCHED_PORT"
 TORCH_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+XDG_RUNTIME_DIR = "XDG_RUNTIME_DIR"
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,7 @@ class JobInfo:
     source: str
     transport: str = "auto"  # "tcp" or "auto"
     torch_agent_store: bool = False  # torchrun serves a torch store at MASTER_ADDR:MASTER_PORT
+    secret_dir: str | None = None  # where a generated secret is kept; None: /tmp/tensorcomm-<uid>
 
 
 @dataclass(frozen=True)
@@ -150,6 +155,7 @@ def discover(environ: Mapping[str, str] | None = None) -> JobInfo:
         source="none" if source is None else source.name,
         transport=_transport(env),
         torch_agent_store=env.get(TORCH_AGENT_STORE, "").lower() == "true",
+        secret_dir=_text(env, ENV_SECRET_DIR) or env.get(XDG_RUNTIME_DIR) or None,
     )
 
 
@@ -226,6 +232,6 @@ def _seconds(env: Mapping[str, str], name: str) -> float | None:
         value = float(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r}: expected a number of seconds") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}={raw!r}: expected a positive, finite number of seconds")
+    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT:
+        raise ValueError(f"{name}={raw!r}: expected a positive number of seconds, at most {MAX_TIMEOUT:g}")
     return value

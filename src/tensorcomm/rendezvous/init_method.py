@@ -6,43 +6,58 @@ every rank to one store and starts the store server on rank 0 when nobody else s
 no barrier or rank counting, which belongs to the core. Errors name their scheme, as
 ``"tcp://: ..."``. Imports the rest of ``rendezvous``, ``config`` and ``errors``.
 
-Secret: ``TENSORCOMM_SECRET`` when set. Otherwise, for a store on a loopback address, a fixed
-well-known key (any local user could join such a job: set the variable to prevent it); for
-``file://``, rank 0 generates one and shares it through the file (created mode 0600); for any
-other address a RendezvousError, since a network store must not accept strangers.
+The job secret (what it protects: docs/security.md) is ``TENSORCOMM_SECRET`` when set. Otherwise
+each job makes a fresh one; no job ever runs on a key a stranger can know:
+
+- a store on a loopback address (``tcp://``, ``env://`` under mpirun, srun or by hand): rank 0,
+  which hosts the store, generates the secret and writes it to a private file
+  (``rendezvous.private``) named after the store's address; the other ranks read it there. A
+  file left by an earlier job on the same port is replaced by rank 0 and outwaited by the others
+  (they retry while the store refuses the secret they read);
+- ``file://``: rank 0 generates it and shares it through the store file, which is private to
+  this user (``FileStore`` refuses any other);
+- a store strangers can read (torch's, under torchrun: :func:`secret_via_store`): rank 0 writes
+  the secret to a private file with a random name and puts only that name, a fingerprint and its
+  host in the store; a rank on another host, which cannot read the file, is refused at once;
+- any other store address: a RendezvousError that says how to set a secret.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
-
 import ipaddress
-import logging
 import math
+import os
+import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from tensorcomm.errors import RendezvousError
+from tensorcomm.config import ENV_SECRET, ENV_SECRET_DIR, ENV_STORE_HOSTED, MAX_TIMEOUT
+from tensorcomm.errors import AuthenticationError, RendezvousError
 from tensorcomm.rendezvous.auth import generate_secret, secret_bytes
 from tensorcomm.rendezvous.discovery import JobInfo, discover
+from tensorcomm.rendezvous.private import (SecretDir, SecretFile, job_secret_name, store_secret_name,
+                                           valid_job_secret_name)
 from tensorcomm.rendezvous.store import FileStore, Store
 from tensorcomm.rendezvous.tcp_store import TCPStore, TCPStoreServer
 
-logger = logging.getLogger("tensorcomm.rendezvous")
-
-# Used only when no secret is set and the store is on loopback; it keeps the handshake uniform
-# but protects nothing against other local users.
-LOOPBACK_SECRET = b"tensorcomm-loopback-default-secret-not-private"
 TORCHRUN_SCHEME = "torchrun"  # registered by tensorcomm.torch: meet on torchrun's agent store
 FILE_SECRET_KEY = "tensorcomm/job_secret"  # where file:// rendezvous shares a generated secret
+ANNOUNCE_KEY = "tensorcomm/secret_file"  # where secret_via_store announces the secret's file
+SECRET_HINT = (f"set {ENV_SECRET} to the same value on every rank (tensorcomm.rendezvous."
+               f"generate_secret() makes one; `tensorcomm run` sets it for you)")
+SECRET_POLL = 0.05  # seconds between looks at a secret file that is not there (or stale) yet
+STALE_RETRY = 1.0  # seconds before the store is offered a secret it refused once again
 
 
 @dataclass
 class Rendezvous:
     """A connected store and this process's place in the job.
 
-    ``server`` is the store server this process hosts (rank 0 of a TCP rendezvous), else None.
+    ``server`` is the store server this process hosts (rank 0 of a TCP rendezvous), else None;
+    ``secret_file`` the private file this process wrote the generated secret to, else None.
     """
 
     store: Store
@@ -52,13 +67,17 @@ class Rendezvous:
     host_id: str
     secret: bytes
     server: TCPStoreServer | None = None
+    secret_file: SecretFile | None = None
 
     def close(self) -> None:
-        """Close the store client, then the server if this process hosts it; idempotent.
+        """Close the store client, remove the secret file, then close the server; idempotent.
 
-        Closing the server ends the store for every rank, so the core calls this last.
+        Closing the server ends the store for every rank, so the core calls this last. The
+        file goes first: while the server holds the port, no later job can have replaced it.
         """
         self.store.close()
+        if self.secret_file is not None:
+            self.secret_file.remove()
         if self.server is not None:
             self.server.close()
 
@@ -111,8 +130,8 @@ def rendezvous(init_method: str | None, rank: int | None, world_size: int | None
 
     Raises:
         TypeError / ValueError: a bad argument, an unknown scheme, or a variable to set (named).
-        RendezvousError: the store cannot be reached or served, or no secret is set for a
-            non-loopback store.
+        RendezvousError: the store cannot be reached or served, or no secret is set and none
+            can be generated safely (a non-loopback store, an unsafe secret directory).
         AuthenticationError: the store does not know this job's secret.
     """
     url = "env://" if init_method is None else init_method
@@ -120,8 +139,9 @@ def rendezvous(init_method: str | None, rank: int | None, world_size: int | None
         raise TypeError(f"init_method: expected a URL string such as 'env://', got {type(url).__name__}")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(f"timeout: expected seconds as a number, got {type(timeout).__name__}")
-    if not math.isfinite(timeout) or timeout <= 0:
-        raise ValueError(f"timeout: expected a positive, finite number of seconds, got {timeout!r}")
+    if not math.isfinite(timeout) or not 0 < timeout <= MAX_TIMEOUT:
+        raise ValueError(f"timeout: expected a positive number of seconds, at most {MAX_TIMEOUT:g} "
+                         f"(about 31 years), got {timeout!r}")
     scheme, sep, _ = url.partition("://")
     handler = _HANDLERS.get(scheme.lower()) if sep else None
     if handler is None:
@@ -164,16 +184,27 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _network_secret(scheme: str, info: JobInfo, host: str) -> bytes:
-    if info.secret is not None:
-        return secret_bytes(info.secret)
-    if is_loopback(host):
-        logger.debug("%s: TENSORCOMM_SECRET is not set; using the fixed loopback key for %s", scheme, host)
-        return LOOPBACK_SECRET
-    raise RendezvousError(
-        f"{scheme}: TENSORCOMM_SECRET is not set and the store address {host!r} is not loopback; set "
-        f"TENSORCOMM_SECRET to the same value on every rank (tensorcomm.rendezvous.generate_secret() "
-        f"makes one; `tensorcomm run` sets it for you)")
+def _check_local(scheme: str, host: str, info: JobInfo) -> None:
+    """Refuse a generated secret where the other ranks could not read its private file.
+
+    Raises:
+        RendezvousError: the store address is not loopback, or a launcher hosts the store (it
+            must then pass its secret on).
+    """
+    if not is_loopback(host):
+        raise RendezvousError(
+            f"{scheme}: {ENV_SECRET} is not set and the store address {host!r} is not loopback, so "
+            f"ranks may be on other hosts, which a generated secret cannot reach; {SECRET_HINT}")
+    if info.store_hosted:
+        raise RendezvousError(f"{scheme}: {ENV_STORE_HOSTED}=1 but {ENV_SECRET} is not set: whoever "
+                              f"hosts the store must give its ranks the secret it serves with")
+
+
+def _secret_dir(scheme: str, info: JobInfo) -> SecretDir:
+    try:
+        return SecretDir(info.secret_dir, f"Point {ENV_SECRET_DIR} at such a directory, or {SECRET_HINT}")
+    except RendezvousError as exc:
+        raise RendezvousError(f"{scheme}: {exc}") from None
 
 
 def _tcp_rendezvous(scheme: str, host: str, port: int, rank: int, world_size: int, timeout: float,
@@ -183,15 +214,121 @@ def _tcp_rendezvous(scheme: str, host: str, port: int, rank: int, world_size: in
     if port == 0 and not (hosting and world_size == 1):
         raise ValueError(f"{scheme}: port 0 (any free port) only works for a single process "
                          f"that hosts the store; give the store's port")
-    secret = _network_secret(scheme, info, host)
+    if info.secret is None:
+        _check_local(scheme, host, info)
+        directory = _secret_dir(scheme, info)
+        if not hosting:
+            store, secret = _join_with_secret_file(scheme, host, port, directory, timeout)
+            return Rendezvous(store, rank, world_size, info.local_rank, info.host_id, secret)
+        secret = secret_bytes(generate_secret())
+    else:
+        directory, secret = None, secret_bytes(info.secret)
     server = TCPStoreServer(host, port, secret) if hosting else None
+    secret_file = None
     try:
+        if server is not None and directory is not None and world_size > 1:
+            # Written once the port is ours: a file of that name is then a stale one to replace.
+            secret_file = directory.write(store_secret_name(host, server.port), secret)
         store = TCPStore(host, server.port if server else port, secret, timeout)
     except BaseException:
+        if secret_file is not None:
+            secret_file.remove()
         if server is not None:
             server.close()
         raise
-    return Rendezvous(store, rank, world_size, info.local_rank, info.host_id, secret, server)
+    return Rendezvous(store, rank, world_size, info.local_rank, info.host_id, secret, server, secret_file)
+
+
+def _join_with_secret_file(scheme: str, host: str, port: int, directory: SecretDir,
+                           timeout: float) -> tuple[TCPStore, bytes]:
+    """Read the secret rank 0 wrote for the store at ``host:port`` and connect with it.
+
+    A secret the store refuses is a stale file of an earlier job: wait for rank 0 to replace it.
+    """
+    name = store_secret_name(host, port)
+    deadline = time.monotonic() + timeout
+    refused: bytes | None = None
+    retry_at = 0.0
+    while True:
+        secret = directory.read(name)
+        now = time.monotonic()
+        if secret is not None and (secret != refused or now >= retry_at):
+            try:
+                return TCPStore(host, port, secret, max(deadline - now, 0.01)), secret
+            except AuthenticationError as exc:
+                refused, retry_at = secret, time.monotonic() + STALE_RETRY
+                if time.monotonic() >= deadline:
+                    raise AuthenticationError(
+                        f"{scheme}: the store at {host}:{port} refused the secret in "
+                        f"{os.path.join(directory.path, name)} until the timeout ({timeout:g} s); "
+                        f"is it a stale file of an earlier job? {exc}") from exc
+        if time.monotonic() >= deadline:
+            raise RendezvousError(
+                f"{scheme}: {ENV_SECRET} is not set and no secret appeared in "
+                f"{os.path.join(directory.path, name)} within {timeout:g} s; rank 0 writes it there "
+                f"when it hosts the store on this host (do all ranks run on one host, as one user, "
+                f"with the same {ENV_SECRET_DIR}?). Or {SECRET_HINT}")
+        time.sleep(SECRET_POLL)
+
+
+def secret_via_store(scheme: str, store: Store, host: str, rank: int, info: JobInfo,
+                     timeout: float) -> tuple[bytes, SecretFile | None]:
+    """The job secret for ranks that meet on a store strangers may read (torch's TCPStore).
+
+    ``TENSORCOMM_SECRET`` if set. Otherwise rank 0 writes a fresh secret to a private file and
+    puts only the file's name, a fingerprint and its host in ``store``; the other ranks read the
+    file. The secret itself never enters the store.
+
+    Args:
+        scheme: names the rendezvous in error messages.
+        store: the store every rank shares.
+        host: the store's address (a generated secret needs a loopback one).
+        rank, info, timeout: this rank, its environment, seconds to wait for rank 0.
+
+    Returns:
+        The secret, and the file rank 0 wrote (remove it when the job ends), else None.
+
+    Raises:
+        RendezvousError: no secret is set and the store is not on loopback, the secret
+            directory is not private, rank 0 is on another host, or its file did not appear.
+    """
+    if info.secret is not None:
+        return secret_bytes(info.secret), None
+    _check_local(scheme, host, info)
+    directory = _secret_dir(scheme, info)
+    if rank == 0:
+        secret = secret_bytes(generate_secret())
+        secret_file = directory.write(job_secret_name(), secret)
+        try:
+            store.set(ANNOUNCE_KEY, "\n".join([secret_file.name, _fingerprint(secret), info.host_id]).encode())
+        except BaseException:
+            secret_file.remove()
+            raise
+        return secret, secret_file
+    deadline = time.monotonic() + timeout
+    name, fingerprint, origin = (store.get(ANNOUNCE_KEY, timeout).decode("utf-8", "replace").split("\n", 2)
+                                 + ["", ""])[:3]
+    if not valid_job_secret_name(name):
+        raise RendezvousError(f"{scheme}: the store announces the secret file {name[:80]!r}, not a "
+                              f"name rank 0 makes; refusing it")
+    if origin != info.host_id:
+        raise RendezvousError(f"{scheme}: {ENV_SECRET} is not set and rank 0 runs on host {origin!r}, "
+                              f"this rank on {info.host_id!r}: a generated secret cannot leave its "
+                              f"host; {SECRET_HINT}")
+    while True:
+        found = directory.read(name)
+        if found is not None and _fingerprint(found) == fingerprint:
+            return found, None
+        if time.monotonic() >= deadline:
+            raise RendezvousError(f"{scheme}: rank 0's secret did not appear in "
+                                  f"{os.path.join(directory.path, name)} within {timeout:g} s (do all "
+                                  f"ranks run as one user, with the same {ENV_SECRET_DIR}?); {SECRET_HINT}")
+        time.sleep(SECRET_POLL)
+
+
+def _fingerprint(secret: bytes) -> str:
+    """A public digest of ``secret`` that tells its file from a stale one and reveals nothing."""
+    return hashlib.sha256(b"tensorcomm secret fingerprint\0" + secret).hexdigest()
 
 
 def _env_handler(url: str, rank: int | None, world_size: int | None, timeout: float,
@@ -227,19 +364,18 @@ def _tcp_handler(url: str, rank: int | None, world_size: int | None, timeout: fl
     return _tcp_rendezvous("tcp://", parts.hostname, port, rank, world_size, timeout, info)
 
 
-def shared_secret(store: Store, rank: int, info: JobInfo, key: str) -> bytes:
-    """The job secret: ``TENSORCOMM_SECRET`` if set, else one rank 0 makes and shares at ``key``.
+def _file_secret(store: Store, rank: int, info: JobInfo) -> bytes:
+    """``TENSORCOMM_SECRET`` if set, else one rank 0 makes and shares through the store file.
 
-    Only for stores that are themselves private to the job (a 0600 file, a store the caller
-    already trusts): the secret is exactly as safe as the store it travels through.
+    Safe only because the file is this user's alone (``FileStore`` refuses any other).
     """
     if info.secret is not None:
         return secret_bytes(info.secret)
     if rank == 0:
         secret = secret_bytes(generate_secret())
-        store.set(key, secret)
+        store.set(FILE_SECRET_KEY, secret)
         return secret
-    return store.get(key)
+    return store.get(FILE_SECRET_KEY)
 
 
 def _file_handler(url: str, rank: int | None, world_size: int | None, timeout: float,
@@ -250,7 +386,7 @@ def _file_handler(url: str, rank: int | None, world_size: int | None, timeout: f
     rank, world_size = resolve_ranks("file://", rank, world_size, info)
     store = FileStore(urllib.parse.unquote(parts.path), timeout)
     try:
-        secret = shared_secret(store, rank, info, FILE_SECRET_KEY)
+        secret = _file_secret(store, rank, info)
     except BaseException:
         store.close()
         raise

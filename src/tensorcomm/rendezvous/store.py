@@ -3,7 +3,7 @@
 Owns: the :class:`Store` interface every store implements (``tcp_store.TCPStore`` too), argument
 checks shared by all of them, :class:`HashStore` (one process, for tests), :class:`PrefixStore`
 (a namespace inside another store, one per group) and :class:`FileStore` (processes sharing a
-file, for ``file://``). Imports nothing from tensorcomm but ``errors``.
+file, for ``file://``). Imports ``config``, ``errors`` and ``rendezvous.private`` only.
 
 Values are bytes; ``add`` keeps its counter as the decimal ASCII text of the number, so ``get``
 on a counter returns e.g. ``b"3"`` (as torch's stores do).
@@ -21,7 +21,9 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
+from tensorcomm.config import MAX_TIMEOUT
 from tensorcomm.errors import CommTimeoutError, RendezvousError
+from tensorcomm.rendezvous.private import open_nofollow, unsafe
 
 MAX_KEY_BYTES = 4 << 10  # UTF-8 bytes of one key
 MAX_VALUE_BYTES = 64 << 20  # bytes of one value
@@ -92,11 +94,17 @@ class Store(abc.ABC):
 
 
 def check_timeout(timeout: float, argument: str) -> float:
-    """Return ``timeout`` as float seconds; TypeError if not a number, ValueError if < 0 or inf/nan."""
+    """Return ``timeout`` as float seconds.
+
+    Raises:
+        TypeError: not a number.
+        ValueError: negative, inf/nan, or above ``config.MAX_TIMEOUT`` (longer waits overflow
+            the platform's timers).
+    """
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(f"{argument}: expected seconds as a number, got {type(timeout).__name__}")
-    if not math.isfinite(timeout) or timeout < 0:
-        raise ValueError(f"{argument}: expected a finite number of seconds >= 0, got {timeout}")
+    if not math.isfinite(timeout) or not 0 <= timeout <= MAX_TIMEOUT:
+        raise ValueError(f"{argument}: expected a number of seconds in 0..{MAX_TIMEOUT:g}, got {timeout}")
     return float(timeout)
 
 
@@ -143,7 +151,7 @@ def add_to_counter(key: str, old: bytes | None, amount: int) -> tuple[int, bytes
     try:
         count = (0 if old is None else int(old.decode("ascii"))) + amount
     except (UnicodeDecodeError, ValueError):
-        raise ValueError(f"add: key {key!r} holds {old[:40]!r}, which is not a counter") from None
+        raise ValueError(f"add: key {key!r} holds {(old or b'')[:40]!r}, which is not a counter") from None
     return count, str(count).encode("ascii")
 
 
@@ -275,9 +283,17 @@ class FileStore(Store):
     later job at the same path starts empty. A file left by a crashed job must be removed by hand
     (its keys would otherwise be seen as already set).
 
+    The store may hold the job secret, so the file is trusted only if it is this user's alone:
+    it is created exclusively (``O_EXCL``, mode 0600), and an existing one must be a regular
+    file (not a link) owned by this user with no permission bits for group or other.
+
     Args:
-        path: the file; created with mode 0600 (the store may hold the job secret).
+        path: the file.
         timeout: default seconds for ``get``/``wait``.
+
+    Raises:
+        RendezvousError: the file exists but another user could have read or planted it; the
+            message names the path and what is wrong.
     """
 
     def __init__(self, path: str, timeout: float = 300.0) -> None:
@@ -356,14 +372,35 @@ class FileStore(Store):
                     raise FileNotFoundError(self.path)  # already closed: nothing to do
                 raise RendezvousError(f"FileStore {self.path} is closed")
             self._closed = closing
-            flags = os.O_RDWR | os.O_APPEND | (0 if closing else os.O_CREAT)
-            fd = os.open(self.path, flags, 0o600)
+            fd = self._open(create=not closing)
             try:
                 fcntl.flock(fd, mode)  # released when fd is closed
                 self._refresh(fd)
                 yield fd
             finally:
                 os.close(fd)
+
+    def _open(self, create: bool) -> int:
+        """Open the file (creating it, exclusively, if ``create``) and check it is ours alone."""
+        flags = os.O_RDWR | os.O_APPEND
+        while True:
+            try:
+                fd = open_nofollow(self.path, flags)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                try:
+                    return open_nofollow(self.path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+                except FileExistsError:
+                    continue  # another rank made it first: open and check theirs
+            except RendezvousError as exc:
+                raise RendezvousError(f"FileStore {exc}") from None
+            problem = unsafe(os.fstat(fd), directory=False)
+            if problem is None:
+                return fd
+            os.close(fd)
+            raise RendezvousError(f"FileStore {self.path}: {problem}; refusing a file another user "
+                                  f"could read or have planted (remove it, or use another path)")
 
     def _refresh(self, fd: int) -> None:
         """Parse the records appended since the last read (caller holds the file lock)."""

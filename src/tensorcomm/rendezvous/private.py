@@ -1,0 +1,198 @@
+"""Files only this user can reach: the trust check for them, and generated job secrets kept in them.
+
+Owns :func:`unsafe` (what makes a file or directory someone else could have read, written or
+planted), :class:`SecretDir` (the directory generated secrets live in) and :class:`SecretFile`
+(one such secret, removed by its writer). Imports ``errors`` only.
+
+Why files: a job started without ``TENSORCOMM_SECRET`` on one host still needs a key strangers
+cannot know, and the ranks share no channel that is private to them (torch's store and a store
+on loopback are open to every local user). A 0600 file in a directory only this user can enter
+is such a channel on one host: the process that makes the secret writes it there, the other
+ranks read it. Other users cannot; processes of the same user and root can (docs/security.md).
+
+Every path is opened with ``O_NOFOLLOW`` and checked on the open descriptor (owner = this
+process's effective uid, no permission bits for group or other, the right kind of file), so a
+link or a file planted by another user is refused, never followed or trusted. A secret file is
+written under a temporary name (``O_EXCL``) and renamed into place, so a reader never sees half
+of one and a stale file left by an earlier job is replaced atomically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from tensorcomm.errors import RendezvousError
+
+DEFAULT_DIR = "/tmp/tensorcomm-{uid}"  # when neither TENSORCOMM_SECRET_DIR nor XDG_RUNTIME_DIR is set
+FILE_PREFIX = "tensorcomm-"
+_MAX_SECRET_BYTES = 4096
+
+
+def unsafe(info: os.stat_result, directory: bool) -> str | None:
+    """Why ``info`` (from ``fstat``) is not this user's private file or directory, or None if it is."""
+    if directory and not stat.S_ISDIR(info.st_mode):
+        return "is not a directory"
+    if not directory and not stat.S_ISREG(info.st_mode):
+        return "is not a regular file"
+    euid = os.geteuid()
+    if info.st_uid != euid:
+        return f"is owned by uid {info.st_uid}, not by this user (uid {euid})"
+    if info.st_mode & 0o077:
+        return (f"has mode {stat.S_IMODE(info.st_mode):04o}: group or other users have "
+                f"permission bits on it")
+    return None
+
+
+def open_nofollow(path: str, flags: int, mode: int = 0o600, dir_fd: int | None = None) -> int:
+    """``os.open`` that refuses a symbolic link with a RendezvousError naming ``path``."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise RendezvousError(f"{path}: is a symbolic link; refusing to follow it (another "
+                                  f"user may have planted it)") from None
+        raise
+
+
+@dataclass(frozen=True)
+class SecretFile:
+    """A generated job secret as written by :meth:`SecretDir.write`; its writer removes it."""
+
+    directory: "SecretDir"
+    name: str
+    secret: bytes
+
+    @property
+    def path(self) -> str:
+        """The file's full path."""
+        return os.path.join(self.directory.path, self.name)
+
+    def remove(self) -> None:
+        """Delete the file if it still holds this secret (a later job's is left alone)."""
+        try:
+            if self.directory.read(self.name) == self.secret:
+                with self.directory.opened() as dir_fd:
+                    os.unlink(self.name, dir_fd=dir_fd)
+        except (OSError, RendezvousError):
+            pass  # gone already, or the directory changed under us: nothing of ours to remove
+
+
+class SecretDir:
+    """The directory generated job secrets live in, created (mode 0700) if missing.
+
+    Args:
+        path: the directory; None means ``/tmp/tensorcomm-<uid>``.
+        hint: what to set instead, for the error message (e.g. the variable names).
+
+    Raises:
+        RendezvousError: the directory cannot be created or opened, is a link, is not this
+            user's, or lets group or other users in; the message names it and what is wrong.
+    """
+
+    def __init__(self, path: str | None, hint: str = "") -> None:
+        self.path = DEFAULT_DIR.format(uid=os.geteuid()) if path is None else path
+        self._hint = hint
+        try:
+            os.mkdir(self.path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise self._error(f"cannot create it: {exc}") from None
+        with self.opened():
+            pass  # checks it
+
+    def _error(self, problem: str) -> RendezvousError:
+        return RendezvousError(f"secret directory {self.path}: {problem}; it must be a directory "
+                               f"only this user can enter (owned by uid {os.geteuid()}, mode 0700)"
+                               + (f". {self._hint}" if self._hint else ""))
+
+    @contextlib.contextmanager
+    def opened(self) -> Iterator[int]:
+        """Open and check the directory; yield its descriptor (for ``dir_fd=``)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(self.path):
+                raise self._error("is a symbolic link") from None
+            raise self._error(f"cannot open it: {exc}") from None
+        try:
+            problem = unsafe(os.fstat(fd), directory=True)
+            if problem is not None:
+                raise self._error(problem)
+            yield fd
+        finally:
+            os.close(fd)
+
+    def write(self, name: str, secret: bytes) -> SecretFile:
+        """Write ``secret`` to ``name`` (mode 0600), replacing a stale file of that name."""
+        temporary = f".{name}.{secrets.token_hex(8)}"
+        with self.opened() as dir_fd:
+            fd = open_nofollow(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd)
+            try:
+                try:
+                    view = memoryview(secret)
+                    while view:
+                        view = view[os.write(fd, view):]
+                finally:
+                    os.close(fd)
+                os.rename(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary, dir_fd=dir_fd)
+                raise
+        return SecretFile(self, name, secret)
+
+    def read(self, name: str) -> bytes | None:
+        """The secret in ``name``, or None while there is no such file (or it is empty).
+
+        Raises:
+            RendezvousError: the file is a link, not a regular file, or not private to this user.
+        """
+        with self.opened() as dir_fd:
+            path = os.path.join(self.path, name)
+            try:
+                fd = open_nofollow(name, os.O_RDONLY | os.O_NONBLOCK, dir_fd=dir_fd)
+            except FileNotFoundError:
+                return None
+            except RendezvousError as exc:
+                raise RendezvousError(f"secret file {path}: {exc}") from None
+            try:
+                problem = unsafe(os.fstat(fd), directory=False)
+                if problem is not None:
+                    raise RendezvousError(f"secret file {path}: {problem}; remove it")
+                data = os.read(fd, _MAX_SECRET_BYTES)
+            finally:
+                os.close(fd)
+        return data or None
+
+
+def store_secret_name(host: str, port: int) -> str:
+    """The secret file of the tensorcomm store at ``host:port`` on this host.
+
+    The network namespace is part of the name: the same loopback address in two namespaces is
+    two different stores.
+    """
+    try:
+        namespace = str(os.stat("/proc/self/ns/net").st_ino)
+    except OSError:
+        namespace = "host"
+    printable = "".join(c if c.isalnum() or c in ".-" else "_" for c in host)
+    return f"{FILE_PREFIX}store-{namespace}-{printable}-{port}.key"
+
+
+def job_secret_name() -> str:
+    """A fresh random name for a job's secret file (announced through a store, so no clashes)."""
+    return f"{FILE_PREFIX}job-{secrets.token_hex(16)}.key"
+
+
+def valid_job_secret_name(name: str) -> bool:
+    """Whether ``name`` is one :func:`job_secret_name` makes (so a store cannot name other paths)."""
+    stem = name.removeprefix(f"{FILE_PREFIX}job-").removesuffix(".key")
+    return (name == f"{FILE_PREFIX}job-{stem}.key" and len(stem) == 32
+            and all(c in "0123456789abcdef" for c in stem))
