@@ -199,6 +199,35 @@ def test_members_outwait_a_stale_file_and_the_host_replaces_it(private_dir: Path
             rdv.close()
 
 
+PLAIN_ENV_JOB = textwrap.dedent("""
+    import numpy as np, tensorcomm as tc
+    tc.init(timeout=60)
+    x = np.full(4, tc.get_rank() + 1, np.float32)
+    tc.all_reduce(x)
+    print(f"rank {tc.get_rank()} got {x[0]:g}", flush=True)
+    tc.destroy()
+""")
+
+
+def test_a_plain_env_job_without_secret_runs_on_a_private_one(private_dir: Path) -> None:
+    port = free_port()
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("TENSORCOMM_", "MASTER_"))}
+    base.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "3",
+                 config.ENV_SECRET_DIR: str(private_dir)})
+    ranks = [subprocess.Popen([sys.executable, "-c", PLAIN_ENV_JOB], env={**base, "RANK": str(rank)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank in range(3)]
+    outputs = []
+    for rank in ranks:
+        try:
+            outputs.append(rank.communicate(timeout=90)[0])
+        finally:
+            rank.kill()
+    assert [rank.returncode for rank in ranks] == [0, 0, 0], outputs
+    assert all(f"rank {r} got 6" in outputs[r] for r in range(3)), outputs
+    assert list(private_dir.iterdir()) == []  # rank 0 removed the secret with the store
+
+
 def test_a_non_loopback_store_without_secret_is_refused_at_once() -> None:
     start = time.monotonic()
     with pytest.raises(RendezvousError, match="TENSORCOMM_SECRET is not set.*192.0.2.1.*generate_secret"):

@@ -43,6 +43,7 @@ import logging
 import mmap
 import os
 import secrets
+import select
 import socket
 import struct
 import threading
@@ -219,6 +220,8 @@ class _Members:
         self._error: str | None = None
         self._closed = False
         self._gate = Gate("shared-memory leader", log)
+        # Handshake threads write a byte here when a member joins or fails, waking gather().
+        self._wake_read, self._wake_write = os.pipe()
 
     def gather(self, listener: socket.socket,
                failed: Callable[[], str | None]) -> list[tuple[socket.socket, int]]:
@@ -229,6 +232,9 @@ class _Members:
                 failed (the message names a descriptor limit), or the deadline passed.
         """
         next_check = 0.0
+        poller = select.poll()  # not select.select: descriptors may be numbered above 1024
+        for fd in (listener.fileno(), self._wake_read):
+            poller.register(fd, select.POLLIN)
         while True:
             with self._lock:
                 if self._error is not None:
@@ -245,10 +251,15 @@ class _Members:
                 if reason is not None:
                     raise ShmUnavailable(reason)
                 next_check = now + _POLL
-            listener.settimeout(min(_POLL, self._deadline - now))
+            ready = {fd for fd, _ in poller.poll(1000 * min(_POLL, self._deadline - now))}
+            if self._wake_read in ready:
+                os.read(self._wake_read, 64)
+            if listener.fileno() not in ready:
+                continue
+            listener.setblocking(False)
             try:
                 sock, _ = listener.accept()
-            except socket.timeout:
+            except BlockingIOError:  # the connection went away before we took it
                 continue
             except OSError as exc:
                 raise ShmUnavailable(f"cannot accept members: {describe_error(exc)}") from exc
@@ -259,6 +270,8 @@ class _Members:
         with self._lock:
             self._closed = True
             joined, self._joined = list(self._joined.values()), {}
+            os.close(self._wake_read)
+            os.close(self._wake_write)
         for sock, _ in joined:
             sock.close()
 
@@ -282,6 +295,8 @@ class _Members:
                                               f"{member} (pid {pid})")
             else:
                 self._joined[member] = (sock, pid)
+            if not self._closed:
+                os.write(self._wake_write, b"!")
         return None
 
 
