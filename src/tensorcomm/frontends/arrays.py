@@ -58,7 +58,8 @@ class Staged:
                             f"{_SUPPORTED_NAMES}")
         flags = array.flags
         if writable and not flags.writeable:
-            raise ValueError(f"{_text(where)}: the output array is read-only")
+            raise ValueError(f"{_text(where)}: the output array is read-only; pass a writable array "
+                             f"(numpy scalars and bytes never are)")
         self.writable = writable
         if flags.c_contiguous and array.ndim:
             self.buf = array

@@ -129,7 +129,10 @@ def all_gather(tensor_list: Any, tensor: Any, group: Any = None, async_op: bool 
     if outputs[g.rank].array.size != staged.array.size:
         raise ValueError(f"{fn}: tensor_list[{g.rank}] ({outputs[g.rank].signature}) must hold as many "
                          f"elements as this rank's tensor ({staged.signature})")
-    work = collectives.all_gather(g, [o.buf for o in outputs], staged.buf, async_op)
+    validate.distinct(outputs, "tensor_list", fn)
+    targets = [o.buf for o in outputs]
+    (send,) = validate.unaliased([staged.buf], targets)
+    work = collectives.all_gather(g, targets, send, async_op)
     return _done(work, outputs, async_op)
 
 
@@ -146,7 +149,8 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
         raise ValueError(f"{fn}: output_tensor ({output.signature}) must hold group size ({g.size}) x "
                          f"input_tensor ({staged.signature}) elements")
     pieces = list(output.buf.reshape(g.size, -1)) if output.buf.size else [output.buf] * g.size
-    return _done(collectives.all_gather(g, pieces, staged.buf, async_op), [output], async_op)
+    (send,) = validate.unaliased([staged.buf], [output.buf])  # in place: input = own piece
+    return _done(collectives.all_gather(g, pieces, send, async_op), [output], async_op)
 
 
 def gather(tensor: Any, gather_list: Any = None, dst: int = 0, group: Any = None,
@@ -166,8 +170,11 @@ def gather(tensor: Any, gather_list: Any = None, dst: int = 0, group: Any = None
             raise ValueError(f"{fn}: gather_list is required on the destination rank {dst}")
         outputs = validate.array_list(gather_list, "gather_list", fn, g.size, writable=True)
         validate.same_layout(outputs, staged, "gather_list", fn)
+        validate.distinct(outputs, "gather_list", fn)
     counts = [staged.array.size] * g.size
-    work = collectives.gather(g, staged.buf, [o.buf for o in outputs] or None, root, counts, async_op)
+    targets = [o.buf for o in outputs]
+    (send,) = validate.unaliased([staged.buf], targets)
+    work = collectives.gather(g, send, targets or None, root, counts, async_op)
     return _done(work, outputs, async_op)
 
 
@@ -186,8 +193,8 @@ def scatter(tensor: Any, scatter_list: Any = None, src: int = 0, group: Any = No
         inputs = validate.array_list(scatter_list, "scatter_list", fn, g.size)
         validate.same_layout(inputs, output, "scatter_list", fn)
     counts = [output.array.size] * g.size
-    work = collectives.scatter(g, output.buf, [i.buf for i in inputs] if inputs else None, root,
-                               counts, async_op)
+    sources = validate.unaliased([i.buf for i in inputs], [output.buf]) if inputs else None
+    work = collectives.scatter(g, output.buf, sources, root, counts, async_op)
     return _done(work, [output], async_op)
 
 
@@ -201,7 +208,8 @@ def reduce_scatter(output: Any, input_list: Any, op: ReduceOpLike = ReduceOp.SUM
     inputs = validate.array_list(input_list, "input_list", fn, g.size)
     validate.same_layout(inputs, out, "input_list", fn)
     reduce_op = _reduce_op(op, out, fn)
-    work = collectives.reduce_scatter(g, out.buf, [i.buf for i in inputs], reduce_op, async_op)
+    sources = validate.unaliased([i.buf for i in inputs], [out.buf])
+    work = collectives.reduce_scatter(g, out.buf, sources, reduce_op, async_op)
     return _done(work, [out], async_op)
 
 
@@ -219,6 +227,7 @@ def reduce_scatter_tensor(output: Any, input: Any, op: ReduceOpLike = ReduceOp.S
                          f"({out.signature}) elements")
     reduce_op = _reduce_op(op, out, fn)
     blocks = list(source.buf.reshape(g.size, -1)) if source.buf.size else [source.buf] * g.size
+    blocks = validate.unaliased(blocks, [out.buf])  # in place: output = own block of the input
     return _done(collectives.reduce_scatter(g, out.buf, blocks, reduce_op, async_op), [out], async_op)
 
 
@@ -232,7 +241,14 @@ def all_to_all(output_tensor_list: Any, input_tensor_list: Any, group: Any = Non
     outputs = validate.array_list(output_tensor_list, "output_tensor_list", fn, g.size, writable=True)
     validate.same_dtype(inputs, inputs[0], "input_tensor_list", fn)
     validate.same_dtype(outputs, inputs[0], "output_tensor_list", fn)
-    work = collectives.all_to_all(g, [o.buf for o in outputs], [i.buf for i in inputs], async_op)
+    mine, kept = inputs[g.rank], outputs[g.rank]
+    if mine.array.size != kept.array.size:
+        raise ValueError(f"{fn}: input_tensor_list[{g.rank}] ({mine.signature}) and output_tensor_list"
+                         f"[{g.rank}] ({kept.signature}) must hold as many elements: it is the block "
+                         f"this rank (group rank {g.rank}) sends itself")
+    validate.distinct(outputs, "output_tensor_list", fn)
+    targets = [o.buf for o in outputs]
+    work = collectives.all_to_all(g, targets, validate.unaliased([i.buf for i in inputs], targets), async_op)
     return _done(work, outputs, async_op)
 
 
@@ -256,7 +272,12 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
         out.buf.size // max(out.array.shape[0], 1))
     send_rows = validate.split_sizes(input_split_sizes, "input_split_sizes", fn, g.size, source.array.shape[0])
     recv_rows = validate.split_sizes(output_split_sizes, "output_split_sizes", fn, g.size, out.array.shape[0])
-    work = collectives.all_to_all_flat(g, out.buf, [r * row for r in send_rows], source.buf,
+    if send_rows[g.rank] != recv_rows[g.rank]:
+        raise ValueError(f"{fn}: input_split_sizes[{g.rank}] ({send_rows[g.rank]}) and output_split_sizes"
+                         f"[{g.rank}] ({recv_rows[g.rank]}) must be equal: it is the block this rank "
+                         f"(group rank {g.rank}) sends itself")
+    (send,) = validate.unaliased([source.buf], [out.buf])
+    work = collectives.all_to_all_flat(g, out.buf, [r * row for r in send_rows], send,
                                        [r * row for r in recv_rows], async_op)
     return _done(work, [out], async_op)
 

@@ -3,8 +3,11 @@ function, the argument, what was expected and what was given."""
 
 from __future__ import annotations
 
+import bisect
 import numbers
 from typing import Any, Sequence
+
+import numpy as np
 
 from ..core.group import Group
 from ..core.world import current_world
@@ -114,3 +117,51 @@ def split_sizes(value: Any, argument: str, fn: str, size: int, rows: int) -> lis
     if any(s < 0 for s in sizes) or sum(sizes) != rows:
         raise ValueError(f"{fn}: {argument} must be non-negative and sum to dim 0 ({rows}), got {sizes}")
     return sizes
+
+
+# -- memory shared between a call's arrays -------------------------------------------------------
+#
+# The answer for every collective (docs/semantics.md): outputs must not share memory with each
+# other (ValueError, since ranks would overwrite each other's results); an input may share memory
+# with an output (``all_to_all_single(x, x)``, the in-place reduce_scatter_tensor and
+# all_gather_into_tensor conventions): the call then behaves as if every input had been read
+# before any output was written, on every transport alike.
+
+
+def _span(buf: np.ndarray) -> tuple[int, int]:
+    start = buf.__array_interface__["data"][0]
+    return start, start + buf.nbytes
+
+
+def distinct(items: Sequence[Staged], argument: str, fn: str) -> None:
+    """No two of ``items`` (outputs) share memory."""
+    spans = sorted((_span(item.buf), i) for i, item in enumerate(items) if item.buf.nbytes)
+    reach, holder = 0, -1
+    for (start, stop), i in spans:
+        if start < reach:
+            first, second = sorted((holder, i))
+            raise ValueError(f"{fn}: {argument}[{first}] and {argument}[{second}] share memory; "
+                             "every output needs memory of its own")
+        if stop > reach:
+            reach, holder = stop, i
+
+
+def unaliased(sources: Sequence[np.ndarray], targets: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """``sources`` (inputs) with a private copy of each one that shares memory with a target
+    (output), so the call reads every input as it was before any output is written."""
+    spans = sorted(_span(t) for t in targets if t.nbytes)
+    if not spans:
+        return list(sources)
+    starts = [start for start, _ in spans]
+    reach = []  # reach[i]: the furthest end among spans[:i + 1]
+    for _, stop in spans:
+        reach.append(max(stop, reach[-1]) if reach else stop)
+    result = []
+    for source in sources:
+        if source.nbytes:
+            start, stop = _span(source)
+            below = bisect.bisect_left(starts, stop)  # targets starting before the source ends
+            if below and reach[below - 1] > start:
+                source = source.copy()
+        result.append(source)
+    return result
