@@ -105,8 +105,8 @@ class RecordingTransport(Transport):
     def irecv(self, peer, out, tag, signature=None):
         return self.inner.irecv(peer, out, tag, signature)
 
-    def abort_group(self, group_id, error):
-        self.inner.abort_group(group_id, error)
+    def abort_group(self, group_id, error, tell_peers=True):
+        self.inner.abort_group(group_id, error, tell_peers)
 
     def abort(self, error):
         self.inner.abort(error)

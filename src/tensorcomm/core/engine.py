@@ -9,17 +9,27 @@ Whoever runs a call (an inline caller or the worker) holds ``_running``; sequenc
 handed out only by its holder, so they follow the order calls actually run in. A queued call stays
 at the head of the queue until the worker holds ``_running``, so an inline caller can never jump
 ahead of it. The inline path costs a non-blocking lock acquire and release, no condition variable.
+
+One group, one issuing thread at a time: calls issued from two threads while either's calls are
+still in flight would run in a different order on each rank and pair the wrong arrays silently,
+so such a call raises ``ConcurrentUseError`` instead (sequential use from several threads is
+fine). Different groups may be used from different threads at once.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
+from threading import get_ident
 from typing import Any, Callable
 
 from .work import Work
 
 Body = Callable[[int], Any]  # takes the call's sequence number
+
+
+class ConcurrentUseError(RuntimeError):
+    """A call was issued on a group from a second thread while the first's calls were in flight."""
 
 
 class Engine:
@@ -34,6 +44,16 @@ class Engine:
         self._seq = 0  # the next call's sequence number; only the holder of _running changes it
         self._worker: threading.Thread | None = None
         self._stopped: BaseException | None = None
+        self._inline: int | None = None  # thread running an inline call (set by its holder)
+        self._issuer: int | None = None  # thread whose queued calls are in flight
+        self._queued = 0  # calls submitted and not yet finished; guarded by _mutex
+
+    @classmethod
+    def refusing(cls, name: str, error: BaseException) -> "Engine":
+        """An engine that refuses every call with ``error``."""
+        engine = cls(name)
+        engine._stopped = error
+        return engine
 
     def enter(self) -> int | None:
         """Claim the engine for a blocking call to run inline on the caller's thread.
@@ -47,16 +67,22 @@ class Engine:
         if self._queue or self._stopped is not None:  # queued while we claimed: it goes first
             self._running.release()
             return None
+        self._inline = get_ident()
         seq = self._seq
         self._seq = seq + 1
         return seq
 
     def leave(self) -> None:
         """End the inline call claimed by ``enter``."""
+        self._inline = None
         self._running.release()
 
     def submit(self, description: str, body: Body, async_op: bool) -> Work | Any:
-        """Run ``body(seq)`` in issue order; return a ``Work`` if async, else body's result."""
+        """Run ``body(seq)`` in issue order; return a ``Work`` if async, else body's result.
+
+        Raises:
+            ConcurrentUseError: another thread's calls on this group are in flight.
+        """
         if not async_op:
             seq = self.enter()
             if seq is not None:
@@ -65,9 +91,20 @@ class Engine:
                 finally:
                     self.leave()
         work = Work(description)
+        me = get_ident()
         with self._mutex:
             if self._stopped is not None:
                 raise self._stopped
+            inline = self._inline
+            other = inline if inline is not None and inline != me else \
+                self._issuer if self._queued and self._issuer != me else None
+            if other is not None:
+                raise ConcurrentUseError(
+                    f"{description} was called from thread {me} while thread {other}'s calls on the "
+                    "same group are in flight: their order would differ between ranks. Use one "
+                    "group per thread, or finish one thread's calls before the other starts")
+            self._issuer = me
+            self._queued += 1
             self._queue.append((body, work))
             self._ensure_worker()
             self._wakeup.notify_all()
@@ -100,6 +137,8 @@ class Engine:
                     work._complete(result=body(seq))
                 except BaseException as exc:  # delivered to whoever waits on the Work
                     work._complete(error=exc)
+                with self._mutex:
+                    self._queued -= 1
 
     def stop(self, error: BaseException) -> None:
         """Refuse new calls with ``error``; fail queued ones; let the running one finish."""
@@ -107,6 +146,7 @@ class Engine:
             self._stopped = error
             pending = list(self._queue)
             self._queue.clear()
+            self._queued -= len(pending)
             self._wakeup.notify_all()
         for _, work in pending:
             work._complete(error=error)

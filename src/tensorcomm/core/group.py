@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..algorithms.base import Ctx, Team
-from ..errors import GroupAbortedError
+from ..errors import CommError, GroupAbortedError
 from ..signature import Signature
 from ..types import TransportKind
-from .engine import Engine
+from .engine import ConcurrentUseError, Engine
 from .work import Work
 
 if TYPE_CHECKING:
@@ -162,7 +162,31 @@ class Group:
                 _failed(ctx, exc)
                 raise
 
-        return engine.submit(label, with_ctx, async_op)
+        try:
+            return engine.submit(label, with_ctx, async_op)
+        except ConcurrentUseError as exc:  # the ranks' orders may differ already: end the group
+            target.abort(f"calls from two threads at once ({exc})")
+            raise
+
+    def destroy(self) -> None:
+        """Leave this group on this process: free its shared memory and fail its pending and
+        later calls here with ``GroupAbortedError``; the world and other groups go on.
+
+        Not collective: members that still wait on this one for a call it never made get
+        ``PeerLostError``. Destroying the world group is ``tensorcomm.destroy()``.
+
+        Raises:
+            ValueError: this process is not a member, or the group is the world group.
+        """
+        target = self._target()
+        world = target._world
+        target.rank  # raises for non-members
+        if target is world.world_group:
+            raise ValueError("destroy: the world group ends with tensorcomm.destroy()")
+        error = GroupAbortedError(f"group {target._name!r} was destroyed on rank {world.rank}")
+        world.transport.abort_group(target._group_id, error, tell_peers=False)
+        target._stop(error)
+        world.forget(target)
 
     def abort(self, reason: str = "aborted") -> None:
         """End the group at once, from any thread, on every member.
@@ -196,10 +220,18 @@ class Group:
 
 
 def _failed(ctx: Ctx, error: BaseException) -> None:
-    """A call failed: if it ran on shared memory, the domain's counters are out of step now."""
+    """A call failed on this rank (a peer's error, or a local one: MemoryError, Ctrl-C): the
+    peers cannot finish it, so the group ends on every member at once. On shared memory the
+    counters are out of step now; over TCP the peers would wait for messages that never come."""
     shm = ctx.team.shm
     if shm is not None:
         shm.fail(error, ctx)
+        return
+    if not isinstance(error, CommError):  # a transport's own errors travel as they are
+        me = ctx.ranks[ctx.rank]
+        error = GroupAbortedError(f"rank {me} failed in {ctx.name} (step {ctx.seq}): "
+                                  f"{type(error).__name__}: {error}")
+    ctx.transport.abort_group(ctx.group_id, error)
 
 
 class _WorldHandle(Group):

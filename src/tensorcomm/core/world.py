@@ -1,7 +1,19 @@
 """The single runtime object made by ``init()`` and ended by ``destroy()``.
 
 The world owns the rendezvous store, the transport between all ranks, the registry of named
-groups and the job's timeout. Nothing else in tensorcomm keeps global state.
+groups and the job's timeout.
+
+Generations: a job may ``destroy()`` and ``init()`` again. Every world keeps its keys under
+``tensorcomm/<generation>/`` in the store, the generation counted by the store itself (the
+``tensorcomm/arrivals`` counter: the n-th ``init`` of every rank gets generation n - 1), so a new
+world never reads an old one's addresses. When rank 0 hosts the store (``env://`` or ``tcp://``
+without a launcher) each world has a fresh store on the same port; the other ranks then check
+that the store they reached is not the previous world's (rank 0 marks each store with its
+generation) and retry until the new one is up.
+
+A process forked from a rank after ``init()`` shares its sockets and shared memory: its copies
+of every group refuse calls (``RuntimeError``), so it can never answer a peer in the parent's
+place; it may ``init()`` a world of its own.
 
 Every group whose members all share this host (same host identity, see ``TENSORCOMM_HOST_ID``)
 gets a shared-memory domain, set up by its members when the group is made, unless a member runs
@@ -14,30 +26,40 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import logging
+import os
 import socket
 import threading
 import time
+from collections import Counter
 from typing import Sequence
 
 from .. import config
 from ..signature import Signature
-from ..errors import CommTimeoutError, GroupAbortedError, RendezvousError
+from ..errors import AuthenticationError, CommTimeoutError, GroupAbortedError, RendezvousError
 from ..rendezvous.init_method import Rendezvous, rendezvous
-from ..rendezvous.store import Store
+from ..rendezvous.store import PrefixStore, Store
 from ..transports.base import Transport
 from ..transports.shm import slots as shm_slots
 from ..transports.shm.domain import ShmDomain, ShmUnavailable, open_domain
 from ..transports.tcp.mesh import connect_mesh
 from ..transports.tcp.transport import TcpTransport
+from .engine import Engine
 from .group import Group
 
 log = logging.getLogger("tensorcomm.shm")
 
 WORLD_NAME = "world"
 MAX_GROUP_ID = (1 << 15) - 1
+ARRIVALS_KEY = "tensorcomm/arrivals"  # counts inits, across generations
+SERVER_KEY = "tensorcomm/server"  # on a store rank 0 hosts: the generation it was made for
+DESTROY_LINGER = 2.0  # seconds destroy() waits for the peers' goodbyes (see TcpTransport.close)
+# Longest timeout honoured; longer ones (``timedelta.max`` meaning "never") are cut to it, so
+# every wait stays within what ``threading`` and the OS accept.
+MAX_TIMEOUT = 30 * 24 * 3600.0
 
 _current: "World | None" = None
 _current_lock = threading.Lock()
+_worlds_made = 0  # worlds this process joined; rank 0 marks its stores with it
 
 
 class World:
@@ -49,7 +71,8 @@ class World:
         self.size = rdzv.world_size
         self.local_rank = rdzv.local_rank
         self.timeout = timeout
-        store = rdzv.store
+        self.generation = (rdzv.store.add(ARRIVALS_KEY, 1) - 1) // self.size
+        self.store = store = PrefixStore(f"tensorcomm/{self.generation}", rdzv.store)
         # Each rank says where it runs and whether it may use shared memory (a group uses it
         # only if all its members may).
         allowed = "1" if transport != "tcp" and shm_slots.SUPPORTED else "0"
@@ -57,9 +80,10 @@ class World:
         joined = [entry.decode() for entry in _await_everyone(store, self.rank, self.size, timeout)]
         self._hosts = tuple(entry[1:] for entry in joined)
         self._shm_allowed = tuple(entry[0] == "1" for entry in joined)
-        sockets = connect_mesh(self.rank, self.size, store, rdzv.secret, _bind_address(store), timeout)
+        sockets = connect_mesh(self.rank, self.size, store, rdzv.secret, _bind_address(rdzv.store), timeout)
         self.transport: Transport = TcpTransport(self.rank, self.size, sockets, send_timeout=timeout)
         self._groups: list[Group] = []
+        self._made: Counter[tuple[int, ...]] = Counter()  # groups made per member list, ever
         try:
             self.world_group = Group(WORLD_NAME, range(self.size), 0, self,
                                      self._shared_memory(tuple(range(self.size)), 0, WORLD_NAME))
@@ -69,6 +93,7 @@ class World:
         self._named: dict[str, Group] = {WORLD_NAME: self.world_group}
         self._groups.append(self.world_group)
         self._lock = threading.Lock()
+        self.forked: RuntimeError | None = None  # set in a child forked from this process
 
     def hosts_of(self, ranks: Sequence[int]) -> tuple[str, ...]:
         """Host identity of each of ``ranks`` (equal strings share a host)."""
@@ -83,8 +108,9 @@ class World:
         with self._lock:
             if name is not None and name in self._named:
                 raise ValueError(f"group name {name!r} is already registered")
-            occurrence = sum(1 for g in self._groups if g._ranks == tuple(ranks))
-            label = name or f"group{len(self._groups)}"
+            occurrence = self._made[tuple(ranks)]
+            self._made[tuple(ranks)] += 1
+            label = name or f"group{sum(self._made.values())}"
             group_id, shm = -1, None
             if self.rank in ranks:
                 group_id = self._agree_group_id(tuple(ranks), occurrence, name)
@@ -97,7 +123,7 @@ class World:
 
     def _agree_group_id(self, ranks: tuple[int, ...], occurrence: int, name: str | None) -> int:
         key = f"group/{','.join(map(str, ranks))}/{name or ''}/{occurrence}"
-        store = self.rendezvous.store
+        store = self.store
         if self.rank == ranks[0]:
             group_id = store.add("group/next_id", 1)
             if group_id > MAX_GROUP_ID:
@@ -115,7 +141,7 @@ class World:
         if len(ranks) < 2 or len(set(self.hosts_of(ranks))) != 1 \
                 or not all(self._shm_allowed[r] for r in ranks):
             return None
-        store = self.rendezvous.store
+        store = self.store
         prefix = f"shm/{group_id}/"
 
         def publish(address: str) -> None:
@@ -159,13 +185,30 @@ class World:
         except KeyError:
             raise ValueError(f"group: no group is named {name!r}; known: {sorted(self._named)}") from None
 
+    def forget(self, group: Group) -> None:
+        """Drop a destroyed group from the registry."""
+        with self._lock:
+            self._groups = [g for g in self._groups if g is not group]
+            self._named = {name: g for name, g in self._named.items() if g is not group}
+
     def close(self) -> None:
         """Fail pending calls, close the transport and the store."""
+        if self.forked is not None:  # the sockets and memory belong to the parent: leave them be
+            return
         error = GroupAbortedError("the process group was destroyed")
         for group in self._groups:
             group._stop(error)
-        self.transport.close()
+        self.transport.close(linger=DESTROY_LINGER)
         self.rendezvous.close()
+
+    def _inherited(self) -> None:
+        """This process was forked from a rank: refuse every call on its copies of the groups."""
+        self.forked = RuntimeError(
+            f"this process was forked from rank {self.rank} after tensorcomm.init(); a forked "
+            "child cannot use its parent's groups (it would answer peers in the parent's place): "
+            "call tensorcomm.init() in the child, or start it with 'spawn' or 'forkserver'")
+        for group in self._groups:  # new engines: the old ones' locks may be held by parent threads
+            group._engine = Engine.refusing(group.name, self.forked)
 
 
 def _describe(codes: Sequence[int]) -> str:
@@ -205,15 +248,64 @@ def _bind_address(store: object) -> str:
 
 def _seconds(timeout: float | datetime.timedelta | None, default: float) -> float:
     if timeout is None:
-        return default
+        return min(default, MAX_TIMEOUT)
     if isinstance(timeout, datetime.timedelta):
         timeout = timeout.total_seconds()
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(f"timeout: expected seconds (a number) or a datetime.timedelta, "
                         f"got {type(timeout).__name__}")
-    if timeout <= 0:
+    if not timeout > 0:  # also NaN
         raise ValueError(f"timeout: must be positive, got {timeout}")
-    return float(timeout)
+    return min(float(timeout), MAX_TIMEOUT)
+
+
+def _after_fork_in_child() -> None:
+    global _current
+    world, _current = _current, None
+    if world is not None:
+        world._inherited()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _stale_store(rdzv: Rendezvous, generation: int) -> bool:
+    """Whether the store rank 0 hosts is still the previous world's (about to close)."""
+    store = rdzv.store
+    if rdzv.server is not None:
+        store.set(SERVER_KEY, str(generation).encode())
+        return False
+    if not store.check([SERVER_KEY]):  # a launcher's or torch's store, or rank 0's, not marked yet
+        return False
+    return int(store.get(SERVER_KEY)) < generation
+
+
+def _meet(init_method: str | None, rank: int | None, world_size: int | None,
+          seconds: float) -> Rendezvous:
+    """``rendezvous``, retried while the store reached is the one of an earlier world.
+
+    After an earlier world, a connection that broke is retried too: it met the previous world's
+    store as it closed (which looks like a rejection: a server rejects by closing).
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            rdzv = rendezvous(init_method, rank, world_size, max(0.1, deadline - time.monotonic()))
+            try:
+                if not _stale_store(rdzv, _worlds_made):
+                    return rdzv
+            except BaseException:
+                rdzv.close()
+                raise
+            rdzv.close()
+        except (AuthenticationError, RendezvousError) as exc:
+            broke = isinstance(exc.__cause__ or exc.__context__, OSError)
+            if not _worlds_made or not broke or time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise RendezvousError("init: rank 0's store still belongs to the previous world (did "
+                                  "rank 0 call destroy() and init() again?)")
+        time.sleep(0.05)
 
 
 def init(init_method: str | None = None, rank: int | None = None, world_size: int | None = None,
@@ -232,7 +324,7 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
         RendezvousError: the job could not assemble within the timeout.
         AuthenticationError: a connection failed the job-secret challenge.
     """
-    global _current
+    global _current, _worlds_made
     with _current_lock:
         if _current is not None:
             raise RuntimeError("tensorcomm is already initialized; call destroy() first")
@@ -240,17 +332,29 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
 
         info = discover()
         seconds = _seconds(timeout, info.timeout or config.DEFAULT_TIMEOUT)
-        rdzv = rendezvous(init_method, rank, world_size, seconds)
+        rdzv = _meet(init_method, rank, world_size, seconds)
         try:
             _current = World(rdzv, seconds, info.transport)
         except BaseException:
             rdzv.close()
             raise
+        _worlds_made += 1
 
 
-def destroy() -> None:
-    """Leave the job: fail pending calls, close every connection. A no-op if not initialised."""
+def destroy(group: Group | None = None) -> None:
+    """Leave the job: fail pending calls, close every connection. A no-op if not initialised.
+
+    With a ``group`` other than the world, destroy only that group (``Group.destroy``), as
+    ``torch.distributed.destroy_process_group(group)`` does.
+    """
     global _current
+    if group is not None:
+        if not isinstance(group, Group):
+            raise TypeError(f"destroy: group must be a tensorcomm.Group or None, got {type(group).__name__}")
+        world = _current
+        if world is not None and group._target() is not world.world_group:
+            group.destroy()
+            return
     with _current_lock:
         world, _current = _current, None
     if world is not None:

@@ -109,8 +109,9 @@ class Transport(abc.ABC):
         return {}
 
     @abc.abstractmethod
-    def abort_group(self, group_id: int, error: BaseException) -> None:
-        """Fail every pending and future message of ``group_id`` here and on every peer."""
+    def abort_group(self, group_id: int, error: BaseException, tell_peers: bool = True) -> None:
+        """Fail every pending and future message of ``group_id`` here and (``tell_peers``) on
+        every peer."""
 
     @abc.abstractmethod
     def abort(self, error: BaseException) -> None:

@@ -139,11 +139,12 @@ class LoopbackHub:
                     return
             self._posted[dst].setdefault(tag, []).append(posted)
 
-    def _abort_group(self, group_id: int, error: BaseException) -> None:
+    def _abort_group(self, group_id: int, error: BaseException, only: int | None = None) -> None:
         with self._lock:
-            self._aborted_groups.setdefault(group_id, error)
+            if only is None:
+                self._aborted_groups.setdefault(group_id, error)
             pending = []
-            for mailbox in self._posted:
+            for mailbox in self._posted if only is None else [self._posted[only]]:
                 for tag in [t for t in mailbox if group_of_tag(t) == group_id]:
                     pending.extend(mailbox.pop(tag))
         for posted in pending:
@@ -213,9 +214,10 @@ class LoopbackTransport(Transport):
             self.hub._fail_posted(self.rank, self._error)
         return request
 
-    def abort_group(self, group_id: int, error: BaseException) -> None:
-        """Fail every pending and future message of ``group_id`` on every rank of the hub."""
-        self.hub._abort_group(group_id, error)
+    def abort_group(self, group_id: int, error: BaseException, tell_peers: bool = True) -> None:
+        """Fail every pending and future message of ``group_id`` on every rank of the hub
+        (without ``tell_peers``: this rank's pending receives of the group only)."""
+        self.hub._abort_group(group_id, error, None if tell_peers else self.rank)
 
     def abort(self, error: BaseException) -> None:
         """Fail every pending and future request of this rank with ``error``."""

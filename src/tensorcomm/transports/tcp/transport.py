@@ -351,7 +351,7 @@ class TcpTransport(Transport):
 
     # -- failure and lifecycle -----------------------------------------------------------------
 
-    def abort_group(self, group_id: int, error: BaseException) -> None:
+    def abort_group(self, group_id: int, error: BaseException, tell_peers: bool = True) -> None:
         # Peers are told before local waiters wake: a waiter that goes on to destroy() must not
         # get its goodbye to a peer ahead of the abort that explains it.
         with self._lock:
@@ -360,7 +360,8 @@ class TcpTransport(Transport):
             self._aborted_groups[group_id] = error
             failed = [r for key in list(self._posted) if group_of_tag(key[1]) == group_id
                       for r in self._posted.pop(key)]
-        self._tell_peers(group_id, error)
+        if tell_peers:
+            self._tell_peers(group_id, error)
         for request in failed:
             request._finish(request.peer, error)
 

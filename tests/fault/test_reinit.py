@@ -1,0 +1,53 @@
+"""``destroy()`` then ``init()`` again in one job: every world meets on its own generation of
+store keys, under the launcher's store and when rank 0 hosts the store itself."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import numpy as np
+import pytest
+
+import tensorcomm as tc
+from tensorcomm.testing import run_ranks
+
+pytestmark = pytest.mark.fault
+
+TRANSPORTS = {"tcp": {"TENSORCOMM_TRANSPORT": "tcp"}, "shm": {}}
+WORLDS = 4
+
+
+def body_worlds(port: int | None, timeout: float) -> list[float]:
+    """Init, use the world and a subgroup, destroy; ``WORLDS`` times in a row."""
+    if port is not None:  # rank 0 hosts the store: no launcher in between
+        os.environ["TENSORCOMM_STORE_HOSTED"] = "0"
+        os.environ["MASTER_PORT"] = str(port)
+    sums = []
+    for generation in range(WORLDS):
+        tc.init(timeout=timeout)
+        n = tc.get_world_size()
+        x = np.full(4, tc.get_rank() + generation, np.float32)
+        tc.all_reduce(x)
+        pair = tc.new_group([0, 1])
+        if tc.get_rank() in (0, 1):
+            tc.all_reduce(x, group=pair)
+        tc.barrier()
+        sums.append(float(x[0]))
+        assert float(x[0]) == (sum(range(n)) + n * generation) * (2 if tc.get_rank() < 2 else 1)
+        tc.destroy()
+    return sums
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("store", ["launcher", "rank0"])
+def test_init_after_destroy_meets_a_new_world(store, transport):
+    port = _free_port() if store == "rank0" else None
+    results = run_ranks(body_worlds, 3, port, 20.0, init=False, timeout=90, env=TRANSPORTS[transport])
+    assert len({tuple(r) for r in results[:2]}) == 1
