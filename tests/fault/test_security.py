@@ -201,11 +201,12 @@ def test_members_outwait_a_stale_file_and_the_host_replaces_it(private_dir: Path
 
 PLAIN_ENV_JOB = textwrap.dedent("""
     import numpy as np, tensorcomm as tc
-    tc.init(timeout=60)
-    x = np.full(4, tc.get_rank() + 1, np.float32)
-    tc.all_reduce(x)
-    print(f"rank {tc.get_rank()} got {x[0]:g}", flush=True)
-    tc.destroy()
+    for world in range(3):  # destroy() and init() again: each world gets a fresh secret
+        tc.init(timeout=60)
+        x = np.full(4, tc.get_rank() + 1, np.float32)
+        tc.all_reduce(x)
+        print(f"world {world}: rank {tc.get_rank()} got {x[0]:g}", flush=True)
+        tc.destroy()
 """)
 
 
@@ -224,7 +225,7 @@ def test_a_plain_env_job_without_secret_runs_on_a_private_one(private_dir: Path)
         finally:
             rank.kill()
     assert [rank.returncode for rank in ranks] == [0, 0, 0], outputs
-    assert all(f"rank {r} got 6" in outputs[r] for r in range(3)), outputs
+    assert all(f"world {w}: rank {r} got 6" in outputs[r] for r in range(3) for w in range(3)), outputs
     assert list(private_dir.iterdir()) == []  # rank 0 removed the secret with the store
 
 
@@ -321,10 +322,10 @@ HELLO_AND_READ = textwrap.dedent("""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(10)
     sock.connect("\\0" + sys.argv[1])
-    sock.sendall(b"TCAU\\x01H" + bytes(32))
     try:
+        sock.sendall(b"TCAU\\x01H" + bytes(32))
         print(len(sock.recv(100)))
-    except OSError as exc:
+    except OSError:  # closed (or reset) before the leader said a word
         print(0)
 """)
 
@@ -483,7 +484,8 @@ def test_a_flood_of_silent_connections_is_bounded(caplog: pytest.LogCaptureFixtu
             with TCPStore("127.0.0.1", server.port, SECRET, timeout=20) as good:
                 good.set("k", b"v")
                 assert good.get("k") == b"v"
-            assert time.monotonic() - start < 10
+            # At worst it waits for the silent ones' handshake deadline (5 s): well under 20 s.
+            assert time.monotonic() - start < 15
         finally:
             for sock in clients:
                 sock.close()
