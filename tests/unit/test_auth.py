@@ -12,8 +12,8 @@ from collections.abc import Callable
 import pytest
 
 from tensorcomm.errors import AuthenticationError, CommTimeoutError
-from tensorcomm.rendezvous.auth import (MAGIC, VERSION, generate_secret, handshake_client,
-                                        handshake_server, recv_exact, secret_bytes)
+from tensorcomm.rendezvous.auth import (MAGIC, VERSION, HandshakeRefused, generate_secret,
+                                        handshake_client, handshake_server, recv_exact, secret_bytes)
 
 KEY = b"job-secret"
 HELLO, PROOF, ANSWER, OK = 38, 70, 38, 6  # message sizes, fixed by the protocol
@@ -168,6 +168,25 @@ def test_recv_exact_reads_across_chunks_and_restores_timeout() -> None:
         assert recv_exact(a, 7, 2) == b"abcdefg"
         assert a.gettimeout() == 7.0
         thread.join(5)
+
+
+def test_a_server_closing_before_its_proof_is_a_refusal_to_retry() -> None:
+    # A listener at its limit of pending handshakes closes new connections unread: nothing was
+    # judged, so the client may try again (a wrong secret is never a HandshakeRefused).
+    client, server = socket.socketpair()
+    with client:
+        server.close()
+        with pytest.raises(HandshakeRefused, match="before the handshake"):
+            handshake_client(client, KEY, 2, b"store")
+    client_result, _ = handshake(b"other", KEY)
+    assert isinstance(client_result, AuthenticationError) and not isinstance(client_result, HandshakeRefused)
+
+
+def test_recv_exact_takes_a_timeout_beyond_the_platform_limit() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        b.sendall(b"abc")
+        assert recv_exact(a, 3, 1e12) == b"abc"  # a socket timeout this long would overflow
 
 
 def test_recv_exact_eof_and_timeout() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from tensorcomm.errors import AuthenticationError, CommTimeoutError, RendezvousError
 from tensorcomm.rendezvous import FileStore, HashStore, PrefixStore, Store, TCPStore, TCPStoreServer
-from tensorcomm.rendezvous import tcp_store
+from tensorcomm.rendezvous import gate, tcp_store
 from tensorcomm.rendezvous.auth import handshake_client
 
 SECRET = b"test-secret"
@@ -187,6 +187,8 @@ def test_delete(handles: Handles) -> None:
     (lambda s: s.check("abc"), TypeError),
     (lambda s: s.get("k", timeout=-1), ValueError),
     (lambda s: s.get("k", timeout=float("nan")), ValueError),
+    (lambda s: s.get("k", timeout=1e10), ValueError),  # beyond the timers: not an OverflowError
+    (lambda s: s.wait(["k"], timeout=1e300), ValueError),
     (lambda s: s.set("x" * 5000, b""), ValueError),
 ])
 def test_bad_arguments(handles: Handles, call: Callable[[Store], object], error: type) -> None:
@@ -394,3 +396,28 @@ def test_closing_either_end_wakes_a_waiting_client(closer: str) -> None:
         client.set("k", b"v")
     client.close()
     srv.close()
+
+
+def test_a_gate_refuses_beyond_its_limit_and_logs_once_per_interval(caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="test.gate")
+    door = gate.Gate("test listener", logging.getLogger("test.gate"), limit=1)
+    release = threading.Event()
+    pairs = [socket.socketpair() for _ in range(4)]
+    try:
+        assert door.admit(pairs[0][0], "first", lambda conn, peer: release.wait(5) and None)
+        assert not any(door.admit(ours, f"extra{i}", lambda conn, peer: None)
+                       for i, (ours, _) in enumerate(pairs[1:]))
+        for _, theirs in pairs[1:]:
+            theirs.settimeout(2)
+            assert theirs.recv(1) == b""  # closed at once
+        warnings = [r.getMessage() for r in caplog.records]
+        assert warnings == ["test listener: refused a connection from extra0: 1 handshakes are already pending"]
+        release.set()
+        door.join(5)
+        assert door.admit(pairs[1][1], "later", lambda conn, peer: None)  # the slot is free again
+        door.join(5)
+    finally:
+        release.set()
+        for a, b in pairs:
+            a.close()
+            b.close()

@@ -7,15 +7,18 @@ import logging
 import socket
 import struct
 import threading
+import time
 
 import numpy as np
 import pytest
 
+from tensorcomm import config
 from tensorcomm.signature import signature
 from tensorcomm.errors import CollectiveMismatchError, GroupAbortedError, PeerLostError
 from tensorcomm.rendezvous.store import HashStore
 from tensorcomm.transports.base import ANY_SOURCE, collective_tag
 from tensorcomm.transports.tcp import framing
+from tensorcomm.transports.tcp import mesh as mesh_module
 from tensorcomm.transports.tcp.mesh import connect_mesh
 from tensorcomm.transports.tcp.transport import TcpTransport
 
@@ -149,6 +152,32 @@ def test_stranger_cannot_join_the_mesh(intrusion, caplog):
             sock.close()
 
 
+def test_ranks_retry_while_strangers_fill_the_listener(monkeypatch, caplog):
+    # Two silent strangers take both pending-handshake slots of rank 0: the real ranks are
+    # closed at once, retry, and get in when the strangers' handshake deadline ends.
+    monkeypatch.setattr(config, "MAX_PENDING_HANDSHAKES", 2)
+    monkeypatch.setattr(mesh_module, "HANDSHAKE_TIMEOUT", 1.0)
+    caplog.set_level(logging.WARNING, logger="tensorcomm.tcp")
+    store = HashStore()
+    results: dict = {}
+    threads = [_start_rank(0, 3, store, SECRET, results)]
+    host, port = store.get("tcp/addr/0", timeout=10).decode().rsplit(":", 1)
+    strangers = [socket.create_connection((host, int(port)), timeout=5) for _ in range(2)]
+    try:
+        time.sleep(0.2)  # rank 0 takes them first
+        threads += [_start_rank(r, 3, store, SECRET, results) for r in (1, 2)]
+        for thread in threads:
+            thread.join(30)
+    finally:
+        for sock in strangers:
+            sock.close()
+    assert all(isinstance(m, dict) and len(m) == 2 for m in results.values()), results
+    assert "2 handshakes are already pending" in caplog.text
+    for mesh in results.values():
+        for sock in mesh.values():
+            sock.close()
+
+
 def test_wrong_secret_is_refused():
     store = HashStore()
     good, bad = b"right-secret", b"wrong-secret"
@@ -171,12 +200,13 @@ def test_wrong_secret_is_refused():
 
 def test_progress_probe_is_answered_by_the_reader_thread(pair):
     transport, peer = pair
-    # the raw peer plays a rank that has reached call 41 of group 2
+    # the raw peer plays a rank that has reached call 41 of group 2, a barrier
     answered = threading.Thread(target=lambda: (
         framing.read_header(peer),
-        peer.sendall(_frame(2, framing.PROBE_REPLY.pack(41), kind=framing.KIND_PROBE_REPLY))))
+        peer.sendall(_frame(2, framing.PROBE_REPLY.pack(41), signature("barrier"),
+                            kind=framing.KIND_PROBE_REPLY))))
     answered.start()
-    assert transport.progress(2, [1], timeout=5) == {1: 41}
+    assert transport.progress(2, [1], timeout=5) == {1: (41, signature("barrier"))}
     answered.join(5)
     # a peer that says nothing is reported as None after the wait
     assert transport.progress(3, [1], timeout=0.2) == {1: None}
@@ -185,6 +215,6 @@ def test_progress_probe_is_answered_by_the_reader_thread(pair):
     transport.isend(1, memoryview(b"x"), collective_tag(4, 7, 0), signature("barrier"))
     framing.read_header(peer), peer.recv(1)
     peer.sendall(_frame(4, b"", kind=framing.KIND_PROBE))
-    kind, tag, nbytes, _ = framing.read_header(peer)
-    assert (kind, tag) == (framing.KIND_PROBE_REPLY, 4)
+    kind, tag, nbytes, theirs = framing.read_header(peer)
+    assert (kind, tag, theirs) == (framing.KIND_PROBE_REPLY, 4, signature("barrier"))
     assert framing.PROBE_REPLY.unpack(peer.recv(nbytes)) == (7,)
