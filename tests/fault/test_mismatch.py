@@ -46,9 +46,7 @@ def body_mismatch(kind: str) -> str:
     rank = tc.get_rank()
     try:
         _call(kind, odd=rank % 2 == 1)
-        # A rank whose part of the call needed nothing from the others (a broadcast root) may
-        # finish it; the mismatch then reaches it on its next call on the group.
-        tc.barrier()
+        tc.barrier()  # not needed to detect it (see the test below), harmless if reached
     except tc.CollectiveMismatchError as exc:
         return str(exc)
     raise AssertionError(f"rank {rank}: no CollectiveMismatchError for a mismatched {kind}")
@@ -85,3 +83,35 @@ def test_mismatch_message_names_both_calls(transport):
     joined = "\n".join(messages)
     assert "all_reduce(float32[4], op=sum)" in joined, joined
     assert "all_gather(float32[16])" in joined, joined
+
+
+def body_mismatch_within_the_call(kind: str) -> str:
+    """Ranks that only send in a call (roots, leaves) learn of a mismatch in that very call."""
+    rank, n = tc.get_rank(), tc.get_world_size()
+    x = np.ones(4, np.float32)
+    try:
+        if kind == "broadcast_src":  # every rank believes it is the root
+            tc.broadcast(x, src=rank)
+        elif kind == "scatter_src":
+            tc.scatter(x, [x] * n, src=rank)
+        elif kind == "gather_dst":
+            tc.gather(x, [np.zeros(4, np.float32) for _ in range(n)], dst=rank)
+        elif kind == "reduce_dst":
+            tc.reduce(x, dst=rank)
+        elif kind == "extra_broadcast":  # rank 0 broadcasts twice; the others barrier
+            tc.broadcast(x, src=0)
+            if rank == 0:
+                tc.broadcast(x, src=0)
+            else:
+                tc.barrier()
+    except tc.CollectiveMismatchError as exc:
+        return str(exc)
+    raise AssertionError(f"rank {rank}: the {kind} call passed")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("kind", ["broadcast_src", "scatter_src", "gather_dst", "reduce_dst",
+                                  "extra_broadcast"])
+def test_a_rank_that_only_sends_learns_of_a_mismatch_in_the_call(kind, transport):
+    for message in run_ranks(body_mismatch_within_the_call, 3, kind, timeout=60, env=TRANSPORTS[transport]):
+        assert "called" in message, message

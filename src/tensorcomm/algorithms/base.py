@@ -14,15 +14,21 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import CommError, CommTimeoutError
-from ..transports.base import Request, Transport, as_bytes, collective_tag, p2p_tag  # noqa: F401
+from ..errors import CollectiveMismatchError, CommError, CommTimeoutError
+from ..transports.base import (STEP_BITS, Request, Transport, as_bytes, collective_tag,  # noqa: F401
+                               p2p_tag)
 from ..signature import NO_SIGNATURE, Signature
 
 _new = object.__new__
 _monotonic = time.monotonic
 
 
-PROGRESS_PROBE_SECONDS = 1.0  # how long a timed-out rank waits for peers to say where they are
+PROGRESS_PROBE_SECONDS = 1.0  # how long a stalled rank waits for peers to say where they are
+# A wait this long asks the peers which call they are in (then twice as long, and so on): two
+# ranks that both wait for the other (both think they are a gather's root, say) find out then.
+STALL_PROBE_SECONDS = 2.0
+ACK_STEP = (1 << STEP_BITS) - 1  # the step of acknowledgements (see ``Ctx.acknowledge``)
+_NOTHING = np.empty(0, dtype=np.uint8)
 
 
 @dataclass(frozen=True)
@@ -127,7 +133,9 @@ class Ctx:
         try:
             # A request that already ended carries its own verdict (a relayed abort, a stalled
             # send naming its peer): read it before the deadline can hide it.
-            request.wait(0 if request.done() else self.remaining())
+            if not request.done():
+                self._wait_watching(request)
+            request.wait(0)
         except CommError as exc:
             if isinstance(exc, CommTimeoutError) and not request.done():  # this rank's own wait
                 error = CommTimeoutError(f"{self.name} (group rank {self.rank}) timed out after "
@@ -137,13 +145,43 @@ class Ctx:
             self.transport.abort_group(self.group_id, exc)
             raise
 
+    def _wait_watching(self, request: Request) -> None:
+        """Wait until ``request`` is done or the deadline passes, asking the peers where they
+        are whenever the wait stalls.
+
+        Raises:
+            CollectiveMismatchError: a peer is in another call at this step.
+            CommTimeoutError: the deadline passed.
+        """
+        stall = STALL_PROBE_SECONDS
+        while not request.done():
+            left = self.remaining()
+            try:
+                request.wait(min(stall, left))
+            except CommTimeoutError:
+                if stall < left and not request.done():
+                    self._check_peers()
+                    stall *= 2
+
+    def _check_peers(self) -> None:
+        """Raise CollectiveMismatchError if a peer reports another call at this step."""
+        me = self.ranks[self.rank]
+        reached = self.transport.progress(self.group_id, [r for r in self.ranks if r != me],
+                                          PROGRESS_PROBE_SECONDS)
+        for rank, answer in reached.items():
+            if answer is not None and answer[0] == self.seq and answer[1] not in (None, self.signature):
+                raise CollectiveMismatchError(
+                    f"rank {rank} called {answer[1].describe()} while rank {me} called "
+                    f"{self.signature.describe()} at step {self.seq} of group {self.group_name!r} "
+                    f"(found when the wait stalled)")
+
     def _who_is_missing(self) -> str:
         """Ask the peers how far they got, to name the ranks that did not arrive at this call."""
         me = self.ranks[self.rank]
         reached = self.transport.progress(self.group_id, [r for r in self.ranks if r != me],
                                           PROGRESS_PROBE_SECONDS)
-        silent = [rank for rank, seq in reached.items() if seq is None]
-        behind = [rank for rank, seq in reached.items() if seq is not None and seq < self.seq]
+        silent = [rank for rank, answer in reached.items() if answer is None]
+        behind = [rank for rank, answer in reached.items() if answer is not None and answer[0] < self.seq]
         parts = []
         if behind:
             parts.append(f"{_names(behind)} had not reached this call")
@@ -158,6 +196,21 @@ class Ctx:
     def recv(self, peer: int, buf: np.ndarray, step: int = 0) -> None:
         """Receive exactly ``buf.nbytes`` bytes from group rank ``peer`` into ``buf``."""
         self.wait(self.irecv(peer, buf, step))
+
+    def acknowledge(self, peer: int) -> None:
+        """Tell group rank ``peer``, which only sends in this call, that its message was taken.
+
+        A rank that receives nothing in a call (a broadcast or scatter root, a gather sender, a
+        reduce leaf) would otherwise finish it without learning whether its peers made the same
+        call; the empty acknowledgement carries this rank's signature back, so a mismatch (a
+        different root, an extra call) fails the call on both sides instead of passing silently.
+        """
+        self.send(peer, _NOTHING, ACK_STEP)
+
+    def acknowledged(self, peers: Sequence[int]) -> None:
+        """Wait for the acknowledgements of ``peers`` (group ranks); see ``acknowledge``."""
+        for request in [self.irecv(peer, _NOTHING, ACK_STEP) for peer in peers]:
+            self.wait(request)
 
     def sendrecv(self, dst: int, send_buf: np.ndarray, src: int, recv_buf: np.ndarray,
                  step: int = 0) -> None:

@@ -33,16 +33,22 @@ def binomial_tree(ctx: Ctx, buf: np.ndarray, root: int) -> None:
     n = ctx.size
     relative = (ctx.rank - root) % n
     mask = _parent_mask(relative, n)
+    parent = (relative - mask + root) % n
     if relative:
-        ctx.recv((relative - mask + root) % n, buf, step=mask.bit_length() - 1)
-    pending = []
+        ctx.recv(parent, buf, step=mask.bit_length() - 1)
+    pending, children = [], []
     mask //= 2
     while mask:
         if relative + mask < n:
-            pending.append(ctx.isend((relative + mask + root) % n, buf, step=mask.bit_length() - 1))
+            children.append((relative + mask + root) % n)
+            pending.append(ctx.isend(children[-1], buf, step=mask.bit_length() - 1))
         mask //= 2
     for request in pending:
         ctx.wait(request)
+    if not relative:  # the root received nothing: its children confirm they made this call
+        ctx.acknowledged(children)
+    elif parent == root:
+        ctx.acknowledge(root)
 
 
 def scatter_allgather(ctx: Ctx, buf: np.ndarray, root: int) -> None:

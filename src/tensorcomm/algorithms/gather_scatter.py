@@ -28,13 +28,16 @@ def gather(ctx: Ctx, send: np.ndarray, out: np.ndarray | None, counts: Sequence[
     """
     if ctx.rank != root:
         ctx.send(root, send)
+        ctx.acknowledged([root])  # received nothing: the root confirms it made this call
         return
     offsets = bounds(counts)
-    pending = [ctx.irecv(peer, out[offsets[peer]:offsets[peer + 1]])
-               for peer in range(ctx.size) if peer != root]
+    peers = [peer for peer in range(ctx.size) if peer != root]
+    pending = [ctx.irecv(peer, out[offsets[peer]:offsets[peer + 1]]) for peer in peers]
     out[offsets[root]:offsets[root + 1]] = send
     for request in pending:
         ctx.wait(request)
+    for peer in peers:
+        ctx.acknowledge(peer)
 
 
 def scatter(ctx: Ctx, send: np.ndarray | None, out: np.ndarray, counts: Sequence[int],
@@ -50,10 +53,12 @@ def scatter(ctx: Ctx, send: np.ndarray | None, out: np.ndarray, counts: Sequence
     """
     if ctx.rank != root:
         ctx.recv(root, out)
+        ctx.acknowledge(root)
         return
     offsets = bounds(counts)
-    pending = [ctx.isend(peer, send[offsets[peer]:offsets[peer + 1]])
-               for peer in range(ctx.size) if peer != root]
+    peers = [peer for peer in range(ctx.size) if peer != root]
+    pending = [ctx.isend(peer, send[offsets[peer]:offsets[peer + 1]]) for peer in peers]
     out[...] = send[offsets[root]:offsets[root + 1]]
     for request in pending:
         ctx.wait(request)
+    ctx.acknowledged(peers)  # received nothing: every peer confirms it made this call

@@ -35,14 +35,20 @@ def binomial_tree(ctx: Ctx, send: np.ndarray, out: np.ndarray | None, root: int,
     mask = 1
     while mask < n:
         if relative & mask:
-            ctx.send((relative - mask + root) % n, partial, step=mask.bit_length() - 1)
+            parent = (relative - mask + root) % n
+            ctx.send(parent, partial, step=mask.bit_length() - 1)
+            if incoming is None:  # a leaf received nothing: its parent confirms the call
+                ctx.acknowledged([parent])
             return
         if relative + mask < n:
             if incoming is None:  # first child: now this rank needs scratch
                 incoming = np.empty_like(send)
                 if relative:
                     target = np.empty_like(send)
-            ctx.recv((relative + mask + root) % n, incoming, step=mask.bit_length() - 1)
+            child = (relative + mask + root) % n
+            ctx.recv(child, incoming, step=mask.bit_length() - 1)
+            if mask == 1 or relative + mask + 1 >= n:  # a leaf: it has no child of its own
+                ctx.acknowledge(child)
             combine(op, partial, incoming, target)
             partial = target
         mask *= 2

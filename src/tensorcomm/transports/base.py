@@ -100,11 +100,13 @@ class Transport(abc.ABC):
         """Receive into ``out``; return the sender's global rank."""
         return self.irecv(peer, out, tag).wait(timeout)
 
-    def progress(self, group_id: int, peers: Sequence[int], timeout: float) -> dict[int, int | None]:
-        """Which call of ``group_id`` each of ``peers`` has reached (None: no answer in time).
+    def progress(self, group_id: int, peers: Sequence[int],
+                 timeout: float) -> dict[int, tuple[int, Signature | None] | None]:
+        """Which call of ``group_id`` each of ``peers`` has reached, and that call's signature
+        (None: no answer in time).
 
-        Asked only when a wait times out, to name the ranks that did not arrive. A transport
-        that cannot ask returns an empty dict.
+        Asked only when a wait stalls or times out, to find a peer in another call or name the
+        ranks that did not arrive. A transport that cannot ask returns an empty dict.
         """
         return {}
 

@@ -94,7 +94,8 @@ class TcpTransport(Transport):
         self._calls: OrderedDict[tuple[int, int], Signature] = OrderedDict()
         self._latest: dict[int, int] = {}  # group id -> latest call sequence number started
         self._answers = threading.Condition()
-        self._progress: dict[tuple[int, int], int] = {}  # (group, peer) -> their latest call
+        # (group, peer) -> their latest call and its signature
+        self._progress: dict[tuple[int, int], tuple[int, Signature | None]] = {}
         self._aborted: BaseException | None = None
         self._closing = False
         self._on_peer_lost = on_peer_lost
@@ -262,7 +263,7 @@ class TcpTransport(Transport):
                     self._peer_gone(peer, PeerLostError(peer, "it left the job (destroy() was called)"))
                     return
                 if kind in (framing.KIND_PROBE, framing.KIND_PROBE_REPLY):
-                    self._on_probe(peer, sock, kind, tag, nbytes)
+                    self._on_probe(peer, sock, kind, tag, nbytes, signature)
                     continue
                 if kind == framing.KIND_ABORT:
                     payload = bytearray(nbytes)
@@ -309,8 +310,10 @@ class TcpTransport(Transport):
 
     # -- who is where ---------------------------------------------------------------------------
 
-    def progress(self, group_id: int, peers: Sequence[int], timeout: float) -> dict[int, int | None]:
-        """Ask ``peers`` which call of ``group_id`` they have reached; ``None``: no answer in time."""
+    def progress(self, group_id: int, peers: Sequence[int],
+                 timeout: float) -> dict[int, tuple[int, Signature | None] | None]:
+        """Ask ``peers`` which call of ``group_id`` they have reached (and its signature);
+        ``None``: no answer in time."""
         with self._answers:
             for peer in peers:
                 self._progress.pop((group_id, peer), None)
@@ -322,18 +325,21 @@ class TcpTransport(Transport):
                                    max(0.0, deadline - time.monotonic()))
             return {peer: self._progress.get((group_id, peer)) for peer in peers}
 
-    def _on_probe(self, peer: int, sock: socket.socket, kind: int, group_id: int, nbytes: int) -> None:
+    def _on_probe(self, peer: int, sock: socket.socket, kind: int, group_id: int, nbytes: int,
+                  signature: Signature | None) -> None:
         payload = bytearray(nbytes)
         framing.recv_exact_into(sock, memoryview(payload))
         if kind == framing.KIND_PROBE:
             latest = self._latest.get(group_id, -1)
-            self._send_control(peer, framing.KIND_PROBE_REPLY, group_id, framing.PROBE_REPLY.pack(latest))
+            self._send_control(peer, framing.KIND_PROBE_REPLY, group_id, framing.PROBE_REPLY.pack(latest),
+                               self._calls.get((group_id, latest)))
         elif nbytes == framing.PROBE_REPLY.size:
             with self._answers:
-                self._progress[(group_id, peer)] = framing.PROBE_REPLY.unpack(payload)[0]
+                self._progress[(group_id, peer)] = (framing.PROBE_REPLY.unpack(payload)[0], signature)
                 self._answers.notify_all()
 
-    def _send_control(self, peer: int, kind: int, tag: int, payload: bytes) -> bool:
+    def _send_control(self, peer: int, kind: int, tag: int, payload: bytes,
+                      signature: Signature | None = None) -> bool:
         """Send a small control frame unless the link is gone or stalled; say whether it went."""
         lock = self._send_locks[peer]
         # A peer that is not taking data (the one that failed, often) must not hold up the
@@ -341,7 +347,7 @@ class TcpTransport(Transport):
         if peer in self._lost or not lock.acquire(timeout=_CONTROL_SEND_SECONDS):
             return False
         try:
-            framing.send_frame(self._sockets[peer], kind, tag, memoryview(payload),
+            framing.send_frame(self._sockets[peer], kind, tag, memoryview(payload), signature,
                                timeout=_CONTROL_SEND_SECONDS)
             return True
         except OSError:
