@@ -403,8 +403,12 @@ def test_a_gate_refuses_beyond_its_limit_and_logs_once_per_interval(caplog) -> N
     door = gate.Gate("test listener", logging.getLogger("test.gate"), limit=1)
     release = threading.Event()
     pairs = [socket.socketpair() for _ in range(4)]
+
+    def slow(conn: socket.socket, peer: str) -> None:
+        release.wait(5)
+
     try:
-        assert door.admit(pairs[0][0], "first", lambda conn, peer: release.wait(5) and None)
+        assert door.admit(pairs[0][0], "first", slow)
         assert not any(door.admit(ours, f"extra{i}", lambda conn, peer: None)
                        for i, (ours, _) in enumerate(pairs[1:]))
         for _, theirs in pairs[1:]:
