@@ -53,9 +53,6 @@ MAX_GROUP_ID = (1 << 15) - 1
 ARRIVALS_KEY = "tensorcomm/arrivals"  # counts inits, across generations
 SERVER_KEY = "tensorcomm/server"  # on a store rank 0 hosts: the generation it was made for
 DESTROY_LINGER = 2.0  # seconds destroy() waits for the peers' goodbyes (see TcpTransport.close)
-# Longest timeout honoured; longer ones (``timedelta.max`` meaning "never") are cut to it, so
-# every wait stays within what ``threading`` and the OS accept.
-MAX_TIMEOUT = 30 * 24 * 3600.0
 
 _current: "World | None" = None
 _current_lock = threading.Lock()
@@ -248,7 +245,7 @@ def _bind_address(store: object) -> str:
 
 def _seconds(timeout: float | datetime.timedelta | None, default: float) -> float:
     if timeout is None:
-        return min(default, MAX_TIMEOUT)
+        return min(default, config.MAX_TIMEOUT)
     if isinstance(timeout, datetime.timedelta):
         timeout = timeout.total_seconds()
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
@@ -256,7 +253,8 @@ def _seconds(timeout: float | datetime.timedelta | None, default: float) -> floa
                         f"got {type(timeout).__name__}")
     if not timeout > 0:  # also NaN
         raise ValueError(f"timeout: must be positive, got {timeout}")
-    return min(float(timeout), MAX_TIMEOUT)
+    # Longer ones (``timedelta.max`` meaning "never") are cut to what every wait accepts.
+    return min(float(timeout), config.MAX_TIMEOUT)
 
 
 def _after_fork_in_child() -> None:
