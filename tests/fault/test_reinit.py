@@ -51,3 +51,32 @@ def test_init_after_destroy_meets_a_new_world(store, transport):
     port = _free_port() if store == "rank0" else None
     results = run_ranks(body_worlds, 3, port, 20.0, init=False, timeout=90, env=TRANSPORTS[transport])
     assert len({tuple(r) for r in results[:2]}) == 1
+
+
+def body_explicit_store(port: int, secret_dir: str) -> list[float]:
+    """``init(store=...)`` on a store the caller holds, no TENSORCOMM_SECRET: twice in a row."""
+    from tensorcomm.rendezvous import TCPStore
+
+    del os.environ["TENSORCOMM_SECRET"]
+    os.environ.update(TENSORCOMM_SECRET_DIR=secret_dir, TENSORCOMM_STORE_HOSTED="0")
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = TCPStore("127.0.0.1", port, b"the store's own key", timeout=20)
+    sums = []
+    for _ in range(2):
+        tc.init(store=store, rank=rank, world_size=size, timeout=20)
+        x = np.ones(4, np.float32)
+        tc.all_reduce(x)
+        sums.append(float(x[0]))
+        tc.destroy()
+    store.close()
+    return sums
+
+
+def test_init_on_a_store_the_caller_holds(tmp_path):
+    from tensorcomm.rendezvous import TCPStoreServer
+
+    secret_dir = tmp_path / "secrets"
+    secret_dir.mkdir(mode=0o700)
+    with TCPStoreServer("127.0.0.1", 0, b"the store's own key") as server:
+        results = run_ranks(body_explicit_store, 3, server.port, str(secret_dir), init=False, timeout=60)
+    assert results == [[3.0, 3.0]] * 3

@@ -36,7 +36,7 @@ from typing import Sequence
 from .. import config
 from ..signature import Signature
 from ..errors import AuthenticationError, CommTimeoutError, GroupAbortedError, RendezvousError
-from ..rendezvous.init_method import Rendezvous, rendezvous
+from ..rendezvous.init_method import Rendezvous, from_store, rendezvous
 from ..rendezvous.store import PrefixStore, Store
 from ..transports.base import Transport
 from ..transports.shm import slots as shm_slots
@@ -307,7 +307,8 @@ def _meet(init_method: str | None, rank: int | None, world_size: int | None,
 
 
 def init(init_method: str | None = None, rank: int | None = None, world_size: int | None = None,
-         timeout: float | datetime.timedelta | None = None) -> None:
+         timeout: float | datetime.timedelta | None = None, *, store: Store | None = None,
+         secret: str | bytes | None = None) -> None:
     """Join the job: rendezvous, connect to every rank, create the world group.
 
     Args:
@@ -316,6 +317,11 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
         rank: this process's global rank (default: from the environment).
         world_size: number of ranks (default: from the environment).
         timeout: seconds (or a ``timedelta``) that bounds every blocking call, set-up included.
+        store: meet on this ``tensorcomm.rendezvous.Store`` instead of an ``init_method``, as
+            torch's ``init_process_group(store=...)`` does; ``rank`` and ``world_size`` are then
+            required.
+        secret: the job secret (default: ``TENSORCOMM_SECRET``, else one generated and handed
+            to the ranks of this host in a private file); with ``store`` only.
 
     Raises:
         RuntimeError: already initialised.
@@ -330,7 +336,14 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
 
         info = discover()
         seconds = _seconds(timeout, info.timeout or config.DEFAULT_TIMEOUT)
-        rdzv = _meet(init_method, rank, world_size, seconds)
+        if store is not None:
+            if init_method is not None:
+                raise ValueError("init: pass either init_method or store, not both")
+            rdzv = from_store(store, rank, world_size, seconds, secret)  # type: ignore[arg-type]
+        elif secret is not None:
+            raise ValueError("init: secret= goes with store=; otherwise set TENSORCOMM_SECRET")
+        else:
+            rdzv = _meet(init_method, rank, world_size, seconds)
         try:
             _current = World(rdzv, seconds, info.transport)
         except BaseException:

@@ -40,12 +40,13 @@ from tensorcomm.rendezvous.auth import generate_secret, secret_bytes
 from tensorcomm.rendezvous.discovery import JobInfo, discover
 from tensorcomm.rendezvous.private import (SecretDir, SecretFile, job_secret_name, store_secret_name,
                                            valid_job_secret_name)
-from tensorcomm.rendezvous.store import FileStore, Store
+from tensorcomm.rendezvous.store import FileStore, PrefixStore, Store
 from tensorcomm.rendezvous.tcp_store import TCPStore, TCPStoreServer
 
 TORCHRUN_SCHEME = "torchrun"  # registered by tensorcomm.torch: meet on torchrun's agent store
 FILE_SECRET_KEY = "tensorcomm/job_secret"  # where file:// rendezvous shares a generated secret
 ANNOUNCE_KEY = "tensorcomm/secret_file"  # where secret_via_store announces the secret's file
+JOINS_KEY = "tensorcomm/joins"  # counts inits on a store handed to init(store=...)
 SECRET_HINT = (f"set {ENV_SECRET} to the same value on every rank (tensorcomm.rendezvous."
                f"generate_secret() makes one; `tensorcomm run` sets it for you)")
 SECRET_POLL = 0.05  # seconds between looks at a secret file that is not there (or stale) yet
@@ -149,6 +150,36 @@ def rendezvous(init_method: str | None, rank: int | None, world_size: int | None
         shown = f"'{scheme}://'" if sep else f"in {url!r}"
         raise ValueError(f"init_method: unknown scheme {shown}; expected one of {expected}")
     return handler(url, rank, world_size, float(timeout), discover(environ))
+
+
+def from_store(store: Store, rank: int, world_size: int, timeout: float, secret: str | bytes | None = None,
+               environ: Mapping[str, str] | None = None) -> Rendezvous:
+    """Meet on a store the caller already holds (``init(store=...)``), as torch's
+    ``init_process_group(store=...)`` does.
+
+    Every init on one store counts itself there, so a later world (destroy, then init again)
+    keeps its keys apart under ``tensorcomm/<generation>/``. The secret is ``secret``, else
+    ``TENSORCOMM_SECRET``, else generated and handed over in a private file on this host
+    (``secret_via_store``): never through the store itself, which may be readable by others.
+
+    Raises:
+        TypeError / ValueError: a bad argument.
+        RendezvousError: no secret can be had (ranks on several hosts need one).
+    """
+    if not isinstance(store, Store):
+        raise TypeError(f"store: expected a tensorcomm.rendezvous.Store, got {type(store).__name__}")
+    info = discover(environ)
+    if rank is None or world_size is None:
+        raise ValueError("store: rank= and world_size= must be given with a store")
+    rank, world_size = resolve_ranks("store", rank, world_size, info)
+    generation = (store.add(JOINS_KEY, 1) - 1) // world_size
+    scoped = PrefixStore(f"tensorcomm/{generation}", store)
+    if secret is not None:
+        key, secret_file = secret_bytes(secret), None
+    else:
+        host = getattr(store, "host", "127.0.0.1")
+        key, secret_file = secret_via_store("store", scoped, host, rank, info, timeout)
+    return Rendezvous(scoped, rank, world_size, info.local_rank, info.host_id, key, secret_file=secret_file)
 
 
 def resolve_ranks(scheme: str, rank: int | None, world_size: int | None, info: JobInfo) -> tuple[int, int]:
@@ -306,16 +337,16 @@ def secret_via_store(scheme: str, store: Store, host: str, rank: int, info: JobI
             raise
         return secret, secret_file
     deadline = time.monotonic() + timeout
-    name, fingerprint, origin = (store.get(ANNOUNCE_KEY, timeout).decode("utf-8", "replace").split("\n", 2)
-                                 + ["", ""])[:3]
-    if not valid_job_secret_name(name):
-        raise RendezvousError(f"{scheme}: the store announces the secret file {name[:80]!r}, not a "
-                              f"name rank 0 makes; refusing it")
-    if origin != info.host_id:
-        raise RendezvousError(f"{scheme}: {ENV_SECRET} is not set and rank 0 runs on host {origin!r}, "
-                              f"this rank on {info.host_id!r}: a generated secret cannot leave its "
-                              f"host; {SECRET_HINT}")
-    while True:
+    while True:  # the announcement is read again each time: a re-init replaces the previous one
+        name, fingerprint, origin = (store.get(ANNOUNCE_KEY, max(0.0, deadline - time.monotonic()))
+                                     .decode("utf-8", "replace").split("\n", 2) + ["", ""])[:3]
+        if not valid_job_secret_name(name):
+            raise RendezvousError(f"{scheme}: the store announces the secret file {name[:80]!r}, not a "
+                                  f"name rank 0 makes; refusing it")
+        if origin != info.host_id:
+            raise RendezvousError(f"{scheme}: {ENV_SECRET} is not set and rank 0 runs on host "
+                                  f"{origin!r}, this rank on {info.host_id!r}: a generated secret "
+                                  f"cannot leave its host; {SECRET_HINT}")
         found = directory.read(name)
         if found is not None and _fingerprint(found) == fingerprint:
             return found, None
