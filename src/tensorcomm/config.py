@@ -19,6 +19,11 @@ ENV_STORE_HOSTED = "TENSORCOMM_STORE_HOSTED"  # "1": the launcher already serves
 ENV_HOST_ID = "TENSORCOMM_HOST_ID"  # overrides which ranks count as sharing a host
 ENV_TIMEOUT = "TENSORCOMM_TIMEOUT"  # seconds, default for init(timeout=None)
 ENV_TRANSPORT = "TENSORCOMM_TRANSPORT"  # "tcp" forces sockets even on one host
+ENV_BACKEND = "TENSORCOMM_BACKEND"  # what carries messages between ranks: a name in BACKENDS
+
+# init(backend=...): "tensorcomm" is its own TCP mesh (plus shared memory within a host); "mpi"
+# is MPI point-to-point through mpi4py (plus the same shared memory), for a cluster's fabric.
+BACKENDS = ("tensorcomm", "mpi")
 
 DEFAULT_TIMEOUT = 300.0  # seconds; bounds every blocking call unless init(timeout=...) says otherwise
 CONNECT_RETRY_INTERVAL = 0.05  # seconds between attempts to reach the store or a peer

@@ -19,6 +19,9 @@ Every group whose members all share this host (same host identity, see ``TENSORC
 gets a shared-memory domain, set up by its members when the group is made, unless a member runs
 with ``TENSORCOMM_TRANSPORT=tcp`` or is not on x86-64; if setting it up fails on any member
 (e.g. members in different network namespaces), the whole group falls back to TCP.
+
+What carries the other groups' messages is the world's *backend*: tensorcomm's TCP mesh, or MPI
+(``backend="mpi"``, ``transports/mpi``), which under mpirun also provides the rendezvous.
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ _worlds_made = 0  # worlds this process joined; rank 0 marks its stores with it
 class World:
     """Everything one initialised process knows about its job."""
 
-    def __init__(self, rdzv: Rendezvous, timeout: float, transport: str = "auto") -> None:
+    def __init__(self, rdzv: Rendezvous, timeout: float, transport: str = "auto",
+                 backend: str = "tensorcomm") -> None:
         self.rendezvous = rdzv
         self.rank = rdzv.rank
         self.size = rdzv.world_size
@@ -77,8 +81,7 @@ class World:
         joined = [entry.decode() for entry in _await_everyone(store, self.rank, self.size, timeout)]
         self._hosts = tuple(entry[1:] for entry in joined)
         self._shm_allowed = tuple(entry[0] == "1" for entry in joined)
-        sockets = connect_mesh(self.rank, self.size, store, rdzv.secret, _bind_address(rdzv.store), timeout)
-        self.transport: Transport = TcpTransport(self.rank, self.size, sockets, send_timeout=timeout)
+        self.transport: Transport = _connect(backend, rdzv, store, timeout)
         self._groups: list[Group] = []
         self._made: Counter[tuple[int, ...]] = Counter()  # groups made per member list, ever
         try:
@@ -208,6 +211,25 @@ class World:
             group._engine = Engine.refusing(group.name, self.forked)
 
 
+def _connect(backend: str, rdzv: Rendezvous, store: Store, timeout: float) -> Transport:
+    """The transport between all ranks: tensorcomm's TCP mesh, or MPI's point-to-point."""
+    if backend == "mpi":
+        from ..transports.mpi.transport import MpiTransport
+
+        return MpiTransport.open(rdzv.rank, rdzv.world_size, timeout)
+    sockets = connect_mesh(rdzv.rank, rdzv.world_size, store, rdzv.secret, _bind_address(rdzv.store), timeout)
+    return TcpTransport(rdzv.rank, rdzv.world_size, sockets, send_timeout=timeout)
+
+
+def _backend(backend: str | None, default: str) -> str:
+    if backend is None:
+        return default
+    if not isinstance(backend, str) or backend.lower() not in config.BACKENDS:
+        raise ValueError(f"init: backend must be one of {', '.join(map(repr, config.BACKENDS))}, "
+                         f"got {backend!r}")
+    return backend.lower()
+
+
 def _describe(codes: Sequence[int]) -> str:
     return Signature(*codes).describe()
 
@@ -308,7 +330,7 @@ def _meet(init_method: str | None, rank: int | None, world_size: int | None,
 
 def init(init_method: str | None = None, rank: int | None = None, world_size: int | None = None,
          timeout: float | datetime.timedelta | None = None, *, store: Store | None = None,
-         secret: str | bytes | None = None) -> None:
+         secret: str | bytes | None = None, backend: str | None = None) -> None:
     """Join the job: rendezvous, connect to every rank, create the world group.
 
     Args:
@@ -322,6 +344,10 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
             required.
         secret: the job secret (default: ``TENSORCOMM_SECRET``, else one generated and handed
             to the ranks of this host in a private file); with ``store`` only.
+        backend: ``"tensorcomm"`` (its own TCP mesh between hosts) or ``"mpi"`` (MPI through
+            mpi4py; the ranks are MPI's, and without ``init_method`` or ``store`` rank 0 serves
+            the store and MPI hands its address and the secret to the others); default
+            ``TENSORCOMM_BACKEND``, else ``"tensorcomm"``. See docs/mpi.md.
 
     Raises:
         RuntimeError: already initialised.
@@ -336,16 +362,21 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
 
         info = discover()
         seconds = _seconds(timeout, info.timeout or config.DEFAULT_TIMEOUT)
+        chosen = _backend(backend, info.backend)
         if store is not None:
             if init_method is not None:
                 raise ValueError("init: pass either init_method or store, not both")
             rdzv = from_store(store, rank, world_size, seconds, secret)  # type: ignore[arg-type]
         elif secret is not None:
             raise ValueError("init: secret= goes with store=; otherwise set TENSORCOMM_SECRET")
+        elif chosen == "mpi" and init_method is None:
+            from ..transports.mpi.join import rendezvous as mpi_rendezvous
+
+            rdzv = mpi_rendezvous(rank, world_size, seconds)
         else:
             rdzv = _meet(init_method, rank, world_size, seconds)
         try:
-            _current = World(rdzv, seconds, info.transport)
+            _current = World(rdzv, seconds, info.transport, chosen)
         except BaseException:
             rdzv.close()
             raise

@@ -32,6 +32,8 @@ Read whatever the source::
     TENSORCOMM_TIMEOUT         seconds, default for init(timeout=None); at most config.MAX_TIMEOUT
     TENSORCOMM_TRANSPORT       "tcp": sockets even between ranks on one host; "auto" or unset:
                                shared memory where every member of a group shares a host
+    TENSORCOMM_BACKEND         "mpi": MPI carries messages between ranks (init(backend=...)
+                               wins); "tensorcomm" or unset: tensorcomm's own TCP mesh
     TORCHELASTIC_USE_AGENT_STORE  "True" (torchrun): torchrun's own store holds MASTER_PORT, so
                                tensorcomm meets there (through torch) instead of serving one
 
@@ -53,7 +55,8 @@ from dataclasses import dataclass
 
 from tensorcomm.config import (ENV_HOST_ID, ENV_LOCAL_RANK, ENV_LOCAL_WORLD_SIZE, ENV_MASTER_ADDR,
                                ENV_MASTER_PORT, ENV_RANK, ENV_SECRET, ENV_SECRET_DIR, ENV_STORE_HOSTED,
-                               ENV_TIMEOUT, ENV_TRANSPORT, ENV_WORLD_SIZE, MAX_TIMEOUT)
+                               ENV_TIMEOUT, ENV_TRANSPORT, ENV_WORLD_SIZE, MAX_TIMEOUT, ENV_BACKEND,
+                               BACKENDS)
 
 # Names of other launchers' variables (tensorcomm's own are in config.py).
 OMPI_RANK, OMPI_SIZE = "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"
@@ -86,6 +89,7 @@ class JobInfo:
     transport: str = "auto"  # "tcp" or "auto"
     torch_agent_store: bool = False  # torchrun serves a torch store at MASTER_ADDR:MASTER_PORT
     secret_dir: str | None = None  # where a generated secret is kept; None: /tmp/tensorcomm-<uid>
+    backend: str = "tensorcomm"  # a name in config.BACKENDS
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,7 @@ def discover(environ: Mapping[str, str] | None = None) -> JobInfo:
         transport=_transport(env),
         torch_agent_store=env.get(TORCH_AGENT_STORE, "").lower() == "true",
         secret_dir=_text(env, ENV_SECRET_DIR) or env.get(XDG_RUNTIME_DIR) or None,
+        backend=_backend(env),
     )
 
 
@@ -221,6 +226,16 @@ def _transport(env: Mapping[str, str]) -> str:
     value = raw.strip().lower()
     if value not in ("tcp", "auto"):
         raise ValueError(f"{ENV_TRANSPORT}={raw!r}: expected 'tcp' (sockets only) or 'auto'")
+    return value
+
+
+def _backend(env: Mapping[str, str]) -> str:
+    raw = env.get(ENV_BACKEND)
+    if raw is None:
+        return BACKENDS[0]
+    value = raw.strip().lower()
+    if value not in BACKENDS:
+        raise ValueError(f"{ENV_BACKEND}={raw!r}: expected one of {', '.join(map(repr, BACKENDS))}")
     return value
 
 
