@@ -120,6 +120,20 @@ def test_torch_tensors_are_numpy_views_of_their_memory() -> None:
     assert (tensor == 5).all()
 
 
+def test_torch_storage_stays_resizable_after_a_call() -> None:
+    # FSDP frees gathered parameters by resizing their storage to zero; Tensor.numpy() would
+    # forbid that for good ("Trying to resize storage that is not resizable").
+    torch = pytest.importorskip("torch")
+    for dtype in (torch.float32, torch.bfloat16):
+        tensor = torch.ones(8, dtype=dtype)
+        staged = Staged(tensor, "x", writable=True)
+        staged.buf[...] = 2
+        staged.commit()
+        del staged
+        tensor.untyped_storage().resize_(0)
+        assert tensor.untyped_storage().size() == 0
+
+
 def test_torch_bfloat16_travels_as_raw_16_bit_words() -> None:
     torch = pytest.importorskip("torch")
     tensor = torch.tensor([1.5, -2.25, 3e30, 1e-20], dtype=torch.bfloat16)

@@ -3,6 +3,11 @@
 torch is never imported here: a tensor can only exist once its owner has imported torch, so the
 adapter looks torch up in ``sys.modules`` and is idle until then.
 
+The view goes through DLPack (``numpy.from_dlpack``), not ``Tensor.numpy()``: the latter marks
+the tensor's storage as not resizable for good, and FSDP frees gathered parameters by resizing
+their storage to zero ("Trying to resize storage that is not resizable"). A DLPack view keeps
+the storage alive while it exists and leaves it resizable.
+
 bfloat16 has no numpy dtype; such tensors travel as their raw 16-bit words, reinterpreted as
 ``ml_dtypes.bfloat16`` (a bit-for-bit view, still zero-copy). Non-contiguous tensors give strided
 views: ``Staged`` copies them into a contiguous buffer and writes the result back through the
@@ -39,17 +44,17 @@ class TorchAdapter:
                             f"(move it with .cpu() and copy the result back)")
         if obj.layout != torch.strided:
             raise TypeError(f"tensorcomm needs a dense (strided) tensor, got layout {obj.layout}")
-        tensor = obj.detach()
+        tensor = obj.detach() if obj.requires_grad else obj  # DLPack refuses autograd tensors
         if tensor.is_conj() or tensor.is_neg():
             tensor = tensor.resolve_conj().resolve_neg()
         if writable and any(s == 0 and n > 1 for s, n in zip(tensor.stride(), tensor.shape)):
             raise ValueError("an output tensor must not be an expanded view (zero stride): its "
                              "elements share memory; pass .contiguous() and copy the result back")
         if tensor.dtype == torch.bfloat16:
-            return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+            return np.from_dlpack(tensor.view(torch.int16)).view(ml_dtypes.bfloat16)
         try:
-            return tensor.numpy()
-        except (TypeError, RuntimeError) as exc:  # dtypes numpy lacks: float8, complex32, ...
+            return np.from_dlpack(tensor)
+        except (BufferError, TypeError, RuntimeError) as exc:  # dtypes numpy lacks: float8, ...
             raise TypeError(f"torch dtype {obj.dtype} has no numpy equivalent tensorcomm can "
                             f"use ({exc})") from None
 
