@@ -47,7 +47,7 @@ def test_defaults_and_flags_parse():
                                                                           False, 10, 0)
     assert opts.compare == ("gloo", "mpi") and opts.rounds == 2 and opts.csv == "a.csv"
     assert _options("all").collectives == tuple(COLLECTIVES)
-    assert _options("--compare", "all").compare == ("gloo", "mpi", "mindspore")
+    assert _options("--compare", "all").compare == ("gloo", "mpi", "tc-mpi", "mindspore")
 
 
 @pytest.mark.parametrize("argv, flag", [

@@ -1,6 +1,7 @@
 """The benchmarked libraries: a registry of peer modules behind one small interface.
 
-Each peer module (``tensorcomm_``, ``torch_gloo``, ``mpi4py_``, ``mindspore_``) provides, and is
+Each peer module (``tensorcomm_``, ``torch_gloo``, ``mpi4py_``, ``tensorcomm_mpi``,
+``mindspore_``) provides, and is
 imported without importing its library:
 
 - ``commands(ranks, worker, env) -> list[Command]``: in the parent, the processes that make one
@@ -49,6 +50,8 @@ PEERS: dict[str, PeerInfo] = {p.name: p for p in (
              "pip install torch (the CPU wheel is enough)"),
     PeerInfo("mpi", "mpi4py_", ("mpi4py",), ("mpiexec",),
              "pip install --no-binary mpi4py mpi4py after apt-get install mpich libmpich-dev"),
+    PeerInfo("tc-mpi", "tensorcomm_mpi", ("mpi4py",), ("mpiexec",),
+             "pip install 'tensorcomm[mpi]' after apt-get install mpich libmpich-dev"),
     PeerInfo("mindspore", "mindspore_", ("mindspore",), (),
              "pip install mindspore"),
 )}
