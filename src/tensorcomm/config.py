@@ -20,6 +20,7 @@ ENV_HOST_ID = "TENSORCOMM_HOST_ID"  # overrides which ranks count as sharing a h
 ENV_TIMEOUT = "TENSORCOMM_TIMEOUT"  # seconds, default for init(timeout=None)
 ENV_TRANSPORT = "TENSORCOMM_TRANSPORT"  # "tcp" forces sockets even on one host
 ENV_BACKEND = "TENSORCOMM_BACKEND"  # what carries messages between ranks: a name in BACKENDS
+ENV_WIRE_DTYPE = "TENSORCOMM_WIRE_DTYPE"  # "bfloat16"/"float16": float32 sums travel compressed
 
 # init(backend=...): "tensorcomm" is its own TCP mesh (plus shared memory within a host); "mpi"
 # is MPI point-to-point through mpi4py (plus the same shared memory), for a cluster's fabric.
@@ -28,6 +29,11 @@ BACKENDS = ("tensorcomm", "mpi")
 DEFAULT_TIMEOUT = 300.0  # seconds; bounds every blocking call unless init(timeout=...) says otherwise
 CONNECT_RETRY_INTERVAL = 0.05  # seconds between attempts to reach the store or a peer
 SOCKET_BUFFER_BYTES = 4 << 20
+# Large messages of the transport algorithms travel in chunks of this many bytes, each combined
+# or passed on as it arrives (algorithms/wire.py): smaller chunks cost per-message overhead,
+# larger ones lose the overlap of transfer and arithmetic.
+TCP_CHUNK_BYTES = 1 << 20
+WIRE_DTYPES = ("bfloat16", "float16")  # what ENV_WIRE_DTYPE accepts
 # Longest timeout accepted anywhere (about 31 years): longer ones overflow the platform's timers.
 MAX_TIMEOUT = 1e9
 

@@ -14,7 +14,7 @@ import pytest
 
 from tensorcomm import config
 from tensorcomm.signature import signature
-from tensorcomm.errors import CollectiveMismatchError, GroupAbortedError, PeerLostError
+from tensorcomm.errors import CollectiveMismatchError, CommTimeoutError, GroupAbortedError, PeerLostError
 from tensorcomm.rendezvous.store import HashStore
 from tensorcomm.transports.base import ANY_SOURCE, collective_tag
 from tensorcomm.transports.tcp import framing
@@ -218,3 +218,74 @@ def test_progress_probe_is_answered_by_the_reader_thread(pair):
     kind, tag, nbytes, theirs = framing.read_header(peer)
     assert (kind, tag, theirs) == (framing.KIND_PROBE_REPLY, 4, signature("barrier"))
     assert framing.PROBE_REPLY.unpack(peer.recv(nbytes)) == (7,)
+
+
+def test_receive_posted_while_a_message_arrives_gets_all_of_it(pair):
+    # The peer starts a large message before the receive exists: it goes to the unexpected queue,
+    # then switches to the posted buffer; the bytes must come out whole and in order.
+    transport, peer = pair
+    tag = collective_tag(0, 1, 0)
+    payload = np.arange(3 << 20, dtype=np.uint8).tobytes()  # larger than the socket buffers
+    sender = threading.Thread(target=peer.sendall, args=(_frame(tag, payload),))
+    sender.start()
+    time.sleep(0.2)  # part of it is in the unexpected buffer by now
+    out = bytearray(len(payload))
+    transport.irecv(1, memoryview(out), tag).wait(10)
+    sender.join(10)
+    assert out == payload
+
+
+def _transport_pair(send_timeout: float = 30.0) -> tuple[TcpTransport, TcpTransport]:
+    a, b = socket.socketpair()
+    return (TcpTransport(0, 2, {1: a}, send_timeout=send_timeout),
+            TcpTransport(1, 2, {0: b}, send_timeout=send_timeout))
+
+
+def test_large_sends_both_ways_at_once_do_not_deadlock():
+    # Each side sends before it receives, far more than the sockets buffer: whoever waits must
+    # read while it writes.
+    ends = _transport_pair()
+    data = [np.full(8 << 20, rank + 1, np.uint8) for rank in range(2)]
+    got = [np.zeros(8 << 20, np.uint8) for _ in range(2)]
+
+    def rank(r: int) -> None:
+        tag = collective_tag(0, 1, 0)
+        sending = ends[r].isend(1 - r, memoryview(data[r]), tag)
+        receiving = ends[r].irecv(1 - r, memoryview(got[r]), tag)
+        sending.wait(20)
+        receiving.wait(20)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    for end in ends:
+        end.close(linger=1.0)
+    assert np.all(got[0] == 2) and np.all(got[1] == 1)
+
+
+def test_a_peer_that_stops_reading_fails_the_send_at_its_deadline():
+    mine, theirs = socket.socketpair()  # theirs never reads
+    stalled = TcpTransport(0, 2, {1: mine}, send_timeout=0.5)
+    try:
+        request = stalled.isend(1, memoryview(bytes(32 << 20)), collective_tag(0, 1, 0))
+        with pytest.raises(CommTimeoutError, match="rank 1 took no data for 0.5 s"):
+            request.wait(10)
+        with pytest.raises(PeerLostError, match="stalled send"):  # the link is closed for good
+            stalled.isend(1, memoryview(b"x"), collective_tag(0, 2, 0)).wait(1)
+    finally:
+        stalled.close(linger=0.1)
+        theirs.close()
+
+
+def test_probes_are_answered_while_the_caller_is_busy(pair):
+    transport, peer = pair
+    transport.isend(1, memoryview(b"x"), collective_tag(6, 3, 0), signature("barrier"))
+    framing.read_header(peer), peer.recv(1)
+    # nobody waits on the transport: its background thread must answer
+    peer.sendall(_frame(6, b"", kind=framing.KIND_PROBE))
+    peer.settimeout(5)
+    kind, tag, nbytes, theirs = framing.read_header(peer)
+    assert (kind, tag, theirs) == (framing.KIND_PROBE_REPLY, 6, signature("barrier"))
+    assert framing.PROBE_REPLY.unpack(peer.recv(nbytes)) == (3,)

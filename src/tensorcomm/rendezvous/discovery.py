@@ -34,6 +34,8 @@ Read whatever the source::
                                shared memory where every member of a group shares a host
     TENSORCOMM_BACKEND         "mpi": MPI carries messages between ranks (init(backend=...)
                                wins); "tensorcomm" or unset: tensorcomm's own TCP mesh
+    TENSORCOMM_WIRE_DTYPE      "bfloat16" or "float16": float32 sums cross the TCP transport
+                               compressed (docs/multihost.md); unset: full precision
     TORCHELASTIC_USE_AGENT_STORE  "True" (torchrun): torchrun's own store holds MASTER_PORT, so
                                tensorcomm meets there (through torch) instead of serving one
 
@@ -56,7 +58,7 @@ from dataclasses import dataclass
 from tensorcomm.config import (ENV_HOST_ID, ENV_LOCAL_RANK, ENV_LOCAL_WORLD_SIZE, ENV_MASTER_ADDR,
                                ENV_MASTER_PORT, ENV_RANK, ENV_SECRET, ENV_SECRET_DIR, ENV_STORE_HOSTED,
                                ENV_TIMEOUT, ENV_TRANSPORT, ENV_WORLD_SIZE, MAX_TIMEOUT, ENV_BACKEND,
-                               BACKENDS)
+                               BACKENDS, ENV_WIRE_DTYPE, WIRE_DTYPES)
 
 # Names of other launchers' variables (tensorcomm's own are in config.py).
 OMPI_RANK, OMPI_SIZE = "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"
@@ -236,6 +238,21 @@ def _backend(env: Mapping[str, str]) -> str:
     value = raw.strip().lower()
     if value not in BACKENDS:
         raise ValueError(f"{ENV_BACKEND}={raw!r}: expected one of {', '.join(map(repr, BACKENDS))}")
+    return value
+
+
+def wire_dtype(environ: Mapping[str, str] | None = None) -> str | None:
+    """The dtype ``TENSORCOMM_WIRE_DTYPE`` names for compressed float32 sums, or None (unset).
+
+    Raises:
+        ValueError: it names something other than ``config.WIRE_DTYPES``.
+    """
+    raw = (os.environ if environ is None else environ).get(ENV_WIRE_DTYPE)
+    if raw is None:
+        return None
+    value = raw.strip().lower()
+    if value not in WIRE_DTYPES:
+        raise ValueError(f"{ENV_WIRE_DTYPE}={raw!r}: expected one of {', '.join(map(repr, WIRE_DTYPES))}")
     return value
 
 

@@ -77,6 +77,8 @@ class Transport(abc.ABC):
 
     rank: int
     size: int
+    # The dtype float32 sums travel as (compression, ``algorithms/wire.py``), or None: full bits.
+    wire_dtype: np.dtype | None = None
 
     @abc.abstractmethod
     def isend(self, peer: int, data: memoryview, tag: int,

@@ -9,10 +9,8 @@ error that closes the link; nothing is allocated from an unchecked length.
 
 from __future__ import annotations
 
-import select
 import socket
 import struct
-import time
 
 from ...signature import NO_SIGNATURE, Signature
 
@@ -28,7 +26,6 @@ PROBE_REPLY = struct.Struct("<q")  # the latest call sequence number started, -1
 MAX_ABORT_BYTES = 64 << 10
 ABORT_RECORD = struct.Struct("<Bi")  # error kind, rank it names; a UTF-8 message follows
 MAX_FRAME_BYTES = 1 << 40  # one message: far above any array a CPU host holds, far below 2**60
-SMALL_FRAME_BYTES = 64 << 10  # payloads up to this size go out in one syscall with the header
 
 
 class ProtocolError(ConnectionError):
@@ -51,15 +48,12 @@ def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
         got += n
 
 
-def read_header(sock: socket.socket) -> tuple[int, int, int, Signature | None] | None:
-    """Read one header; return ``(kind, tag, nbytes, signature)``, or ``None`` on a clean EOF."""
-    raw = bytearray(HEADER.size)
-    view = memoryview(raw)
-    first = sock.recv_into(view, HEADER.size)
-    if first == 0:
-        return None
-    if first < HEADER.size:
-        recv_exact_into(sock, view[first:])
+def parse_header(raw: bytes | bytearray) -> tuple[int, int, int, Signature | None]:
+    """Decode and check one header; return ``(kind, tag, nbytes, signature)``.
+
+    Raises:
+        ProtocolError: wrong magic, unknown kind, or a length past the kind's limit.
+    """
     magic, kind, tag, nbytes, *fields = HEADER.unpack(raw)
     if magic != MAGIC or kind not in _KINDS:
         raise ProtocolError(f"bad frame header (magic {magic:#x}, kind {kind})")
@@ -70,37 +64,13 @@ def read_header(sock: socket.socket) -> tuple[int, int, int, Signature | None] |
     return kind, tag, nbytes, None if signature == NO_SIGNATURE else signature
 
 
-class SendTimeout(TimeoutError):
-    """A frame could not be handed to the kernel before its deadline (the peer stopped reading)."""
-
-
-def _send_all(sock: socket.socket, data: memoryview | bytes, deadline: float) -> None:
-    # Non-blocking sends plus select, rather than a socket timeout: the reader thread blocks on
-    # the same socket, and a timeout (O_NONBLOCK on the shared descriptor) would break its reads.
-    view = memoryview(data).cast("B")
-    while len(view):
-        try:
-            view = view[sock.send(view, socket.MSG_DONTWAIT):]
-            continue
-        except BlockingIOError:
-            pass
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise SendTimeout(f"{len(view)} bytes still unsent at the deadline")
-        select.select([], [sock], [], remaining)
-
-
-def send_frame(sock: socket.socket, kind: int, tag: int, payload: memoryview,
-               signature: Signature | None = None, timeout: float = 300.0) -> None:
-    """Send a header and its payload within ``timeout`` seconds.
-
-    Small payloads share one syscall with the header. On ``SendTimeout`` part of the frame may
-    have gone out: the link is no longer usable.
-    """
-    deadline = time.monotonic() + timeout
-    header = pack_header(kind, tag, len(payload), signature)
-    if len(payload) <= SMALL_FRAME_BYTES:
-        _send_all(sock, header + payload.tobytes() if len(payload) else header, deadline)
-    else:
-        _send_all(sock, header, deadline)
-        _send_all(sock, payload, deadline)
+def read_header(sock: socket.socket) -> tuple[int, int, int, Signature | None] | None:
+    """Read one header from a blocking socket; ``None`` on a clean EOF (tests play peers so)."""
+    raw = bytearray(HEADER.size)
+    view = memoryview(raw)
+    first = sock.recv_into(view, HEADER.size)
+    if first == 0:
+        return None
+    if first < HEADER.size:
+        recv_exact_into(sock, view[first:])
+    return parse_header(raw)

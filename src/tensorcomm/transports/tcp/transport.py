@@ -1,9 +1,19 @@
-"""TCP transport: tagged messages over one socket per peer, drained by a reader thread per peer.
+"""TCP transport: tagged messages over one socket per peer, moved by the thread that waits.
 
-Why a reader thread per peer: it always drains its socket, either straight into a posted receive
-buffer (``recv_into``, zero-copy) or into an "unexpected" queue, so a sender never blocks forever
-on full socket buffers and a ring of simultaneous sends cannot deadlock. Senders write from the
-calling thread under a per-peer lock, so frames never interleave.
+Progress: one thread at a time *drives* the transport. It polls every peer socket and, with
+non-blocking calls only, reads frames straight into posted receive buffers (``recv_into``,
+zero-copy) or into the unexpected queue, and writes queued sends. The driver is whichever caller
+waits (``Request.wait``, ``progress``, ``close``), so on the hot path a message lands in the
+caller's buffer without waking another thread (a hand-off per message doubled the round trip).
+A background thread drives only once no caller has for ``_LINGER`` seconds: peers' data is then
+still drained, probes answered and failures noticed while the caller computes. A message whose
+receive is posted while it is arriving switches to the posted buffer at once: only the bytes
+read before the post are copied.
+
+Sends write what the socket takes at once and queue the rest for the driver, which writes and
+reads in one loop, so a ring of simultaneous large sends never deadlocks and a link carries data
+both ways at once. A send still unwritten at its deadline (the peer stopped reading) fails with
+``CommTimeoutError`` and closes that link for good, since part of a frame may have gone out.
 
 Failures spread: a peer's connection closing without a goodbye fails everything pending on it
 (``PeerLostError``), and ``abort_group`` tells every peer that a group is finished, so members
@@ -13,13 +23,19 @@ waiting on someone else learn of a failure at once instead of at their timeout.
 from __future__ import annotations
 
 import logging
+import os
+import select
 import socket
 import threading
 import time
 from collections import OrderedDict, deque
 from typing import Callable, Sequence
 
+import ml_dtypes
+import numpy as np
+
 from ... import config
+from ...rendezvous import discovery
 from ...signature import Signature
 from ...errors import (CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError,
                        PeerLostError)
@@ -28,40 +44,46 @@ from . import framing
 
 log = logging.getLogger("tensorcomm.tcp")
 
-# How an abort's cause travels: its class as a small code, rebuilt by the receiving rank.
 # Signatures of this rank's recent calls, to check messages that arrive after (or for a call
 # that needed no message from) their sender: a root that only sends learns of a mismatch too.
 _REMEMBERED_CALLS = 4096
-_CONTROL_SEND_SECONDS = 1.0
+# How long the background thread leaves the sockets to a caller that stopped driving: longer
+# than the gaps between one call's waits (so no hand-off within a call), short enough that a
+# peer's sends stall only briefly while this rank's caller computes.
+_LINGER = 0.002
+_READ_BUDGET = 4 << 20  # bytes read from one link per turn, so a busy link starves no other
+_DISCARD_BYTES = 1 << 20  # scratch for draining a message no posted receive can take
+_NO_DEADLINE = float("inf")
+# How an abort's cause travels: its class as a small code, rebuilt by the receiving rank.
 _ERROR_CODES: tuple[type[CommError], ...] = (GroupAbortedError, PeerLostError, CollectiveMismatchError,
                                              CommTimeoutError)
+_WIRE_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
+_POLLIN = select.POLLIN | select.POLLERR | select.POLLHUP
+_MSG_DONTWAIT = socket.MSG_DONTWAIT
 
 
 class TcpRequest:
-    """A send or receive; completed by whichever thread finishes it."""
+    """A send or receive; completed by whichever thread drives the transport."""
 
-    __slots__ = ("peer", "tag", "out", "signature", "_event", "_error", "source")
+    __slots__ = ("peer", "tag", "out", "signature", "source", "_done", "_error", "_transport")
 
-    def __init__(self, peer: int, tag: int, out: memoryview | None,
-                 signature: Signature | None = None) -> None:
+    def __init__(self, transport: "TcpTransport | None", peer: int, tag: int,
+                 out: memoryview | None = None, signature: Signature | None = None) -> None:
         self.peer = peer
         self.tag = tag
         self.out = out
         self.signature = signature
         self.source = peer
-        self._event = threading.Event()
+        self._done = False
         self._error: BaseException | None = None
-
-    def _finish(self, source: int, error: BaseException | None = None) -> None:
-        self.source = source
-        self._error = error
-        self._event.set()
+        self._transport = transport
 
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     def wait(self, timeout: float | None = None) -> int:
-        if not self._event.wait(timeout):
+        if not self._done and (self._transport is None
+                               or not self._transport._run_until(self.done, timeout)):
             who = "any rank" if self.peer == ANY_SOURCE else f"rank {self.peer}"
             raise CommTimeoutError(f"no message from {who} within {timeout:g} s")
         if self._error is not None:
@@ -70,9 +92,76 @@ class TcpRequest:
 
 
 def _completed(peer: int, error: BaseException | None = None) -> TcpRequest:
-    request = TcpRequest(peer, 0, None)
-    request._finish(peer, error)
+    request = TcpRequest(None, peer, 0)
+    request._error = error
+    request._done = True
     return request
+
+
+class _Unexpected:
+    """A message that arrived before its receive was posted (``complete`` once all is in).
+
+    A receive posted while it is still arriving attaches itself (``request``); the driver then
+    copies what came so far and reads the rest straight into the request's buffer.
+    """
+
+    __slots__ = ("data", "signature", "complete", "request")
+
+    def __init__(self, data: memoryview, signature: Signature | None, complete: bool) -> None:
+        self.data = data
+        self.signature = signature
+        self.complete = complete
+        self.request: TcpRequest | None = None
+
+
+class _Send:
+    """A frame queued on a link: what is left of it, its request and its deadline."""
+
+    __slots__ = ("parts", "request", "deadline", "started")
+
+    def __init__(self, parts: list[memoryview], request: TcpRequest | None, deadline: float) -> None:
+        self.parts = parts
+        self.request = request
+        self.deadline = deadline
+        self.started = False
+
+    def advance(self, sent: int) -> bool:
+        """Drop ``sent`` bytes from the front; return whether the frame is all out."""
+        self.started = True
+        while sent:
+            head = self.parts[0]
+            if sent < len(head):
+                self.parts[0] = head[sent:]
+                return False
+            sent -= len(head)
+            self.parts.pop(0)
+        return not self.parts
+
+
+class _Link:
+    """One peer's socket: its send queue and the frame being read from it."""
+
+    __slots__ = ("peer", "sock", "fd", "send_lock", "queue", "header", "header_got", "kind", "tag",
+                 "nbytes", "got", "signature", "target", "request", "entry", "closed", "polled")
+
+    def __init__(self, peer: int, sock: socket.socket) -> None:
+        self.peer = peer
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.send_lock = threading.Lock()  # guards ``queue`` and writing to the socket
+        self.queue: deque[_Send] = deque()
+        self.header = memoryview(bytearray(framing.HEADER.size))
+        self.header_got = 0
+        self.kind = 0  # of the frame being read; 0 while reading a header
+        self.tag = 0
+        self.nbytes = 0
+        self.got = 0
+        self.signature: Signature | None = None
+        self.target: memoryview | None = None  # where the payload goes (None: discard it)
+        self.request: TcpRequest | None = None  # the posted receive it fills
+        self.entry: _Unexpected | None = None  # or the unexpected message it fills
+        self.closed = False  # no more reading: the peer is gone or said goodbye
+        self.polled = 0  # the poll events registered for it
 
 
 class TcpTransport(Transport):
@@ -84,26 +173,46 @@ class TcpTransport(Transport):
         self.rank = rank
         self.send_timeout = send_timeout
         self.size = size
-        self._sockets = sockets
-        self._send_locks = {peer: threading.Lock() for peer in sockets}
+        wire = discovery.wire_dtype()
+        self.wire_dtype = None if wire is None else _WIRE_DTYPES[wire]
+        self._links = {peer: _Link(peer, sock) for peer, sock in sockets.items()}
+        self._by_fd = {link.fd: link for link in self._links.values()}
         self._lock = threading.Lock()  # guards the matching state below
         self._posted: dict[tuple[int, int], deque[TcpRequest]] = {}
-        self._unexpected: dict[tuple[int, int], deque[tuple[bytearray, Signature | None]]] = {}
+        self._unexpected: dict[tuple[int, int], deque[tuple[int, _Unexpected]]] = {}
         self._lost: dict[int, BaseException] = {}
         self._aborted_groups: dict[int, BaseException] = {}
         self._calls: OrderedDict[tuple[int, int], Signature] = OrderedDict()
         self._latest: dict[int, int] = {}  # group id -> latest call sequence number started
-        self._answers = threading.Condition()
-        # (group, peer) -> their latest call and its signature
+        # (group, peer) -> their latest call and its signature, from probe replies
         self._progress: dict[tuple[int, int], tuple[int, Signature | None]] = {}
         self._aborted: BaseException | None = None
         self._closing = False
         self._on_peer_lost = on_peer_lost
-        self._readers = [threading.Thread(target=self._read_loop, args=(peer, sock), daemon=True,
-                                          name=f"tensorcomm-tcp-read-{peer}")
-                         for peer, sock in sockets.items()]
-        for reader in self._readers:
-            reader.start()
+        self._discard = memoryview(bytearray(0))
+        # Who drives (see the module docstring). ``_cv`` wakes callers waiting for the role or
+        # for a request another thread completed; ``_idle`` paces the background thread.
+        state_lock = threading.Lock()
+        self._cv = threading.Condition(state_lock)
+        self._idle = threading.Condition(state_lock)
+        self._driving = False
+        self._driver: int | None = None  # thread id of the driver
+        self._background_driving = False
+        self._yield = False  # a caller asked the background thread to stop driving
+        self._sleepers = 0  # callers waiting in ``_cv``
+        self._wanted = 0  # callers waiting for the driver role
+        self._released_at = 0.0
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        os.set_blocking(self._wake_write, False)
+        self._poller = select.poll()
+        self._poller.register(self._wake_read, select.POLLIN)
+        for link in self._links.values():
+            self._poller.register(link.fd, _POLLIN)
+            link.polled = _POLLIN
+        self._background = threading.Thread(target=self._drive_when_idle, daemon=True,
+                                            name=f"tensorcomm-tcp-progress-{rank}")
+        self._background.start()
 
     def _refusal(self, peer: int, tag: int) -> BaseException | None:
         """Why a new request to/from ``peer`` with ``tag`` must fail at once, if it must."""
@@ -115,50 +224,110 @@ class TcpTransport(Transport):
     def isend(self, peer: int, data: memoryview, tag: int,
               signature: Signature | None = None) -> TcpRequest:
         if peer == self.rank:
-            self._match_or_queue(self.rank, tag, bytearray(data), signature)
+            self._deliver(self.rank, tag, memoryview(bytearray(data)), signature)
             return _completed(self.rank)
         error = self._refusal(peer, tag) or self._note_call(tag, signature)
         if error is not None:
             return _completed(peer, error)
-        try:
-            with self._send_locks[peer]:
-                framing.send_frame(self._sockets[peer], framing.KIND_DATA, tag, data, signature,
-                                   self.send_timeout)
-        except framing.SendTimeout:
-            return _completed(peer, self._break_link(peer, CommTimeoutError(
-                f"rank {peer} took no data for {self.send_timeout:g} s (stopped or unreachable)")))
-        except OSError as exc:
-            return _completed(peer, self._lost.get(peer) or PeerLostError(peer, f"send failed: {exc}"))
-        return _completed(peer)
+        request = TcpRequest(self, peer, tag)
+        header = framing.pack_header(framing.KIND_DATA, tag, len(data), signature)
+        parts = [memoryview(header), data.cast("B")] if len(data) else [memoryview(header)]
+        self._enqueue(self._links[peer], _Send(parts, request, time.monotonic() + self.send_timeout))
+        return request
 
-    def _break_link(self, peer: int, error: CommError) -> CommError:
+    def _enqueue(self, link: _Link, item: _Send) -> bool:
+        """Write ``item`` now as far as the socket takes it; queue the rest for the driver.
+
+        Returns False if the link is gone (``item``'s request then fails).
+        """
+        failure: PeerLostError | None = None
+        with link.send_lock:
+            gone = self._lost.get(link.peer)
+            if gone is None and not link.queue:
+                try:
+                    if self._write_item(link, item):
+                        return True
+                except OSError as exc:
+                    failure = PeerLostError(link.peer, f"send failed: {exc}")
+            if gone is None and failure is None:
+                link.queue.append(item)
+        if failure is not None:
+            self._link_failed(link, failure)
+        if gone is not None or failure is not None:
+            if item.request is not None:
+                self._complete(item.request, link.peer, self._lost[link.peer])
+            return False
+        if self._driving and self._driver != threading.get_ident():
+            self._poke()  # the driver must watch this socket for room now
+        return True
+
+    def _write_item(self, link: _Link, item: _Send) -> bool:
+        """Write ``item`` until the socket is full; return whether all of it went out."""
+        while True:
+            try:
+                sent = link.sock.sendmsg(item.parts, (), _MSG_DONTWAIT)
+            except BlockingIOError:
+                return False
+            if item.advance(sent):
+                if item.request is not None:
+                    self._complete(item.request, link.peer)
+                return True
+
+    def _write(self, link: _Link) -> None:
+        """Write queued frames of ``link`` until its socket is full (driver only)."""
+        with link.send_lock:
+            queue = link.queue
+            while queue and self._write_item(link, queue[0]):
+                queue.popleft()
+
+    def _overdue(self, now: float) -> None:
+        """Fail links whose oldest queued frame missed its deadline (driver only)."""
+        for link in self._links.values():
+            with link.send_lock:
+                late = link.queue.popleft() if link.queue and link.queue[0].deadline <= now else None
+            if late is None or link.peer in self._lost:
+                continue
+            error = CommTimeoutError(f"rank {link.peer} took no data for {self.send_timeout:g} s "
+                                     "(stopped or unreachable)")
+            if late.request is not None:
+                self._complete(late.request, link.peer, error)  # names the stall itself
+            self._break_link(link, error)
+
+    def _break_link(self, link: _Link, error: CommError) -> None:
         """A frame went out half-sent: nothing more can travel on this link. Fail it for good."""
-        self._peer_gone(peer, PeerLostError(peer, f"link closed after a stalled send: {error}"))
+        self._link_failed(link, PeerLostError(link.peer, f"link closed after a stalled send: {error}"))
         try:
-            self._sockets[peer].shutdown(socket.SHUT_RDWR)
+            link.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        return error
 
     # -- receiving -----------------------------------------------------------------------------
 
     def irecv(self, peer: int, out: memoryview, tag: int,
               signature: Signature | None = None) -> TcpRequest:
-        request = TcpRequest(peer, tag, out, signature)
+        request = TcpRequest(self, peer, tag, out.cast("B") if out.format != "B" else out, signature)
         mismatch = self._note_call(tag, signature)
         if mismatch is not None:
-            request._finish(peer, mismatch)
+            self._complete(request, peer, mismatch)
             return request
         with self._lock:
-            source, data, theirs = self._take_unexpected(peer, tag)
-            if data is None:
+            source, entry = self._take_unexpected(peer, tag)
+            if entry is None:
                 error = self._refusal(peer, tag)
-                if error is not None:
-                    request._finish(peer, error)
-                else:
+                if error is None:
                     self._posted.setdefault((peer, tag), deque()).append(request)
-                return request
-        self._fill(request, source, data, theirs)
+                    return request
+            elif not entry.complete:
+                error = self._check(request, source, len(entry.data), entry.signature)
+                if error is None:
+                    entry.request = request  # the driver moves it into ``out`` as it arrives
+                    return request
+        if entry is None:
+            self._complete(request, peer, error)
+        elif entry.complete:
+            self._fill(request, source, entry)
+        else:
+            self._reject(request, source, error)  # type: ignore[arg-type]
         return request
 
     def _note_call(self, tag: int, signature: Signature | None) -> BaseException | None:
@@ -177,10 +346,10 @@ class TcpTransport(Transport):
             self._latest[call[0]] = max(call[1], self._latest.get(call[0], -1))
             if len(self._calls) > _REMEMBERED_CALLS:
                 self._calls.popitem(last=False)
-            mismatch = next((signature_mismatch(source, theirs, self.rank, signature)
+            mismatch = next((signature_mismatch(source, entry.signature, self.rank, signature)
                              for (source, queued_tag), queue in self._unexpected.items()
                              if call_of_tag(queued_tag) == call
-                             for _, theirs in queue if theirs != signature), None)
+                             for _, entry in queue if entry.signature != signature), None)
         if mismatch is not None:
             self.abort_group(call[0], mismatch)
         return mismatch
@@ -193,16 +362,16 @@ class TcpTransport(Transport):
         if mismatch is not None and call is not None:
             self.abort_group(call[0], mismatch)
 
-    def _take_unexpected(self, peer: int, tag: int) -> tuple[int, bytearray | None, Signature | None]:
+    def _take_unexpected(self, peer: int, tag: int) -> tuple[int, _Unexpected | None]:
         peers = range(self.size) if peer == ANY_SOURCE else (peer,)
         for source in peers:
             queue = self._unexpected.get((source, tag))
             if queue:
-                data, signature = queue.popleft()
+                _, entry = queue.popleft()
                 if not queue:
                     del self._unexpected[(source, tag)]
-                return source, data, signature
-        return peer, None, None
+                return source, entry
+        return peer, None
 
     def _check(self, request: TcpRequest, source: int, nbytes: int,
                signature: Signature | None) -> BaseException | None:
@@ -217,11 +386,11 @@ class TcpTransport(Transport):
                 "expected: the ranks called collectives with different sizes, dtypes or orders")
         return None
 
-    def _fill(self, request: TcpRequest, source: int, data: bytearray, signature: Signature | None) -> None:
-        error = self._check(request, source, len(data), signature)
+    def _fill(self, request: TcpRequest, source: int, entry: _Unexpected) -> None:
+        error = self._check(request, source, len(entry.data), entry.signature)
         if error is None:
-            request.out[:] = data  # type: ignore[index]
-            request._finish(source)
+            request.out[:] = entry.data  # type: ignore[index]
+            self._complete(request, source)
         else:
             self._reject(request, source, error)
 
@@ -230,7 +399,7 @@ class TcpTransport(Transport):
         call = call_of_tag(request.tag)
         if call is not None:
             self.abort_group(call[0], error)
-        request._finish(source, error)
+        self._complete(request, source, error)
 
     def _pop_posted(self, source: int, tag: int) -> TcpRequest | None:
         for key in ((source, tag), (ANY_SOURCE, tag)):
@@ -242,61 +411,289 @@ class TcpTransport(Transport):
                 return request
         return None
 
-    def _match_or_queue(self, source: int, tag: int, data: bytearray, signature: Signature | None) -> None:
+    def _deliver(self, source: int, tag: int, data: memoryview, signature: Signature | None) -> None:
+        """Hand a whole message to its posted receive, or queue it (a message to oneself)."""
         with self._lock:
             request = self._pop_posted(source, tag)
             if request is None:
-                self._unexpected.setdefault((source, tag), deque()).append((data, signature))
+                self._unexpected.setdefault((source, tag), deque()).append(
+                    (source, _Unexpected(data, signature, True)))
         if request is None:
             self._check_late(source, tag, signature)
         else:
-            self._fill(request, source, data, signature)
+            self._fill(request, source, _Unexpected(data, signature, True))
 
-    def _read_loop(self, peer: int, sock: socket.socket) -> None:
+    def _complete(self, request: TcpRequest, source: int, error: BaseException | None = None) -> None:
+        """Finish ``request`` and wake whoever waits for it in another thread."""
+        request.source = source
+        request._error = error
+        request._done = True
+        if self._sleepers:
+            with self._cv:
+                self._cv.notify_all()
+        if self._driving and self._driver != threading.get_ident():
+            self._poke()
+
+    # -- driving -------------------------------------------------------------------------------
+
+    def _run_until(self, done: Callable[[], bool], timeout: float | None) -> bool:
+        """Drive the transport (or let the current driver do it) until ``done()`` or ``timeout``
+        seconds; return ``done()``."""
+        deadline = _NO_DEADLINE if timeout is None else time.monotonic() + timeout
+        if self._closing:  # nothing moves any more; close() failed what was pending
+            return done()
+        with self._cv:
+            self._wanted += 1
+            try:
+                while True:
+                    if done():
+                        return True
+                    if not self._driving:
+                        self._driving = True
+                        self._driver = threading.get_ident()
+                        break
+                    if self._background_driving and not self._yield:
+                        self._yield = True
+                        self._poke()
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                    self._sleepers += 1
+                    try:
+                        self._cv.wait(None if deadline == _NO_DEADLINE else remaining)
+                    finally:
+                        self._sleepers -= 1
+            finally:
+                self._wanted -= 1
         try:
-            while True:
-                header = framing.read_header(sock)
-                if header is None:
-                    raise ConnectionError("connection closed without a goodbye")
-                kind, tag, nbytes, signature = header
-                if kind == framing.KIND_BYE:
-                    self._peer_gone(peer, PeerLostError(peer, "it left the job (destroy() was called)"))
+            self._drive(done, deadline)
+        finally:
+            with self._cv:
+                self._driving = False
+                self._driver = None
+                self._released_at = time.monotonic()
+                self._cv.notify_all()
+        return done()
+
+    def _drive_when_idle(self) -> None:
+        """The background thread: drive whenever no caller has for ``_LINGER`` seconds."""
+        while True:
+            with self._cv:
+                while True:
+                    if self._closing:
+                        return
+                    idle = time.monotonic() - self._released_at
+                    if not self._driving and not self._wanted and idle >= _LINGER:
+                        break
+                    self._idle.wait(_LINGER - idle if 0 <= idle < _LINGER else _LINGER)
+                self._driving = self._background_driving = True
+                self._driver = threading.get_ident()
+                self._yield = False
+            try:
+                self._drive(lambda: self._yield or self._closing, _NO_DEADLINE)
+            except BaseException:  # noqa: BLE001 - a bug here must not end progress for good
+                log.exception("rank %d: the TCP progress thread failed", self.rank)
+            finally:
+                with self._cv:
+                    self._driving = self._background_driving = False
+                    self._driver = None
+                    self._yield = False
+                    self._released_at = time.monotonic()
+                    self._cv.notify_all()
+
+    def _poke(self) -> None:
+        """Wake the driver from ``poll`` (it re-checks what it waits for and what to write)."""
+        try:
+            os.write(self._wake_write, b"!")
+        except (BlockingIOError, OSError):
+            pass  # the pipe is full (a wake-up is pending anyway) or closed
+
+    def _drive(self, done: Callable[[], bool], deadline: float) -> None:
+        """Read and write every link until ``done()`` or ``deadline`` (driver only)."""
+        poller, by_fd, links = self._poller, self._by_fd, self._links.values()
+        while not done():
+            now = time.monotonic()
+            wait = deadline - now
+            if wait <= 0:
+                return
+            for link in links:
+                want = 0 if link.closed else _POLLIN | (select.POLLOUT if link.queue else 0)
+                if link.queue:
+                    wait = min(wait, link.queue[0].deadline - now)
+                if want != link.polled:
+                    if want:
+                        poller.register(link.fd, want)
+                    else:
+                        poller.unregister(link.fd)
+                    link.polled = want
+            if wait <= 0:
+                self._overdue(now)
+                continue
+            events = poller.poll(None if wait == _NO_DEADLINE else max(1, int(wait * 1000 + 1)))
+            for fd, event in events:
+                found = by_fd.get(fd)
+                if found is None:
+                    if fd == self._wake_read:
+                        try:
+                            os.read(fd, 4096)
+                        except BlockingIOError:
+                            pass
+                    continue
+                link = found
+                if link.closed:
+                    continue
+                try:
+                    if event & select.POLLOUT:
+                        self._write(link)
+                    if event & _POLLIN:
+                        self._read(link)
+                except (OSError, framing.ProtocolError) as exc:
+                    if not self._closing:
+                        self._link_failed(link, PeerLostError(link.peer, str(exc)))
+                    link.closed = True
+            if not events:
+                self._overdue(time.monotonic())
+
+    # -- reading frames ------------------------------------------------------------------------
+
+    def _read(self, link: _Link) -> None:
+        """Read what ``link`` has (up to a budget), completing frames as they end (driver only).
+
+        Raises:
+            OSError, ProtocolError: the link is broken; the caller fails it.
+        """
+        budget = _READ_BUDGET
+        sock = link.sock
+        while budget > 0 and not link.closed:
+            if not link.kind:
+                try:
+                    n = sock.recv_into(link.header[link.header_got:], 0, _MSG_DONTWAIT)
+                except BlockingIOError:
                     return
-                if kind in (framing.KIND_PROBE, framing.KIND_PROBE_REPLY):
-                    self._on_probe(peer, sock, kind, tag, nbytes, signature)
+                if n == 0:
+                    if link.header_got:
+                        raise ConnectionError(f"connection closed after {link.header_got} bytes of a header")
+                    raise ConnectionError("connection closed without a goodbye")
+                link.header_got += n
+                if link.header_got < framing.HEADER.size:
                     continue
-                if kind == framing.KIND_ABORT:
-                    payload = bytearray(nbytes)
-                    framing.recv_exact_into(sock, memoryview(payload))
-                    # Passed on to every peer before anything else this rank sends them (its
-                    # goodbye, say), so the cause reaches everyone ahead of its consequences.
-                    self.abort_group(tag, _decode_abort(peer, payload))
-                    continue
-                self._receive_payload(peer, sock, tag, nbytes, signature)
-        except (OSError, framing.ProtocolError) as exc:
-            if not self._closing:
-                self._peer_gone(peer, PeerLostError(peer, str(exc)))
+                link.header_got = 0
+                self._begin(link, *framing.parse_header(link.header.tobytes()))
+                if link.kind and link.got == link.nbytes:
+                    self._end(link)
+                continue
+            entry = link.entry
+            if entry is not None and entry.request is not None and link.target is entry.data:
+                self._switch(link, entry, entry.request)
+            target = link.target
+            want = link.nbytes - link.got
+            try:
+                if target is None:  # draining a message nobody can take
+                    n = sock.recv_into(self._discard, min(want, len(self._discard)), _MSG_DONTWAIT)
+                else:
+                    n = sock.recv_into(target[link.got:], min(want, budget), _MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            if n == 0:
+                raise ConnectionError(f"connection closed after {link.got} of {link.nbytes} bytes")
+            link.got += n
+            budget -= n
+            if link.got == link.nbytes:
+                self._end(link)
 
-    def _receive_payload(self, peer: int, sock: socket.socket, tag: int, nbytes: int,
-                         signature: Signature | None) -> None:
+    def _begin(self, link: _Link, kind: int, tag: int, nbytes: int,
+               signature: Signature | None) -> None:
+        """A header arrived: decide where its payload goes."""
+        link.kind, link.tag, link.nbytes, link.got, link.signature = kind, tag, nbytes, 0, signature
+        link.request = link.entry = None
+        if kind == framing.KIND_BYE:
+            link.kind = 0
+            link.closed = True
+            self._peer_gone(link.peer, PeerLostError(link.peer, "it left the job (destroy() was called)"))
+            return
+        if kind != framing.KIND_DATA:
+            link.target = memoryview(bytearray(nbytes))  # small, bounded by MAX_ABORT_BYTES
+            return
         with self._lock:
-            request = self._pop_posted(peer, tag)
+            request = self._pop_posted(link.peer, tag)
+            if request is None:
+                entry = _Unexpected(memoryview(np.empty(nbytes, np.uint8)).cast("B"), signature, False)  # type: ignore[arg-type]
+                self._unexpected.setdefault((link.peer, tag), deque()).append((link.peer, entry))
         if request is None:
-            data = bytearray(nbytes)
-            framing.recv_exact_into(sock, memoryview(data))
-            self._match_or_queue(peer, tag, data, signature)
+            link.entry, link.target = entry, entry.data
+            self._check_late(link.peer, tag, signature)
             return
-        error = self._check(request, peer, nbytes, signature)
+        error = self._check(request, link.peer, nbytes, signature)
         if error is not None:
-            framing.recv_exact_into(sock, memoryview(bytearray(nbytes)))  # drain; keep the link
-            self._reject(request, peer, error)
+            self._reject(request, link.peer, error)
+            self._drain(link)
             return
-        try:
-            framing.recv_exact_into(sock, request.out)  # type: ignore[arg-type]
-        except OSError as exc:  # the request is no longer posted: fail it here, then the link
-            request._finish(peer, PeerLostError(peer, str(exc)))
-            raise
-        request._finish(peer)
+        link.request, link.target = request, request.out
+
+    def _drain(self, link: _Link) -> None:
+        """Read the current payload into scratch and drop it (the link stays usable)."""
+        link.target = None
+        if len(self._discard) < min(link.nbytes, _DISCARD_BYTES):
+            self._discard = memoryview(bytearray(_DISCARD_BYTES))
+
+    def _switch(self, link: _Link, entry: _Unexpected, request: TcpRequest) -> None:
+        """A receive was posted for the message arriving: move it into the request's buffer."""
+        assert request.out is not None
+        request.out[:link.got] = entry.data[:link.got]
+        link.entry, link.request, link.target = None, request, request.out
+
+    def _end(self, link: _Link) -> None:
+        """The payload of the current frame is complete: act on it."""
+        kind, peer = link.kind, link.peer
+        link.kind = 0
+        if kind == framing.KIND_DATA:
+            request, entry = link.request, link.entry
+            link.request = link.entry = None
+            link.target = None
+            if request is not None:
+                self._complete(request, peer)
+            elif entry is not None:
+                with self._lock:
+                    entry.complete = True
+                    attached = entry.request
+                if attached is not None:
+                    self._fill(attached, peer, entry)
+            return
+        payload, link.target = link.target, None
+        assert payload is not None
+        if kind == framing.KIND_ABORT:
+            # Passed on to every peer before anything else this rank sends them (its goodbye,
+            # say), so the cause reaches everyone ahead of its consequences.
+            self.abort_group(link.tag, _decode_abort(peer, bytes(payload)))
+        elif kind == framing.KIND_PROBE:
+            latest = self._latest.get(link.tag, -1)
+            self._send_control(peer, framing.KIND_PROBE_REPLY, link.tag, framing.PROBE_REPLY.pack(latest),
+                               self._calls.get((link.tag, latest)))
+        elif len(payload) == framing.PROBE_REPLY.size:
+            with self._lock:
+                self._progress[(link.tag, peer)] = (framing.PROBE_REPLY.unpack(payload)[0], link.signature)
+
+    def _link_failed(self, link: _Link, error: PeerLostError) -> None:
+        """``link`` can carry nothing more: fail what waits on it."""
+        link.closed = True
+        with link.send_lock:
+            queued, link.queue = list(link.queue), deque()
+        self._peer_gone(link.peer, error)
+        error = self._lost[link.peer]  # type: ignore[assignment]
+        pending = [link.request] if link.request is not None else []
+        if link.entry is not None and link.entry.request is not None:
+            pending.append(link.entry.request)
+        link.kind, link.request, link.entry, link.target = 0, None, None, None
+        with self._lock:  # messages cut off midway will never complete: drop them
+            for key in [key for key in self._unexpected if key[0] == link.peer]:
+                kept = deque(item for item in self._unexpected[key] if item[1].complete)
+                if kept:
+                    self._unexpected[key] = kept
+                else:
+                    del self._unexpected[key]
+        for request in pending + [item.request for item in queued if item.request is not None]:
+            if not request.done():
+                self._complete(request, link.peer, error)
 
     def _peer_gone(self, peer: int, error: PeerLostError) -> None:
         with self._lock:
@@ -304,7 +701,7 @@ class TcpTransport(Transport):
             error = self._lost[peer]  # type: ignore[assignment]
             failed = [r for key in list(self._posted) if key[0] == peer for r in self._posted.pop(key)]
         for request in failed:
-            request._finish(peer, error)
+            self._complete(request, peer, error)
         if self._on_peer_lost is not None and not self._closing:
             self._on_peer_lost(peer, error)
 
@@ -314,46 +711,24 @@ class TcpTransport(Transport):
                  timeout: float) -> dict[int, tuple[int, Signature | None] | None]:
         """Ask ``peers`` which call of ``group_id`` they have reached (and its signature);
         ``None``: no answer in time."""
-        with self._answers:
+        with self._lock:
             for peer in peers:
                 self._progress.pop((group_id, peer), None)
         for peer in peers:
             self._send_control(peer, framing.KIND_PROBE, group_id, b"")
-        deadline = time.monotonic() + timeout
-        with self._answers:
-            self._answers.wait_for(lambda: all((group_id, p) in self._progress for p in peers),
-                                   max(0.0, deadline - time.monotonic()))
+        self._run_until(lambda: all((group_id, p) in self._progress for p in peers), timeout)
+        with self._lock:
             return {peer: self._progress.get((group_id, peer)) for peer in peers}
-
-    def _on_probe(self, peer: int, sock: socket.socket, kind: int, group_id: int, nbytes: int,
-                  signature: Signature | None) -> None:
-        payload = bytearray(nbytes)
-        framing.recv_exact_into(sock, memoryview(payload))
-        if kind == framing.KIND_PROBE:
-            latest = self._latest.get(group_id, -1)
-            self._send_control(peer, framing.KIND_PROBE_REPLY, group_id, framing.PROBE_REPLY.pack(latest),
-                               self._calls.get((group_id, latest)))
-        elif nbytes == framing.PROBE_REPLY.size:
-            with self._answers:
-                self._progress[(group_id, peer)] = (framing.PROBE_REPLY.unpack(payload)[0], signature)
-                self._answers.notify_all()
 
     def _send_control(self, peer: int, kind: int, tag: int, payload: bytes,
                       signature: Signature | None = None) -> bool:
-        """Send a small control frame unless the link is gone or stalled; say whether it went."""
-        lock = self._send_locks[peer]
-        # A peer that is not taking data (the one that failed, often) must not hold up the
-        # others: give up on it after a short wait.
-        if peer in self._lost or not lock.acquire(timeout=_CONTROL_SEND_SECONDS):
+        """Send (or queue) a small control frame unless the link is gone; say whether it went."""
+        link = self._links.get(peer)
+        if link is None or peer in self._lost:
             return False
-        try:
-            framing.send_frame(self._sockets[peer], kind, tag, memoryview(payload), signature,
-                               timeout=_CONTROL_SEND_SECONDS)
-            return True
-        except OSError:
-            return False  # that peer is gone or stalled; its own reader reports it
-        finally:
-            lock.release()
+        header = framing.pack_header(kind, tag, len(payload), signature)
+        return self._enqueue(link, _Send([memoryview(header + payload)], None,
+                                         time.monotonic() + self.send_timeout))
 
     # -- failure and lifecycle -----------------------------------------------------------------
 
@@ -369,11 +744,11 @@ class TcpTransport(Transport):
         if tell_peers:
             self._tell_peers(group_id, error)
         for request in failed:
-            request._finish(request.peer, error)
+            self._complete(request, request.peer, error)
 
     def _tell_peers(self, group_id: int, error: BaseException) -> None:
         payload = _encode_abort(error)
-        for peer in self._sockets:
+        for peer in self._links:
             self._send_control(peer, framing.KIND_ABORT, group_id, payload)
 
     def abort(self, error: BaseException) -> None:
@@ -382,7 +757,7 @@ class TcpTransport(Transport):
             failed = [r for queue in self._posted.values() for r in queue]
             self._posted.clear()
         for request in failed:
-            request._finish(request.peer, error)
+            self._complete(request, request.peer, error)
 
     def close(self, linger: float = 10.0) -> None:
         """Say goodbye to every peer, wait (up to ``linger`` s) for theirs, then close sockets.
@@ -392,19 +767,28 @@ class TcpTransport(Transport):
         """
         if self._closing:
             return
-        for peer, sock in self._sockets.items():
+        deadline = time.monotonic() + linger
+        links = list(self._links.values())
+        for link in links:
+            self._send_control(link.peer, framing.KIND_BYE, 0, b"")
+        self._run_until(lambda: all(link.closed or not link.queue for link in links), linger)
+        for link in links:
             try:
-                with self._send_locks[peer]:
-                    sock.sendall(framing.pack_header(framing.KIND_BYE, 0, 0))
-                sock.shutdown(socket.SHUT_WR)
+                link.sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
-        deadline = time.monotonic() + linger
-        for reader in self._readers:
-            reader.join(max(0.0, deadline - time.monotonic()))
-        self._closing = True
-        for sock in self._sockets.values():
-            sock.close()
+        self._run_until(lambda: all(link.closed for link in links),
+                        max(0.0, deadline - time.monotonic()))
+        with self._cv:
+            self._closing = True
+            self._idle.notify_all()
+        self._poke()
+        self._background.join(max(1.0, deadline - time.monotonic()))
+        for link in links:
+            self._link_failed(link, PeerLostError(link.peer, "this rank closed its transport"))
+            link.sock.close()
+        os.close(self._wake_read)
+        os.close(self._wake_write)
         self.abort(GroupAbortedError(f"rank {self.rank}'s transport is closed"))
 
 
@@ -415,7 +799,7 @@ def _encode_abort(error: BaseException) -> bytes:
     return framing.ABORT_RECORD.pack(code, rank) + message
 
 
-def _decode_abort(peer: int, payload: bytearray) -> CommError:
+def _decode_abort(peer: int, payload: bytes) -> CommError:
     if len(payload) < framing.ABORT_RECORD.size:
         return GroupAbortedError(f"rank {peer} aborted the group")
     code, rank = framing.ABORT_RECORD.unpack_from(payload)
