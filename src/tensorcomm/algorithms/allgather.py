@@ -13,6 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from .base import Ctx
+from .wire import chunk_elements, spans
 
 
 def bounds(counts: Sequence[int]) -> list[int]:
@@ -27,19 +28,44 @@ def even_counts(total: int, parts: int) -> list[int]:
 
 
 def ring_inplace(ctx: Ctx, buf: np.ndarray, offsets: Sequence[int], shift: int = 0,
-                 step_base: int = 0) -> None:
+                 step_base: int = 0, wire: np.dtype | None = None) -> None:
     """Ring all-gather inside ``buf``, whose block i is ``buf[offsets[i]:offsets[i+1]]``.
 
     On entry group rank r holds block ``(r - shift) % size``; on return every rank holds every
-    block. Uses steps ``step_base .. step_base + size - 2``.
+    block. Blocks travel in chunks (see ``wire``): every receive is posted at once and lands in
+    place, and each chunk is passed on as soon as it is in, so a block need not arrive whole
+    before it moves on. ``wire``: a dtype the blocks travel as (their values must already be
+    exact in it: all-reduce rounds them first). Uses steps ``step_base .. step_base + size - 2``.
     """
     n, r = ctx.size, ctx.rank
+    if n == 1:
+        return
     right, left = (r + 1) % n, (r - 1) % n
-    for s in range(n - 1):
-        out_block = (r - shift - s) % n
-        in_block = (out_block - 1) % n  # what the left neighbour sends at this step
-        ctx.sendrecv(right, buf[offsets[out_block]:offsets[out_block + 1]],
-                     left, buf[offsets[in_block]:offsets[in_block + 1]], step_base + s)
+    # With a wire dtype, blocks travel through a packed copy of the buffer and are widened into
+    # ``buf`` as they arrive.
+    carrier = buf if wire is None else np.empty(buf.size, wire)
+    chunk = chunk_elements(ctx, carrier.itemsize)
+    own = (r - shift) % n
+    if wire is not None:
+        carrier[offsets[own]:offsets[own + 1]] = buf[offsets[own]:offsets[own + 1]]
+
+    def pieces(block: int) -> list[tuple[int, int]]:
+        return spans(offsets[block], offsets[block + 1], chunk)
+
+    # Message m carries block (r - shift - m) % n rightwards; the left neighbour's message m is
+    # block (r - shift - m - 1) % n.
+    receiving = [[ctx.irecv(left, carrier[lo:hi], step_base + m) for lo, hi in pieces((own - m - 1) % n)]
+                 for m in range(n - 1)]
+    sending = [ctx.isend(right, carrier[lo:hi], step_base) for lo, hi in pieces(own)]
+    for m in range(n - 1):
+        for (lo, hi), request in zip(pieces((own - m - 1) % n), receiving[m]):
+            ctx.wait(request)
+            if m < n - 2:
+                sending.append(ctx.isend(right, carrier[lo:hi], step_base + m + 1))
+            if wire is not None:
+                buf[lo:hi] = carrier[lo:hi]
+    for request in sending:
+        ctx.wait(request)
 
 
 def ring(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 
 from .allgather import bounds, even_counts, ring_inplace
 from .base import Ctx
+from .wire import chunk_elements, spans
 
 
 def _parent_mask(relative: int, size: int) -> int:
@@ -28,25 +29,32 @@ def binomial_tree(ctx: Ctx, buf: np.ndarray, root: int) -> None:
     """Copy the root's ``buf`` to every rank along a binomial tree rooted at ``root``.
 
     Relative rank v = (rank - root) mod size receives from v - lowbit(v) and then sends to
-    v + 2^k for every 2^k < lowbit(v), largest subtree first. ceil(log2 size) rounds.
+    v + 2^k for every 2^k < lowbit(v), largest subtree first. ceil(log2 size) rounds. The buffer
+    travels in chunks (``wire``), each passed on to the children as soon as it is in, so a large
+    broadcast flows down the tree as a pipeline instead of waiting a whole message per level.
     """
     n = ctx.size
     relative = (ctx.rank - root) % n
     mask = _parent_mask(relative, n)
     parent = (relative - mask + root) % n
-    if relative:
-        ctx.recv(parent, buf, step=mask.bit_length() - 1)
-    pending, children = [], []
+    pieces = spans(0, buf.size, chunk_elements(ctx, buf.itemsize))
+    receiving = [ctx.irecv(parent, buf[lo:hi], step=mask.bit_length() - 1)
+                 for lo, hi in pieces] if relative else []
+    children = []
     mask //= 2
     while mask:
         if relative + mask < n:
-            children.append((relative + mask + root) % n)
-            pending.append(ctx.isend(children[-1], buf, step=mask.bit_length() - 1))
+            children.append(((relative + mask + root) % n, mask.bit_length() - 1))
         mask //= 2
+    pending = []
+    for index, (lo, hi) in enumerate(pieces):
+        if receiving:
+            ctx.wait(receiving[index])
+        pending += [ctx.isend(child, buf[lo:hi], step=step) for child, step in children]
     for request in pending:
         ctx.wait(request)
     if not relative:  # the root received nothing: its children confirm they made this call
-        ctx.acknowledged(children)
+        ctx.acknowledged([child for child, _ in children])
     elif parent == root:
         ctx.acknowledge(root)
 
