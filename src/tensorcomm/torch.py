@@ -8,15 +8,15 @@ Works under ``tensorcomm run`` and under torchrun (or with ``init_method``/``sto
 hand), on CPU tensors. Importing this module:
 
 - registers the backend ``"tensorcomm"`` for CPU tensors, whose groups are
-  ``ProcessGroupTensorcomm`` objects (the first one starts tensorcomm, on torch's store, unless
-  ``tensorcomm.init()`` was called already; destroying it ends what it started);
-- registers the tensorcomm rendezvous scheme ``torchstore://``, through which the backend starts
-  tensorcomm on the store torch hands it (so no second port is needed under torchrun);
+  ``ProcessGroupTensorcomm`` objects. The first one starts tensorcomm on the store torch hands
+  the backend (``tensorcomm.init(store=...)``, so torchrun needs no second port), unless
+  ``tensorcomm.init()`` was called already; destroying it ends what it started;
 - teaches torch's ``env://`` rendezvous about ``tensorcomm run``: the launcher already serves
   tensorcomm's (authenticated) store at ``MASTER_ADDR:MASTER_PORT``, where torch would try to
   start its own, so when the environment says so (``TENSORCOMM_STORE_HOSTED=1``) torch gets a
   store that speaks to the launcher's. Any backend benefits, Gloo included; elsewhere torch's
-  own ``env://`` runs unchanged.
+  own ``env://`` runs unchanged. torch has no public way to extend a registered scheme, so this
+  replaces its ``env`` entry (with one that calls the original in every other case).
 
 The job secret is ``TENSORCOMM_SECRET`` when set (``tensorcomm run`` sets it). Otherwise rank 0
 makes one and hands it to the other ranks through a private file on this host
@@ -29,70 +29,29 @@ from __future__ import annotations
 
 import datetime
 import importlib
-import itertools
-import threading
 import urllib.parse
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import torch.distributed as dist
 
+from .config import MAX_TIMEOUT
 from .core import world as core_world
-from .errors import CommTimeoutError
-from .frontends.torch_backend import BACKEND_NAME, ProcessGroupTensorcomm, TensorcommWork
-from .rendezvous import JobInfo, Rendezvous, Store, TCPStore, discover, register_scheme, rendezvous
-from .rendezvous.init_method import TORCHRUN_SCHEME, resolve_ranks, secret_via_store
-from .rendezvous.store import check_key, check_keys, check_value
+from .frontends.torch_backend import BACKEND_NAME, ProcessGroupTensorcomm
+from .frontends.torch_work import TensorcommWork
+from .rendezvous import PrefixStore, Store, TCPStore, discover, rendezvous
+from .rendezvous.torch_store import TorchStore
 
 __all__ = ["BACKEND_NAME", "ProcessGroupTensorcomm", "TensorcommWork"]
 
-_SCHEME = "torchstore"
-_JOINS_KEY = "tensorcomm/joins"
-
-
-class _OverTorchStore(Store):
-    """tensorcomm's Store interface on a torch ``Store`` (which keeps owning it)."""
-
-    def __init__(self, store: dist.Store, prefix: str, timeout: float) -> None:
-        super().__init__(timeout)
-        self._store, self._prefix = store, prefix
-        self.host, self.port = _address_of(store)  # read by the core to pick its listen address
-
-    def set(self, key: str, value: bytes) -> None:
-        self._store.set(self._prefix + check_key(key), check_value(value))
-
-    def get(self, key: str, timeout: float | None = None) -> bytes:
-        self.wait([key], timeout)
-        return self._store.get(self._prefix + key)
-
-    def add(self, key: str, amount: int) -> int:
-        return self._store.add(self._prefix + check_key(key), amount)
-
-    def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
-        seconds = self._timeout(timeout)
-        try:
-            self._store.wait([self._prefix + k for k in check_keys(keys)],
-                             datetime.timedelta(seconds=seconds))
-        except dist.DistStoreError as exc:
-            raise CommTimeoutError(f"store wait for {list(keys)} did not complete within "
-                                   f"{seconds:g} s: {exc}") from exc
-
-    def check(self, keys: Sequence[str]) -> bool:
-        return self._store.check([self._prefix + k for k in check_keys(keys)])
-
-    def delete(self, key: str) -> bool:
-        return self._store.delete_key(self._prefix + check_key(key))
-
-    def close(self) -> None:
-        pass  # torch owns the store
-
 
 class _TorchOverTcStore(dist.Store):
-    """A torch ``Store`` that talks to tensorcomm's launcher-hosted store (a ``TCPStore`` client)."""
+    """A torch ``Store`` over tensorcomm's launcher-hosted store (``store``, a namespace of a
+    ``TCPStore`` client listening at ``host:port``)."""
 
-    def __init__(self, store: TCPStore) -> None:
+    def __init__(self, store: Store, host: str, port: int) -> None:
         super().__init__()
         self._store = store
-        self.host, self.port = store.host, store.port
+        self.host, self.port = host, port
 
     def set(self, key: str, value: bytes | str) -> None:
         self._store.set(key, value)
@@ -120,66 +79,6 @@ class _TorchOverTcStore(dist.Store):
         raise RuntimeError("tensorcomm's store does not count its keys")
 
 
-def _address_of(store: dist.Store) -> tuple[str, int]:
-    """Where the job's store listens: the underlying TCP store's address, else MASTER_ADDR."""
-    while isinstance(store, dist.PrefixStore):
-        store = store.underlying_store
-    host, port = getattr(store, "host", None), getattr(store, "port", None)
-    if host is None:
-        info = discover()
-        host, port = info.master_addr or "127.0.0.1", info.master_port
-    return host, port or 1
-
-
-# torchstore://<token>: the token names a torch store handed over by the backend's creator.
-_handover: dict[str, tuple[dist.Store, int]] = {}
-_tokens = itertools.count()
-_handover_lock = threading.Lock()
-
-
-def _torchstore_handler(url: str, rank: int | None, world_size: int | None, timeout: float,
-                        info: JobInfo) -> Rendezvous:
-    token = url.partition("://")[2]
-    with _handover_lock:
-        if token not in _handover:
-            raise ValueError(f"{_SCHEME}://: {url!r} names no store; this scheme is used by the "
-                             f"torch backend only")
-        store, generation = _handover.pop(token)
-    assert rank is not None and world_size is not None  # the creator always passes them
-    bridge = _OverTorchStore(store, f"tensorcomm/{generation}/", timeout)
-    secret, secret_file = secret_via_store(f"{_SCHEME}://", bridge, bridge.host, rank, info, timeout)
-    return Rendezvous(bridge, rank, world_size, info.local_rank, info.host_id, secret,
-                      secret_file=secret_file)
-
-
-def _torchrun_handler(url: str, rank: int | None, world_size: int | None, timeout: float,
-                      info: JobInfo) -> Rendezvous:
-    """``env://`` under torchrun: tensorcomm's keys go in torchrun's agent store, as a client."""
-    assert info.master_addr is not None and info.master_port is not None  # checked by env://
-    rank, world_size = resolve_ranks("env://", rank, world_size, info)
-    store = dist.TCPStore(info.master_addr, info.master_port, world_size, is_master=False,
-                          timeout=datetime.timedelta(seconds=timeout))
-    generation = (store.add(_JOINS_KEY, 1) - 1) // world_size
-    with _handover_lock:
-        token = str(next(_tokens))
-        _handover[token] = (store, generation)
-    return _torchstore_handler(f"{_SCHEME}://{token}", rank, world_size, timeout, info)
-
-
-def _start_world(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> None:
-    # Every init of a group on this store adds 1 per rank: the quotient tells this init apart
-    # from earlier ones (destroy + init again), whose keys are still in the store.
-    generation = (store.add(_JOINS_KEY, 1) - 1) // size
-    with _handover_lock:
-        token = str(next(_tokens))
-        _handover[token] = (store, generation)
-    try:
-        core_world.init(f"{_SCHEME}://{token}", rank=rank, world_size=size, timeout=timeout)
-    finally:
-        with _handover_lock:
-            _handover.pop(token, None)
-
-
 # The torch global ranks of the tensorcomm world's members while a group made here started it
 # (that group may be a torch subgroup); None when tensorcomm was started by the user.
 _started_for: tuple[int, ...] | None = None
@@ -191,7 +90,10 @@ def _create(opts: Any, _backend_options: Any) -> ProcessGroupTensorcomm:
     size, rank = opts.group_size, opts.group_rank
     ranks = tuple(opts.global_ranks_in_group) or tuple(range(size))
     if not core_world.is_initialized():
-        _start_world(opts.store, rank, size, opts.timeout)
+        seconds = opts.timeout.total_seconds()
+        seconds = MAX_TIMEOUT if seconds <= 0 else min(seconds, MAX_TIMEOUT)  # <= 0: no timeout
+        core_world.init(store=TorchStore(opts.store, seconds, discover()), rank=rank,
+                        world_size=size, timeout=seconds)
         _started_for = ranks
 
         def finish() -> None:
@@ -214,6 +116,8 @@ def _create(opts: Any, _backend_options: Any) -> ProcessGroupTensorcomm:
     return ProcessGroupTensorcomm(world.new_group([members.index(r) for r in ranks]))
 
 
+_TORCH_INITS_KEY = "torch/inits"  # in the launcher's store: init_process_group calls, all ranks
+
 # The module, not the function torch.distributed re-exports under the same name.
 _torch_rendezvous = importlib.import_module("torch.distributed.rendezvous")
 _torch_env_handler = _torch_rendezvous._rendezvous_handlers["env"]
@@ -230,8 +134,14 @@ def _env_handler(url: str, timeout: datetime.timedelta = dist.default_pg_timeout
     rank = int(query["rank"]) if "rank" in query else None
     world_size = int(query["world_size"]) if "world_size" in query else None
     rdzv = rendezvous("env://", rank, world_size, timeout.total_seconds())
-    assert isinstance(rdzv.store, TCPStore)  # the launcher hosts it: this process is a client
-    store = _TorchOverTcStore(rdzv.store)
+    client = rdzv.store
+    assert isinstance(client, TCPStore)  # the launcher hosts it: this process is a client
+    # The launcher's store outlives every init_process_group, but torch's backends expect a
+    # fresh one each time: Gloo read the addresses an earlier init had left under the same
+    # keys and waited for peers that had gone (benchmarks/ddp_step.py hung). Every rank's n-th
+    # init gets namespace n - 1.
+    generation = (client.add(_TORCH_INITS_KEY, 1) - 1) // rdzv.world_size
+    store = _TorchOverTcStore(PrefixStore(f"torch/{generation}", client), client.host, client.port)
     # torch keeps only the C++ half of a Python store; without this reference the Python half is
     # collected and torch's calls into it fail ("pure virtual function").
     _env_stores.append(store)
@@ -240,8 +150,6 @@ def _env_handler(url: str, timeout: datetime.timedelta = dist.default_pg_timeout
 
 
 def _install() -> None:
-    register_scheme(_SCHEME, _torchstore_handler)
-    register_scheme(TORCHRUN_SCHEME, _torchrun_handler)
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
     # torch offers no public way to extend a registered scheme; replacing its entry keeps the
     # original handler for every case but a tensorcomm-hosted store.

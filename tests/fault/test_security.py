@@ -263,13 +263,13 @@ class RecordingTorchStore:
 
 def _torchstore_ranks(store: RecordingTorchStore, envs: list[dict[str, str]],
                       timeout: float) -> list[Any]:
-    torch_backend = pytest.importorskip("tensorcomm.torch")
+    from tensorcomm.rendezvous.discovery import discover
+    from tensorcomm.rendezvous.init_method import from_store
+    from tensorcomm.rendezvous.torch_store import TorchStore
 
-    def join(rank: int) -> Rendezvous:
-        token = f"security-test-{rank}-{id(store)}"
-        with torch_backend._handover_lock:
-            torch_backend._handover[token] = (store, 0)
-        return rendezvous(f"torchstore://{token}", rank, len(envs), timeout, environ=envs[rank])
+    def join(rank: int) -> Rendezvous:  # as the torch backend meets on the store torch gives it
+        bridge = TorchStore(store, timeout, discover(envs[rank]))  # type: ignore[arg-type]
+        return from_store(bridge, rank, len(envs), timeout, environ=envs[rank])
 
     return in_threads(len(envs), join)
 

@@ -148,3 +148,30 @@ def _reuse_body() -> None:
 
 def test_backend_reuses_a_world_the_user_started() -> None:
     run_ranks(_reuse_body, 2, timeout=60)
+
+
+def _alternate_backends() -> list[float]:
+    import datetime
+    import os
+    import time
+
+    import torch.distributed as dist
+
+    import tensorcomm.torch  # noqa: F401
+
+    sums = []
+    for round_, backend in enumerate(("tensorcomm", "gloo", "gloo", "tensorcomm", "gloo")):
+        if round_ == 2 and os.environ["RANK"] == "0":
+            time.sleep(1.0)  # the others read the store before rank 0 has re-announced itself
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=30))
+        x = torch.ones(2) * (dist.get_rank() + 1)
+        dist.all_reduce(x)
+        sums.append(x[0].item())
+        dist.destroy_process_group()
+    return sums
+
+
+def test_backends_alternate_with_init_and_destroy_under_tensorcomm_run() -> None:
+    # The launcher's store outlives each init_process_group; Gloo used to find the addresses
+    # of the previous init under the same keys and wait for peers that had gone.
+    assert run_ranks(_alternate_backends, 2, timeout=120, init=False) == [[3.0] * 5] * 2

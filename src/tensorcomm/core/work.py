@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Callable
 
 from ..errors import CommTimeoutError
+
+log = logging.getLogger("tensorcomm.work")
 
 
 class Work:
@@ -22,6 +25,8 @@ class Work:
         self._result: Any = None
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[], None]] = []
+        self._finished = False  # result and error final; set under _lock before the done hooks run
+        self._done_hooks: list[Callable[[Work], None]] = []
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the call completes; return True.
@@ -63,11 +68,27 @@ class Work:
         callback becomes the call's error.
         """
         with self._lock:
-            if not self._done.is_set():
+            if not self._finished:
                 self._callbacks.append(callback)
                 return
         if self._error is None:
             callback()
+
+    def on_done(self, hook: Callable[["Work"], None]) -> None:
+        """Run ``hook(work)`` once the call has finished, successfully or not, before ``wait``
+        returns (at once, on this thread, if it has finished already).
+
+        For frameworks whose own handles must learn the outcome, failures included (the torch
+        backend completes torch futures here). Hooks run on the thread that completes the call
+        (an engine's worker for async collectives) after ``after`` callbacks; ``exception()``
+        tells how it ended. An exception from a hook is logged, never raised: the call's
+        outcome is decided already.
+        """
+        with self._lock:
+            if not self._finished:
+                self._done_hooks.append(hook)
+                return
+        _run_hook(hook, self)
 
     def _complete(self, result: Any = None, error: BaseException | None = None) -> None:
         with self._lock:
@@ -80,8 +101,19 @@ class Work:
                     error = exc
             self._result = result
             self._error = error
-            self._done.set()
+            self._finished = True
+            hooks, self._done_hooks = self._done_hooks, []
+        for hook in hooks:  # outside the lock: a hook may look at this Work again
+            _run_hook(hook, self)
+        self._done.set()
 
     def __repr__(self) -> str:
         state = "failed" if self._error else "done" if self._done.is_set() else "pending"
         return f"<Work {self.description} {state}>"
+
+
+def _run_hook(hook: Callable[[Work], None], work: Work) -> None:
+    try:
+        hook(work)
+    except Exception:
+        log.exception("a completion hook of %s raised; the call's own outcome stands", work.description)

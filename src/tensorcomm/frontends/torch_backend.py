@@ -3,15 +3,20 @@
 torch calls these methods with lists of tensors and an options object; each one translates
 ranks (torch passes group ranks, tensorcomm's functions take global ones) and reduction ops, then
 calls tensorcomm's own functional collective on the tensors themselves, which enter through
-the torch adapter (zero-copy for contiguous CPU tensors).
+the torch adapter (zero-copy for CPU tensors).
 
-Collectives complete before they return, also for ``async_op=True``: the returned ``Work`` holds
-an already-completed future. That is deliberate. DDP reads every gradient bucket's result
-through the Work's future, and a future completed with an exception during backward takes the
-process down (torch 2.13 exits with SIGSEGV); running the call inline raises the error at the
-call instead, where DDP turns it into an ordinary exception from ``backward()``. Point-to-point
-calls stay asynchronous (a blocking send before the matching receive is posted would deadlock);
-their errors are raised by ``Work.wait``.
+When it runs. torch says in every options object whether its caller waits at once
+(``opts.asyncOp``: False for ``dist.all_reduce(..., async_op=False)``); such calls run inline, on
+the calling thread, and raise their errors there. Every other call (DDP's gradient buckets,
+FSDP's prefetches, ``async_op=True``) is queued on the group's worker thread and returns at
+once, so DDP's all-reduces go on beside the rest of backward; its future completes when the call
+ends, with the call's error if it failed (``torch_work.py`` says how that reaches ``backward()``
+without crashing torch). Point-to-point calls are always asynchronous.
+
+The c10d convenience forms of ``ProcessGroup`` (``pg.allreduce(tensor)``,
+``pg.broadcast(tensor, root=0)``, ``pg.reduce_scatter(output, inputs)``, ...) are accepted beside
+torch's own ``(tensor lists, options)`` calls: a Python subclass's method hides every pybind
+overload of its name, so each method here reads both.
 
 Imports torch; only ``tensorcomm.torch`` imports this module.
 """
@@ -21,13 +26,16 @@ from __future__ import annotations
 import datetime
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..core import collectives
 from ..core.group import Group
-from ..core.work import Work
 from ..types import ReduceOp, ReduceOpLike
 from . import functional as F
+from . import validate
+from .torch_work import TensorcommWork
 
 BACKEND_NAME = "tensorcomm"
 
@@ -40,60 +48,65 @@ _OPS = {
 
 
 def _reduce_op(op: Any) -> ReduceOpLike:
-    kind = op.op
+    """tensorcomm's op for torch's ``ReduceOp`` object, ``RedOpType`` member, or None (SUM)."""
+    if op is None:
+        return ReduceOp.SUM
+    kind = op if isinstance(op, dist.ReduceOp.RedOpType) else op.op
     if kind == dist.ReduceOp.RedOpType.PREMUL_SUM:
         factor = op.factor
         if isinstance(factor, torch.Tensor):
             factor = factor.item()
         return ReduceOp.premul_sum(float(factor))
+    if kind not in _OPS:
+        raise ValueError(f"tensorcomm backend: reduce op {kind} is not supported")
     return _OPS[kind]
 
 
-def _one(tensors: Sequence[torch.Tensor], what: str) -> torch.Tensor:
-    # torch >= 2.0 passes one tensor per call; lists of several came from multi-GPU-per-process
-    # use, which a CPU backend has no reason to support.
+def _options(opts: Any) -> tuple[Any, bool]:
+    """(torch's options object or None, whether the caller lets the call run asynchronously).
+
+    ``opts`` may also be what a convenience overload passes in its place (a root rank, a reduce
+    op, a timeout): those callers get the returned Work and may wait when they like.
+    """
+    if opts is None or isinstance(opts, (int, datetime.timedelta, dist.ReduceOp, dist.ReduceOp.RedOpType)):
+        return None, True
+    return opts, getattr(opts, "asyncOp", True)
+
+
+def _op_of(opts: Any, op: Any) -> ReduceOpLike:
+    """The reduce op from an options object, or from a positional/keyword ``op``."""
+    if op is not None:
+        return _reduce_op(op)
+    if isinstance(opts, (dist.ReduceOp, dist.ReduceOp.RedOpType)):
+        return _reduce_op(opts)
+    return _reduce_op(getattr(opts, "reduceOp", None))
+
+
+def _root_of(opts: Any, root: int | None, what: str) -> int:
+    """The root (group rank) from an options object, or from a positional/keyword ``root``."""
+    if root is not None:
+        return root
+    if isinstance(opts, int) and not isinstance(opts, bool):
+        return opts
+    if opts is None or not hasattr(opts, "rootRank"):
+        raise TypeError(f"tensorcomm backend: {what} needs a root rank (root= or options.rootRank)")
+    return int(opts.rootRank)
+
+
+def _listed(tensors: Any) -> list[Any]:
+    return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+
+
+def _one(tensors: Any, what: str) -> torch.Tensor:
+    """The single tensor of a call (a tensor, or a list holding exactly one)."""
+    if isinstance(tensors, torch.Tensor):
+        return tensors
+    # Several tensors per process come from torch's multi-GPU-per-process mode, gone since
+    # torch 2.0 from the torch.distributed functions; a CPU backend has no use for it.
     if len(tensors) != 1:
         raise ValueError(f"tensorcomm backend: {what} takes exactly one tensor per process, "
-                         f"got {len(tensors)}")
+                         f"got a list of {len(tensors)}")
     return tensors[0]
-
-
-def _seconds(timeout: datetime.timedelta | None) -> float | None:
-    # torch encodes "no timeout" as a zero or negative duration.
-    if timeout is None or timeout.total_seconds() <= 0:
-        return None
-    return timeout.total_seconds()
-
-
-class TensorcommWork(dist._Work):
-    """A torch ``Work`` over a finished collective or a pending tensorcomm point-to-point call."""
-
-    def __init__(self, result: list[torch.Tensor], pending: Work | None = None) -> None:
-        super().__init__()
-        self._pending = pending
-        self._future: torch.futures.Future = torch.futures.Future()
-        if pending is None:
-            self._future.set_result(result)
-        else:
-            pending.after(lambda: self._future.set_result(result))
-
-    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        """Block until done; re-raise the call's error (point-to-point calls only can fail here)."""
-        if self._pending is not None:
-            self._pending.wait(_seconds(timeout))
-        return True
-
-    def is_completed(self) -> bool:
-        """Whether the call has finished."""
-        return self._pending is None or self._pending.is_completed()
-
-    def get_future(self) -> torch.futures.Future:
-        """A future whose value is the list of output tensors."""
-        return self._future
-
-
-def _done(outputs: list[torch.Tensor]) -> TensorcommWork:
-    return TensorcommWork(outputs)
 
 
 class ProcessGroupTensorcomm(dist.ProcessGroup):
@@ -109,139 +122,283 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         super().__init__(group.rank, group.size)
         self._group = group
         self._on_shutdown = on_shutdown
+        self._group_name = ""
+        self._group_desc = ""
+        # torch asks a process group which devices it serves (DCP, DeviceMesh, DTensor); a
+        # Python process group has no C++ backend object, so the device type is registered alone.
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, None)
 
-    def getBackendName(self) -> str:  # noqa: N802 (torch's name)
+    def getBackendName(self) -> str:  # noqa: N802 (torch's names)
         """``"tensorcomm"``."""
         return BACKEND_NAME
+
+    def getGroupName(self) -> str:  # noqa: N802
+        """The name torch registered this group under (functional collectives look it up)."""
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        """Keep the name torch gives the group."""
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        """The description torch gave the group."""
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        """Keep the description torch gives the group."""
+        self._group_desc = desc
 
     def _global(self, group_rank: int) -> int:
         return self._group.global_rank(group_rank)
 
-    # -- collectives ------------------------------------------------------------------------
+    def _work(self, work: Any, outputs: Sequence[torch.Tensor]) -> TensorcommWork:
+        return TensorcommWork(work, outputs)
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> TensorcommWork:
-        """Reduce one tensor in place across the group."""
-        op = _reduce_op(opts.reduceOp) if opts is not None else ReduceOp.SUM
-        F.all_reduce(_one(tensors, "allreduce"), op, self._group)
-        return _done(tensors)
+    # -- reductions -------------------------------------------------------------------------
+
+    def allreduce(self, tensors: Any, opts: Any = None, timeout: Any = None, *,
+                  op: Any = None) -> TensorcommWork:
+        """Reduce one tensor in place across the group (also ``allreduce(tensor, op)``)."""
+        options, run_async = _options(opts)
+        tensor = _one(tensors, "allreduce")
+        work = F.all_reduce(tensor, _op_of(opts, op), self._group, run_async)
+        return self._work(work, [tensor])
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> TensorcommWork:
         """Reduce several tensors of one dtype in place, as one flat message."""
-        op = _reduce_op(opts.reduceOp) if opts is not None else ReduceOp.SUM
-        if tensors:
-            if len({t.dtype for t in tensors}) != 1:
-                raise ValueError("tensorcomm backend: allreduce_coalesced needs tensors of one dtype")
-            flat = torch.cat([t.detach().reshape(-1) for t in tensors])
-            F.all_reduce(flat, op, self._group)
+        options, run_async = _options(opts)
+        if not tensors:
+            return self._work(None, [])
+        if len({t.dtype for t in tensors}) != 1:
+            raise ValueError("tensorcomm backend: allreduce_coalesced needs tensors of one dtype, got "
+                             f"{sorted({str(t.dtype) for t in tensors})}")
+        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+
+        def unpack() -> None:
             with torch.no_grad():
                 for tensor, part in zip(tensors, flat.split([t.numel() for t in tensors])):
                     tensor.copy_(part.view_as(tensor))
-        return _done(tensors)
 
-    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> TensorcommWork:
-        """Reduce one tensor onto ``opts.rootRank``."""
-        F.reduce(_one(tensors, "reduce"), self._global(opts.rootRank), _reduce_op(opts.reduceOp),
-                 self._group)
-        return _done(tensors)
+        work = F.all_reduce(flat, _op_of(options, None), self._group, run_async)
+        return self._finish(work, unpack, tensors)
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> TensorcommWork:
-        """Copy ``opts.rootRank``'s tensor into everyone's."""
-        F.broadcast(_one(tensors, "broadcast"), self._global(opts.rootRank), self._group)
-        return _done(tensors)
+    def _finish(self, work: Any, unpack: Any, outputs: Sequence[torch.Tensor]) -> TensorcommWork:
+        """Copy a flat result out now (inline call) or when the call succeeds (queued call)."""
+        if work is None:
+            unpack()
+        else:
+            work.after(unpack)
+        return self._work(work, outputs)
 
-    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
-                  opts: Any = None) -> TensorcommWork:
-        """Gather everyone's tensor into ``output_tensors[0]`` on every member."""
-        outputs = _one(output_tensors, "allgather")
-        F.all_gather(outputs, _one(input_tensors, "allgather"), self._group)
-        return _done(outputs)
+    def reduce(self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None, *,
+               root: int | None = None) -> TensorcommWork:
+        """Reduce one tensor onto the root (also ``reduce(tensor, root, op)``)."""
+        options, run_async = _options(opts)
+        tensor = _one(tensors, "reduce")
+        dst = self._global(_root_of(opts, root, "reduce"))
+        work = F.reduce(tensor, dst, _op_of(options, op), self._group, run_async)
+        return self._work(work, [tensor])
+
+    def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None,
+                       timeout: Any = None, *, op: Any = None) -> TensorcommWork:
+        """Reduce ``inputs[i]`` across members into member ``i``'s output.
+
+        Members' outputs may differ in size (``inputs[i]`` has member ``i``'s output's size), as
+        on Gloo. Also ``reduce_scatter(output, inputs, op)``.
+        """
+        options, run_async = _options(opts)
+        output = _one(output_tensors, "reduce_scatter")
+        inputs = input_tensors if isinstance(output_tensors, torch.Tensor) else \
+            _one(input_tensors, "reduce_scatter")
+        reduce_op = _op_of(opts, op)
+        if all(t.shape == output.shape for t in inputs):
+            work = F.reduce_scatter(output, list(inputs), reduce_op, self._group, run_async)
+            return self._work(work, [output])
+        return self._work(self._reduce_scatter_uneven(output, list(inputs), reduce_op, run_async), [output])
+
+    def _reduce_scatter_uneven(self, output: torch.Tensor, inputs: list[torch.Tensor],
+                               op: ReduceOpLike, run_async: bool) -> Any:
+        fn = "reduce_scatter"
+        group = self._group
+        out = validate.array(output, "output", fn, writable=True)
+        staged = validate.array_list(inputs, "input_list", fn, group.size)
+        validate.same_dtype(staged, out, "input_list", fn)
+        counts = [s.array.size for s in staged]
+        if counts[group.rank] != out.array.size:
+            raise ValueError(f"{fn}: input_list[{group.rank}] ({staged[group.rank].signature}) must "
+                             f"hold as many elements as this rank's output ({out.signature})")
+        send = np.concatenate([s.buf for s in staged], axis=None)
+        work = collectives.reduce_scatter(group, send, out.buf, counts, op, run_async, fn)
+        if work is None:
+            if out.needs_commit:
+                out.commit()
+            return None
+        work.after(out.commit)
+        return work
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
+                              opts: Any = None) -> TensorcommWork:
+        """Reduce ``input``; member ``i`` gets its i-th dim-0 block in ``output``."""
+        options, run_async = _options(opts)
+        work = F.reduce_scatter_tensor(output, input, _op_of(options, None), self._group, run_async)
+        return self._work(work, [output])
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> TensorcommWork:
+        """``reduce_scatter_single`` of several output/input pairs."""
+        options, run_async = _options(opts)
+        op = _op_of(options, None)
+        work = None
+        for output, tensor in zip(outputs, inputs):
+            work = F.reduce_scatter_tensor(output, tensor, op, self._group, run_async)
+        return self._work(work, outputs)  # calls run in order: the last ends after the others
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # -- data movement ----------------------------------------------------------------------
+
+    def broadcast(self, tensors: Any, opts: Any = None, timeout: Any = None, *,
+                  root: int | None = None) -> TensorcommWork:
+        """Copy the root's tensor into everyone's (also ``broadcast(tensor, root)``)."""
+        options, run_async = _options(opts)
+        tensor = _one(tensors, "broadcast")
+        src = self._global(_root_of(opts, root, "broadcast"))
+        work = F.broadcast(tensor, src, self._group, run_async)
+        return self._work(work, [tensor])
+
+    def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> TensorcommWork:
+        """Gather everyone's tensor into a list on every member.
+
+        torch's form is ``allgather([outputs], [tensor], opts)``; also ``allgather(outputs, tensor)``.
+        """
+        options, run_async = _options(opts)
+        if isinstance(input_tensors, torch.Tensor):
+            outputs, tensor = list(output_tensors), input_tensors
+        else:
+            outputs, tensor = _one(output_tensors, "allgather"), _one(input_tensors, "allgather")
+        work = F.all_gather(outputs, tensor, self._group, run_async)
+        return self._work(work, outputs)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                           opts: Any = None) -> TensorcommWork:
         """Concatenate everyone's tensor along dim 0 into ``output``."""
-        F.all_gather_into_tensor(output, input, self._group)
-        return _done([output])
+        options, run_async = _options(opts)
+        work = F.all_gather_into_tensor(output, input, self._group, run_async)
+        return self._work(work, [output])
+
+    _allgather_base = all_gather_single
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]],
                             input_tensors: list[torch.Tensor], opts: Any = None) -> TensorcommWork:
-        """``allgather`` of several tensors: ``output_lists[i]`` holds everyone's ``input_tensors[i]``."""
-        for outputs, tensor in zip(output_lists, input_tensors):
-            F.all_gather(outputs, tensor, self._group)
-        return _done([t for outputs in output_lists for t in outputs])
+        """Gather several tensors at once: ``output_lists[r][i]`` gets member ``r``'s
+        ``input_tensors[i]``, as one message."""
+        options, run_async = _options(opts)
+        size = self._group.size
+        if len(output_lists) != size or any(len(outputs) != len(input_tensors) for outputs in output_lists):
+            raise ValueError(f"tensorcomm backend: allgather_coalesced needs output_lists of {size} "
+                             f"lists (one per member) of {len(input_tensors)} tensors each, got "
+                             f"{[len(outputs) for outputs in output_lists]}")
+        if not input_tensors:
+            return self._work(None, [])
+        flat = torch.cat([t.detach().reshape(-1) for t in input_tensors])
+        joined = flat.new_empty(size * flat.numel())
+        sizes = [t.numel() for t in input_tensors]
+
+        def unpack() -> None:
+            with torch.no_grad():
+                for outputs, block in zip(output_lists, joined.split(flat.numel())):
+                    for output, part in zip(outputs, block.split(sizes)):
+                        output.copy_(part.view_as(output))
+
+        work = F.all_gather_into_tensor(joined, flat, self._group, run_async)
+        return self._finish(work, unpack, [t for outputs in output_lists for t in outputs])
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                     opts: Any = None) -> TensorcommWork:
         """``all_gather_single`` of several output/input pairs."""
+        options, run_async = _options(opts)
+        work = None
         for output, tensor in zip(outputs, inputs):
-            F.all_gather_into_tensor(output, tensor, self._group)
-        return _done(outputs)
+            work = F.all_gather_into_tensor(output, tensor, self._group, run_async)
+        return self._work(work, outputs)  # calls run in order: the last ends after the others
 
-    def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
-               opts: Any) -> TensorcommWork:
-        """Collect everyone's tensor into ``output_tensors[0]`` on ``opts.rootRank`` only."""
-        root = opts.rootRank
-        gather_list = _one(output_tensors, "gather") if self._group.rank == root else None
-        F.gather(_one(input_tensors, "gather"), gather_list, self._global(root), self._group)
-        return _done(gather_list or [])
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
 
-    def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
-                opts: Any) -> TensorcommWork:
-        """Send ``input_tensors[0][i]`` from ``opts.rootRank`` into member ``i``'s tensor."""
-        root = opts.rootRank
-        scatter_list = _one(input_tensors, "scatter") if self._group.rank == root else None
-        F.scatter(_one(output_tensors, "scatter"), scatter_list, self._global(root), self._group)
-        return _done(output_tensors)
+    def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None,
+               *, root: int | None = None) -> TensorcommWork:
+        """Collect everyone's tensor on the root only.
 
-    def reduce_scatter(self, output_tensors: list[torch.Tensor],
-                       input_tensors: list[list[torch.Tensor]], opts: Any) -> TensorcommWork:
-        """Reduce ``input_tensors[0][i]`` across members into member ``i``'s output."""
-        F.reduce_scatter(_one(output_tensors, "reduce_scatter"), _one(input_tensors, "reduce_scatter"),
-                         _reduce_op(opts.reduceOp), self._group)
-        return _done(output_tensors)
+        torch's form is ``gather([outputs] on the root else [], [tensor], opts)``; also
+        ``gather(outputs, tensor, root)``.
+        """
+        options, run_async = _options(opts)
+        group_root = _root_of(opts, root, "gather")
+        if isinstance(input_tensors, torch.Tensor):
+            tensor, outputs = input_tensors, list(output_tensors)
+        else:
+            tensor = _one(input_tensors, "gather")
+            outputs = _one(output_tensors, "gather") if self._group.rank == group_root else []
+        gather_list = outputs if self._group.rank == group_root else None
+        work = F.gather(tensor, gather_list, self._global(group_root), self._group, run_async)
+        return self._work(work, outputs)
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
-                              opts: Any) -> TensorcommWork:
-        """Reduce ``input``; member ``i`` gets its i-th dim-0 block in ``output``."""
-        F.reduce_scatter_tensor(output, input, _reduce_op(opts.reduceOp), self._group)
-        return _done([output])
+    def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None,
+                *, root: int | None = None) -> TensorcommWork:
+        """Send the root's ``inputs[i]`` into member ``i``'s tensor.
 
-    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
-                                        opts: Any) -> TensorcommWork:
-        """``reduce_scatter_single`` of several output/input pairs."""
-        for output, tensor in zip(outputs, inputs):
-            F.reduce_scatter_tensor(output, tensor, _reduce_op(opts.reduceOp), self._group)
-        return _done(outputs)
+        torch's form is ``scatter([tensor], [inputs] on the root else [], opts)``; also
+        ``scatter(tensor, inputs, root)``.
+        """
+        options, run_async = _options(opts)
+        group_root = _root_of(opts, root, "scatter")
+        tensor = _one(output_tensors, "scatter")
+        if self._group.rank != group_root:
+            inputs = None
+        elif isinstance(output_tensors, torch.Tensor):
+            inputs = list(input_tensors)
+        else:
+            inputs = _one(input_tensors, "scatter")
+        work = F.scatter(tensor, inputs, self._global(group_root), self._group, run_async)
+        return self._work(work, [tensor])
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                           output_split_sizes: list[int], input_split_sizes: list[int],
                           opts: Any = None) -> TensorcommWork:
         """Block ``i`` of ``input`` (dim 0) goes to member ``i``; torch's ``[]`` means equal splits."""
-        F.all_to_all_single(output, input, list(output_split_sizes) or None,
-                            list(input_split_sizes) or None, self._group)
-        return _done([output])
+        options, run_async = _options(opts)
+        work = F.all_to_all_single(output, input, list(output_split_sizes) or None,
+                                   list(input_split_sizes) or None, self._group, run_async)
+        return self._work(work, [output])
+
+    alltoall_base = all_to_all_single
 
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
                  opts: Any = None) -> TensorcommWork:
         """``input_tensors[j]`` goes to member ``j``'s ``output_tensors[my rank]``."""
-        F.all_to_all(output_tensors, input_tensors, self._group)
-        return _done(output_tensors)
+        options, run_async = _options(opts)
+        work = F.all_to_all(output_tensors, input_tensors, self._group, run_async)
+        return self._work(work, output_tensors)
 
-    def barrier(self, opts: Any = None) -> TensorcommWork:
-        """Return once every member has entered the barrier."""
-        F.barrier(self._group)
-        return _done([])
+    def barrier(self, opts: Any = None, timeout: Any = None) -> TensorcommWork:
+        """Return once every member has entered the barrier (the Work, when asynchronous)."""
+        options, run_async = _options(opts)
+        return self._work(F.barrier(self._group, run_async), [])
 
     # -- point to point ---------------------------------------------------------------------
 
-    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> TensorcommWork:
+    def send(self, tensors: Any, dst: int, tag: int = 0) -> TensorcommWork:
         """Start sending one tensor to group rank ``dst``."""
-        return TensorcommWork(tensors, F.isend(_one(tensors, "send"), self._global(dst), self._group, tag))
+        tensor = _one(tensors, "send")
+        return self._work(F.isend(tensor, self._global(dst), self._group, tag), [tensor])
 
-    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> TensorcommWork:
+    def recv(self, tensors: Any, src: int, tag: int = 0) -> TensorcommWork:
         """Start receiving one tensor from group rank ``src``."""
-        return TensorcommWork(tensors, F.irecv(_one(tensors, "recv"), self._global(src), self._group, tag))
+        tensor = _one(tensors, "recv")
+        return self._work(F.irecv(tensor, self._global(src), self._group, tag), [tensor])
 
-    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> TensorcommWork:
+    def recv_anysource(self, tensors: Any, tag: int = 0) -> TensorcommWork:
         """Not supported: torch reads the sender from a C++ field a Python Work cannot set."""
         raise ValueError("tensorcomm backend: recv needs src= (receiving from any source is not "
                          "supported; torch cannot read the sender from a Python backend's Work)")

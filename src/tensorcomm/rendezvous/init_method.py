@@ -25,7 +25,6 @@ each job makes a fresh one; no job ever runs on a key a stranger can know:
 from __future__ import annotations
 
 import hashlib
-import importlib
 import ipaddress
 import math
 import os
@@ -43,7 +42,6 @@ from tensorcomm.rendezvous.private import (SecretDir, SecretFile, job_secret_nam
 from tensorcomm.rendezvous.store import FileStore, PrefixStore, Store
 from tensorcomm.rendezvous.tcp_store import TCPStore, TCPStoreServer
 
-TORCHRUN_SCHEME = "torchrun"  # registered by tensorcomm.torch: meet on torchrun's agent store
 FILE_SECRET_KEY = "tensorcomm/job_secret"  # where file:// rendezvous shares a generated secret
 ANNOUNCE_KEY = "tensorcomm/secret_file"  # where secret_via_store announces the secret's file
 JOINS_KEY = "tensorcomm/joins"  # counts inits on a store handed to init(store=...)
@@ -375,9 +373,11 @@ def _env_handler(url: str, rank: int | None, world_size: int | None, timeout: fl
         raise ValueError("env://: MASTER_PORT is not set; set it to the store's port, e.g. 29500")
     if info.torch_agent_store and not info.store_hosted:
         # torchrun's agent already serves a (torch) store on MASTER_PORT: meet there, through
-        # torch, which torchrun implies is installed. Imported by name: the core needs no torch.
-        importlib.import_module("tensorcomm.torch")
-        return _HANDLERS[TORCHRUN_SCHEME](url, rank, world_size, timeout, info)
+        # torch's client, which torchrun implies is installed (imported here, not at the top:
+        # nothing else in the rendezvous layer needs torch).
+        from tensorcomm.rendezvous.torch_store import torchrun_rendezvous
+
+        return torchrun_rendezvous(rank, world_size, timeout, info)
     return _tcp_rendezvous("env://", info.master_addr, info.master_port, rank, world_size, timeout, info)
 
 

@@ -1,0 +1,94 @@
+"""Meet on a torch ``Store``: the store torch hands a process-group backend, or torchrun's.
+
+``TorchStore`` gives a torch ``Store`` tensorcomm's ``Store`` interface, so ``init(store=...)``
+can meet on it (``rendezvous.init_method.from_store``: generations, and a generated secret that
+never enters the store). The torch backend wraps the store torch passes it; ``env://`` under
+torchrun (``torchrun_rendezvous``) wraps a client of the agent store that holds ``MASTER_PORT``,
+so a plain numpy script calling ``tensorcomm.init()`` runs under torchrun too.
+
+Imports torch, which only this module of the rendezvous layer does; ``init_method`` imports it
+only under torchrun, which implies torch is installed. Imports the rest of ``rendezvous`` and
+``errors``.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Sequence
+
+import torch.distributed as dist
+
+from tensorcomm.errors import CommTimeoutError
+from tensorcomm.rendezvous.discovery import JobInfo
+from tensorcomm.rendezvous.init_method import Rendezvous, from_store, resolve_ranks
+from tensorcomm.rendezvous.store import Store, check_key, check_keys, check_value
+
+
+class TorchStore(Store):
+    """tensorcomm's Store interface on a torch ``Store``, which keeps belonging to torch.
+
+    ``host``/``port`` say where the underlying TCP store listens (the core binds its own
+    sockets on the interface that reaches it); for a store that is not TCP, ``info``'s
+    ``MASTER_ADDR``/``MASTER_PORT``, else loopback.
+
+    Args:
+        store: the torch store.
+        timeout: default seconds for ``get``/``wait``.
+        info: the job's environment (for the address of a store that is not TCP).
+    """
+
+    def __init__(self, store: dist.Store, timeout: float, info: JobInfo) -> None:
+        super().__init__(timeout)
+        self._store = store
+        self.host, self.port = _address_of(store, info)
+
+    def set(self, key: str, value: bytes) -> None:
+        self._store.set(check_key(key), check_value(value))
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        self.wait([key], timeout)
+        return self._store.get(key)
+
+    def add(self, key: str, amount: int) -> int:
+        return self._store.add(check_key(key), amount)
+
+    def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
+        seconds = self._timeout(timeout)
+        try:
+            self._store.wait(list(check_keys(keys)), datetime.timedelta(seconds=seconds))
+        except dist.DistStoreError as exc:
+            raise CommTimeoutError(f"store wait for {list(keys)} did not complete within "
+                                   f"{seconds:g} s: {exc}") from exc
+
+    def check(self, keys: Sequence[str]) -> bool:
+        return self._store.check(list(check_keys(keys)))
+
+    def delete(self, key: str) -> bool:
+        return self._store.delete_key(check_key(key))
+
+    def close(self) -> None:
+        pass  # torch owns the store
+
+
+def _address_of(store: dist.Store, info: JobInfo) -> tuple[str, int]:
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    host, port = getattr(store, "host", None), getattr(store, "port", None)
+    if host is None:
+        host, port = info.master_addr or "127.0.0.1", info.master_port
+    return host, port or 1
+
+
+def torchrun_rendezvous(rank: int | None, world_size: int | None, timeout: float,
+                        info: JobInfo) -> Rendezvous:
+    """``env://`` under torchrun: meet on the agent's store at ``MASTER_ADDR:MASTER_PORT``.
+
+    Raises:
+        ValueError: rank or world size unknown or out of range.
+        RendezvousError: no secret can be had (see ``from_store``).
+    """
+    assert info.master_addr is not None and info.master_port is not None  # checked by env://
+    rank, world_size = resolve_ranks("env://", rank, world_size, info)
+    client = dist.TCPStore(info.master_addr, info.master_port, world_size, is_master=False,
+                           timeout=datetime.timedelta(seconds=timeout))
+    return from_store(TorchStore(client, timeout, info), rank, world_size, timeout)
