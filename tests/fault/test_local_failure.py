@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 import tensorcomm as tc
-from tensorcomm.algorithms import select
 from tensorcomm.testing import run_ranks
 
 pytestmark = pytest.mark.fault
@@ -27,21 +26,29 @@ def _stay_alive_until_the_others_are_done(done_dir: str, others: int) -> None:
         time.sleep(0.05)
 
 
+def _call(collective: str) -> None:
+    n = tc.get_world_size()
+    if collective == "all_reduce":
+        tc.all_reduce(np.ones(1000, np.float32))
+    elif collective == "broadcast":
+        tc.broadcast(np.ones(1000, np.float32), src=0)
+    else:
+        tc.all_to_all_single(np.zeros(4 * n, np.float32), np.ones(4 * n, np.float32))
+
+
 def body_fail_inside(collective: str, done_dir: str) -> dict:
     rank = tc.get_rank()
     n = tc.get_world_size()
-    if rank == FAILING:  # the next call's algorithm choice (inside the call) runs out of memory
+    _call(collective)  # every rank has the call's plan now
+    tc.barrier()  # and has finished that call (an abort ends every call in flight)
+    if rank == FAILING:  # the next call of that shape runs out of memory inside the call
         def out_of_memory(*args, **kwargs):
             raise MemoryError("injected")
-        select.pick = out_of_memory
+        for plan in tc.WORLD._target().plans.values():
+            plan.run = out_of_memory
     start = time.monotonic()
     try:
-        if collective == "all_reduce":
-            tc.all_reduce(np.ones(1000, np.float32))
-        elif collective == "broadcast":
-            tc.broadcast(np.ones(1000, np.float32), src=0)
-        else:
-            tc.all_to_all_single(np.zeros(4 * n, np.float32), np.ones(4 * n, np.float32))
+        _call(collective)
         # A rank that needed nothing from the failing one (a broadcast root) may finish the call;
         # its next call on the group fails.
         tc.barrier()

@@ -241,3 +241,22 @@ def test_collective(body, world_size, transport):
 @pytest.mark.parametrize("world_size", [2, 3, 5])
 def test_groups(world_size, transport):
     run_ranks(body_groups, world_size, timeout=60, env=TRANSPORTS[transport])
+
+
+def body_overflow() -> list[str]:
+    """A float sum that overflows is inf on every rank, with no warning from tensorcomm's code."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        for count in (4, 400_000):  # one slot; pipelined
+            x = np.full(count, 3e38, np.float32)
+            tc.all_reduce(x)
+            assert np.isinf(x).all()
+        np.add(np.float32(3e38), np.float32(3e38))  # the user's own overflow still warns
+    return [f"{w.filename}: {w.message}" for w in caught]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_float_overflow_gives_inf_and_no_warning_from_tensorcomm(transport):
+    for messages in run_ranks(body_overflow, 2, timeout=60, env=TRANSPORTS[transport]):
+        assert len(messages) == 1 and "test_collectives.py" in messages[0], messages

@@ -210,3 +210,4 @@ def test_half_precision_sum_of_1000_ranks_matches_float32_accumulation(dtype):
     for _ in range(999):
         naive += contribution[:1]
     assert abs(float(naive[0]) - exact) > 10 * bound
+

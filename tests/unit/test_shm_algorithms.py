@@ -103,6 +103,10 @@ def _close(got: np.ndarray, expected: np.ndarray, op) -> None:
         np.testing.assert_array_equal(got, expected)
 
 
+def _split(flat: np.ndarray, counts) -> list[np.ndarray]:
+    return np.split(flat, np.cumsum(counts)[:-1])
+
+
 # counts: empty, inside one slot, a few chunks staged in OUT, many chunks streamed under a journal
 COUNTS = [0, 7, 150, 2000]
 
@@ -155,8 +159,9 @@ def test_broadcast_and_scatter(group, count):
         for r in range(n):
             np.testing.assert_array_equal(arrays[r], rank_data(root, count, np.int32, salt=root))
         pieces = [rank_data(i, count, np.float64, salt=7) for i in range(n)]
+        send = np.concatenate(pieces)
         outs = [np.zeros(count, np.float64) for _ in range(n)]
-        group.call(lambda ctx: shm_broadcast.scatter(ctx, outs[ctx.rank], pieces if ctx.rank == root else None,
+        group.call(lambda ctx: shm_broadcast.scatter(ctx, send if ctx.rank == root else None, outs[ctx.rank],
                                                      [count] * n, root),
                    signature("scatter", np.dtype(np.float64), count * n, root=root))
         for r in range(n):
@@ -168,22 +173,22 @@ def test_all_gather_and_gather_including_uneven(group, count):
     n = group.size
     sizes = [count + 3 * r for r in range(n)]  # uneven: the "v" variant
     sends = [rank_data(r, sizes[r], np.float16) for r in range(n)]
-    outputs = [[np.zeros(sizes[q], np.float16) for q in range(n)] for _ in range(n)]
-    group.call(lambda ctx: shm_allgather.allgather(ctx, sends[ctx.rank], outputs[ctx.rank]),
+    outputs = [np.zeros(sum(sizes), np.float16) for _ in range(n)]
+    group.call(lambda ctx: shm_allgather.all_gather(ctx, sends[ctx.rank], outputs[ctx.rank], sizes),
                signature("all_gather", np.dtype(np.float16), sum(sizes)))
     for r in range(n):
-        for q in range(n):
-            np.testing.assert_array_equal(outputs[r][q], sends[q])
+        for q, block in enumerate(_split(outputs[r], sizes)):
+            np.testing.assert_array_equal(block, sends[q])
     for root in range(n):
-        outs = [[np.full(sizes[q], -1, np.float16) for q in range(n)] for _ in range(n)]
+        outs = [np.full(sum(sizes), -1, np.float16) for _ in range(n)]
         group.call(lambda ctx: shm_allgather.gather(ctx, sends[ctx.rank], outs[ctx.rank] if ctx.rank == root
-                                                    else None, root),
+                                                    else None, sizes, root),
                    signature("gather", np.dtype(np.float16), sum(sizes), root=root))
-        for q in range(n):
-            np.testing.assert_array_equal(outs[root][q], sends[q])
+        for q, block in enumerate(_split(outs[root], sizes)):
+            np.testing.assert_array_equal(block, sends[q])
         for r in range(n):
             if r != root:
-                assert all((o == -1).all() for o in outs[r])
+                assert (outs[r] == -1).all()
 
 
 @pytest.mark.parametrize("count", [0, 5, 100, 1000])
@@ -192,8 +197,10 @@ def test_reduce_scatter(group, count):
     for op, dtype in [(ReduceOp.SUM, np.float32), (ReduceOp.AVG, np.float16), (ReduceOp.MAX, np.int64),
                       (ReduceOp.premul_sum(2.0), np.float64)]:
         blocks = [[rank_data(r, count + i, dtype, salt=i, op=op) for i in range(n)] for r in range(n)]
+        sends = [np.concatenate(b) for b in blocks]
+        counts = [count + i for i in range(n)]
         outs = [np.zeros(count + r, dtype) for r in range(n)]
-        group.call(lambda ctx: shm_reduce_scatter.reduce_scatter(ctx, outs[ctx.rank], blocks[ctx.rank], op),
+        group.call(lambda ctx: shm_reduce_scatter.reduce_scatter(ctx, sends[ctx.rank], outs[ctx.rank], counts, op),
                    signature("reduce_scatter", np.dtype(dtype), sum(count + i for i in range(n)), op))
         for r in range(n):
             _close(outs[r], reduce_reference(op, [blocks[q][r] for q in range(n)]), op)
@@ -204,20 +211,36 @@ def test_all_to_all_with_per_pair_sizes(group, count):
     n = group.size
     # rank r sends count + r + 2j elements to rank j
     inputs = [[np.full(count + r + 2 * j, 100 * r + j, np.int64) for j in range(n)] for r in range(n)]
-    outputs = [[np.zeros(count + q + 2 * r, np.int64) for q in range(n)] for r in range(n)]
-    group.call(lambda ctx: shm_alltoall.alltoall(ctx, outputs[ctx.rank], inputs[ctx.rank]),
+    send_counts = [[count + r + 2 * j for j in range(n)] for r in range(n)]
+    recv_counts = [[count + q + 2 * r for q in range(n)] for r in range(n)]
+    outputs = [np.zeros(sum(c), np.int64) for c in recv_counts]
+    group.call(lambda ctx: shm_alltoall.all_to_all(ctx, np.concatenate(inputs[ctx.rank]), send_counts[ctx.rank],
+                                                   outputs[ctx.rank], recv_counts[ctx.rank]),
                signature("all_to_all", np.dtype(np.int64), UNCHECKED))
     for r in range(n):
-        for q in range(n):
-            np.testing.assert_array_equal(outputs[r][q], inputs[q][r])
+        for q, block in enumerate(_split(outputs[r], recv_counts[r])):
+            np.testing.assert_array_equal(block, inputs[q][r])
+
+
+@pytest.mark.parametrize("count", [1, 40])  # blocks of one size: one numpy call per member
+def test_all_to_all_with_equal_blocks(group, count):
+    n = group.size
+    sends = [np.arange(n * count, dtype=np.float32) + 1000 * r for r in range(n)]
+    outs = [np.zeros(n * count, np.float32) for _ in range(n)]
+    group.call(lambda ctx: shm_alltoall.all_to_all(ctx, sends[ctx.rank], [count] * n, outs[ctx.rank], [count] * n),
+               signature("all_to_all", np.dtype(np.float32), UNCHECKED))
+    for r in range(n):
+        expected = np.concatenate([sends[q].reshape(n, count)[r] for q in range(n)])
+        np.testing.assert_array_equal(outs[r], expected)
 
 
 def test_all_to_all_size_disagreement_is_a_mismatch():
     g = Group(2)
-    inputs = [[np.zeros(3, np.int64), np.zeros(3, np.int64)], [np.zeros(3, np.int64), np.zeros(3, np.int64)]]
-    outputs = [[np.zeros(3, np.int64), np.zeros(5, np.int64)], [np.zeros(3, np.int64), np.zeros(3, np.int64)]]
+    recv_counts = [[3, 5], [3, 3]]
     with pytest.raises(Exception, match="rank 1 called test sending 3 elements to rank 0, which called it expecting 5"):
-        g.call(lambda ctx: shm_alltoall.alltoall(ctx, outputs[ctx.rank], inputs[ctx.rank]))
+        g.call(lambda ctx: shm_alltoall.all_to_all(ctx, np.zeros(6, np.int64), [3, 3],
+                                                   np.zeros(sum(recv_counts[ctx.rank]), np.int64),
+                                                   recv_counts[ctx.rank]))
     g.close()
 
 
@@ -242,8 +265,8 @@ def test_a_failed_all_reduce_leaves_the_array_untouched(count, chunks_done):
         if ctx.rank == 1:
             # Play the protocol's posts for the first chunks (A0 B0 A1 ...), then give up: by
             # then rank 0 has copied some chunks out when they are streamed.
-            d.begin(ctx)
-            d.arrivals(ctx)
+            d.next_round()
+            d.start(ctx)
             for _ in range(2 * chunks_done - 1):
                 d.post()
             time.sleep(0.3)
@@ -267,11 +290,10 @@ def test_a_failed_broadcast_leaves_the_receivers_untouched():
         if ctx.rank == 0:  # the root: publish three rounds, then abort
             source = np.full(1000, 7.0)
             raw = source.view(np.uint8)
-            d.inbox[0][d.round & 1][:SLOT] = raw[:SLOT]
-            d.begin(ctx, raw.size)
-            d.arrivals(ctx)
+            d.inbox[0][d.next_round()][:SLOT] = raw[:SLOT]
+            d.start(ctx, raw.size)
             for t in range(1, 3):
-                d.inbox[0][(d.round + t) & 1][:SLOT] = raw[t * SLOT:(t + 1) * SLOT]
+                d.inbox[0][d.next_round()][:SLOT] = raw[t * SLOT:(t + 1) * SLOT]
                 d.post()
                 d.wait(d.peers, d.posts, ctx)
             d.abort(GroupAbortedError("root gave up"))

@@ -144,8 +144,7 @@ def test_one_member_needs_no_socket():
     (d,) = open_domains(1)
     assert d.size == 1 and d.peers == ()
     ctx = ctx_for(d, 0)
-    d.begin(ctx)
-    d.arrivals(ctx)
+    d.start(ctx)
     d.close()
 
 
@@ -205,8 +204,7 @@ def test_posts_and_waits_keep_ranks_in_step():
         seen = []
         for seq in range(50):
             ctx = ctx_for(d, seq)
-            d.begin(ctx)
-            d.arrivals(ctx)
+            d.start(ctx)
             d.post()
             d.wait(d.peers, d.posts, ctx)
             seen.append(min(d.slots.counter(q) for q in range(3)))
@@ -225,9 +223,8 @@ def test_a_mismatched_call_is_reported_on_every_rank_with_both_signatures():
     def body(rank: int) -> str:
         d = domains[rank]
         ctx = ctx_for(d, 17, mine if rank == 0 else theirs)
-        d.begin(ctx)
         with pytest.raises(CollectiveMismatchError) as info:
-            d.arrivals(ctx)
+            d.start(ctx)
         return str(info.value)
 
     messages = run_threads(2, body)
@@ -242,10 +239,9 @@ def test_a_wait_times_out_naming_the_ranks_that_did_not_arrive():
     domains = open_domains(3)
     d = domains[0]
     ctx = ctx_for(d, 0, timeout=0.3)
-    d.begin(ctx)
     started = time.monotonic()
     with pytest.raises(CommTimeoutError, match=r"test call \(step 0\) timed out after 0.3 s on rank 0: ranks 1, 2 did not arrive"):
-        d.arrivals(ctx)
+        d.start(ctx)
     assert time.monotonic() - started < 5
     close_all(domains)
 
@@ -254,16 +250,15 @@ def test_abort_from_another_thread_ends_a_sleeping_wait_and_tells_the_peers():
     domains = open_domains(3)
     d = domains[0]
     ctx = ctx_for(d, 0)
-    d.begin(ctx)
     timer = threading.Timer(0.2, lambda: d.abort(GroupAbortedError("stop now")))  # after futex sleep set in
     timer.start()
     with pytest.raises(GroupAbortedError, match="stop now"):
-        d.arrivals(ctx)
+        d.start(ctx)
     # A peer that arrives later fails at once, naming who aborted.
     peer = domains[1]
     ctx1 = ctx_for(peer, 0)
     with pytest.raises(GroupAbortedError, match="rank 0 aborted group 'test'"):
-        peer.begin(ctx1)
+        peer.start(ctx1)
     close_all(domains)
 
 
@@ -277,16 +272,15 @@ def test_a_failure_reaches_waiting_peers_as_the_same_kind_of_error():
             time.sleep(0.1)
             d.fail(PeerLostError(5, "gone"), ctx)
             return
-        d.begin(ctx)
         with pytest.raises(PeerLostError) as info:
-            d.arrivals(ctx)
+            d.start(ctx)
         assert info.value.rank == 5
 
     run_threads(2, body)
     # Later calls are refused on both ranks.
     for d in domains:
         with pytest.raises(PeerLostError):
-            d.begin(ctx_for(d, 1))
+            d.start(ctx_for(d, 1))
     close_all(domains)
 
 
@@ -294,10 +288,9 @@ def test_a_peer_that_left_is_lost():
     domains = open_domains(2)
     d = domains[0]
     ctx = ctx_for(d, 0)
-    d.begin(ctx)
     threading.Timer(0.05, domains[1].close).start()
     with pytest.raises(PeerLostError, match="peer rank 1 was lost: it left the group"):
-        d.arrivals(ctx)
+        d.start(ctx)
     d.close()
 
 
@@ -316,10 +309,16 @@ def test_header_mismatch_is_refused():
         run_threads(2, setup)
 
 
-def test_views_are_cached_per_parity_dtype_and_count():
-    (d,) = open_domains(1, slot_bytes=4096, out_bytes=4096)
-    a = d.views(0, np.dtype(np.float32), 10)
-    assert d.views(0, np.dtype(np.float32), 10) is a
-    assert d.views(1, np.dtype(np.float32), 10) is not a
-    assert a[0].size == 10 and a[0].dtype == np.float32
-    d.close()
+def test_stacked_views_show_every_members_slot_as_one_row_each():
+    domains = open_domains(3, slot_bytes=4096, out_bytes=8192)
+    d = domains[0]
+    for q, peer in enumerate(domains):
+        peer.inbox[q][1][64:64 + 40] = np.full(10, q + 0.5, np.float32).view(np.uint8)
+        peer.outbox[q][:8] = np.array([q], np.int64).view(np.uint8)
+    rows = d.stacked(1, np.dtype(np.float32), 10, offset=64)
+    assert rows.shape == (3, 10) and rows.dtype == np.float32
+    np.testing.assert_array_equal(rows[:, 0], [0.5, 1.5, 2.5])
+    np.testing.assert_array_equal(d.stacked(0, np.dtype(np.int64), 1, region="out")[:, 0], [0, 1, 2])
+    with pytest.raises(ValueError, match="do not fit"):
+        d.stacked(0, np.dtype(np.float32), 1025)
+    close_all(domains)

@@ -1,8 +1,9 @@
 """What an algorithm sees of the world: its group rank, the group size and tagged messaging.
 
-Algorithms never import ``core``; the core builds one ``Ctx`` per collective call. Every message
-of a call is tagged with the group id, the call's sequence number in its group and a ``step``
-chosen by the algorithm, so two collectives (or two groups) never mix.
+Algorithms never import ``core``; the core builds one ``Ctx`` per collective call, from the
+group's ``Team`` and the call shape's ``Plan``. Every message of a call is tagged with the group
+id, the call's sequence number in its group and a ``step`` chosen by the algorithm, so two
+collectives (or two groups) never mix.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -58,39 +59,70 @@ class Team:
     shm: Any = None
 
 
+class Plan:
+    """One call shape on one group (collective, dtype, sizes, op, root), worked out once by the
+    core and kept by the group, so that repeated calls of a shape cost a dictionary lookup.
+
+    Attributes:
+        label: ``"all_reduce on group 'world'"``, for messages.
+        signature: what the call is; peers compare it with theirs.
+        algorithm: the name of the chosen algorithm (``select``'s row).
+        run: the chosen algorithm (``select``'s calling convention for the collective).
+        op: the call's reduction, parsed and checked against the dtype (None if it has none).
+        state: the algorithm's own set-up for this shape (slot views, bounds...), made by the
+            algorithm on its first run and gone with the group.
+    """
+
+    __slots__ = ("label", "signature", "algorithm", "run", "op", "state")
+
+    def __init__(self, label: str, signature: Signature, algorithm: str = "",
+                 run: Callable[..., Any] | None = None, op: Any = None) -> None:
+        self.label = label
+        self.signature = signature
+        self.algorithm = algorithm
+        self.run = run
+        self.op = op
+        self.state: Any = None
+
+
 class Ctx:
-    """One collective call's view of its group: the group's ``Team`` plus the call itself.
+    """One collective call's view of its group: the group's ``Team`` and the call's ``Plan``.
 
     Attributes:
         team: what the group's calls share (the attributes below read through it).
+        plan: what the call's shape shares with other calls of that shape.
         seq: the call's sequence number in the group.
-        name: the collective's name, for error messages.
-        signature: what this call is; peers compare it with theirs to detect mismatched calls.
+        name: the collective's name, for error messages (the plan's label).
+        signature: what this call is (the plan's); peers compare it with theirs.
         deadline: ``time.monotonic()`` value the call must finish by.
 
-    ``Ctx(transport, ranks, rank, group_id, seq, timeout, ...)`` builds a one-off team (tests do);
-    the core reuses its group's team through ``Ctx.of``, which costs a few attribute stores.
+    ``Ctx(transport, ranks, rank, group_id, seq, timeout, ...)`` builds a one-off team and plan
+    (tests do); the core reuses its group's team and plans through ``Ctx.of``, which costs a few
+    attribute stores.
     """
 
-    __slots__ = ("team", "seq", "name", "signature", "deadline")
+    __slots__ = ("team", "plan", "seq", "name", "signature", "deadline")
 
     def __init__(self, transport: Transport, ranks: Sequence[int], rank: int, group_id: int, seq: int,
                  timeout: float, name: str = "collective", host_of: Sequence[str] = (),
-                 signature: Signature = NO_SIGNATURE, group_name: str = "", shm: Any = None) -> None:
+                 signature: Signature = NO_SIGNATURE, group_name: str = "", shm: Any = None,
+                 plan: Plan | None = None) -> None:
         self.team = Team(transport, ranks, rank, group_id, timeout, host_of, group_name, shm)
+        self.plan = plan if plan is not None else Plan(name, signature)
         self.seq = seq
         self.name = name
         self.signature = signature
         self.deadline = time.monotonic() + timeout
 
     @classmethod
-    def of(cls, team: Team, seq: int, name: str, signature: Signature) -> "Ctx":
+    def of(cls, team: Team, seq: int, plan: Plan) -> "Ctx":
         """A call's context on ``team``; its deadline starts now."""
         ctx = _new(cls)
         ctx.team = team
+        ctx.plan = plan
         ctx.seq = seq
-        ctx.name = name
-        ctx.signature = signature
+        ctx.name = plan.label
+        ctx.signature = plan.signature
         ctx.deadline = _monotonic() + team.timeout
         return ctx
 

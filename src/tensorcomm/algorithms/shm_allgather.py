@@ -1,138 +1,143 @@
 """Same-host all-gather and gather: members copy their peers' slots straight into their outputs.
 
-Every member publishes its array one slot per round (``shm_common.run_rounds``); a reader copies
-each peer's bytes of the round into its output for that peer and its own array last, once nothing
-can fail any more. Contributions may differ in size per member (the "v" variant); each member
-checks the sizes its peers announce against its own outputs. The outputs are outputs only, so a
-call that fails after its first round may leave them partly written (no journal: see
-``shm_common.Journal``). This module must not import ``core``.
+Every member publishes its array in its IN slot, one slot per round (``shm_common.run_rounds``)
+when the call does not fit one. A reader copies each peer's bytes into that peer's block of
+``out``, and its own array last, once nothing can fail any more. When every member sends as
+many elements and the call fits one slot, all blocks come out of the members' slots with one
+numpy call (a strided view of every slot). Contributions may differ in size per member (the "v"
+variant); each member checks the sizes its peers announce against the counts it was given.
+``out`` is an output only, so a call that fails after its first round may leave it partly
+written (no journal: see ``shm_common.Journal``). This module must not import ``core``.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from ..errors import CollectiveMismatchError
+from .allgather import bounds
 from .base import Ctx
 from .shm_common import Journal, Stream, no_domain, run_rounds
 
 
-def _check_sizes(ctx: Ctx, outputs: Sequence[np.ndarray], senders: Sequence[int],
+def _check_sizes(ctx: Ctx, counts: Sequence[int], itemsize: int, senders: Sequence[int],
                  extents: list[int]) -> None:
+    d = ctx.team.shm
     for q in senders:
-        if extents[q] != outputs[q].nbytes:
-            d, itemsize = ctx.team.shm, outputs[q].itemsize
+        if extents[q] != counts[q] * itemsize:
             raise CollectiveMismatchError(
                 f"rank {d.global_ranks[q]} called {ctx.name} with {extents[q] // itemsize} "
                 f"elements, while rank {d.global_ranks[d.rank]} called it expecting "
-                f"{outputs[q].size} from rank {d.global_ranks[q]}, at step {ctx.seq}")
+                f"{counts[q]} from rank {d.global_ranks[q]}, at step {ctx.seq}")
 
 
-def _copy_peers(ctx: Ctx, outputs: Sequence[np.ndarray], senders: Sequence[int]):  # type: ignore[no-untyped-def]
+def _state(ctx: Ctx, dtype: np.dtype, counts: Sequence[int]) -> tuple[Any, ...]:
+    """Set-up of a call shape: block offsets, the extents to expect and, when the call fits one
+    slot, per slot parity the members' slots (all at once when the counts are equal)."""
     d = ctx.team.shm
     if d is None:
         raise no_domain(ctx)
-    raw = [o.view(np.uint8) for o in outputs]
+    itemsize, total = dtype.itemsize, sum(counts)
+    offsets = bounds(counts)
+    expected = [count * itemsize for count in counts]
+    if total * itemsize > d.slot_bytes:
+        return offsets, expected, None
+    if len(set(counts)) == 1:
+        return offsets, expected, tuple(d.stacked(p, dtype, counts[0]) for p in (0, 1))
+    return offsets, expected, tuple(
+        tuple(d.inbox[q][p][:counts[q] * itemsize].view(dtype) for q in range(d.size)) for p in (0, 1))
+
+
+def _copy_rounds(ctx: Ctx, out: np.ndarray, offsets: Sequence[int], senders: Sequence[int]):  # type: ignore[no-untyped-def]
+    d = ctx.team.shm
+    raw = out.view(np.uint8)
+    starts = [o * out.itemsize for o in offsets]
 
     def read(parity: int, lo: int, hi: int, journal: Journal | None) -> None:
         for q in senders:
-            b = min(hi, raw[q].size)
+            size = starts[q + 1] - starts[q]
+            b = min(hi, size)
             if lo < b:
-                if journal is not None:
-                    journal.save(q, lo, b)
-                raw[q][lo:b] = d.inbox[q][parity][:b - lo]
+                raw[starts[q] + lo:starts[q] + b] = d.inbox[q][parity][:b - lo]
 
     return read
 
 
-def _one_slot(d, dtype: np.dtype, sizes: tuple[int, ...], total: int):  # type: ignore[no-untyped-def]
-    """Set-up of a one-round call whose member ``q`` contributes ``sizes[q]`` elements: per slot
-    parity, every member's slot as typed views; the extents to expect. False when the call's total
-    (the signature's count, known alike to every member) does not fit one slot: then every member
-    takes ``run_rounds``."""
-    itemsize = dtype.itemsize
-    if total * itemsize > d.slot_bytes:
-        return False
-    views = tuple(tuple(d.inbox[q][p][:sizes[q] * itemsize].view(dtype) for q in range(d.size))
-                  for p in (0, 1))
-    return views, [size * itemsize for size in sizes]
+def _copy_slots(out: np.ndarray, slots: Any, offsets: Sequence[int], skip: int) -> None:
+    """Every member's slot (a strided ``(members, count)`` view, or one view per member) into
+    its block of ``out``; member ``skip``'s block is left for the caller."""
+    if isinstance(slots, np.ndarray):
+        out.reshape(len(slots), -1)[...] = slots  # the skipped block too: it is rewritten after
+        return
+    for q, slot in enumerate(slots):
+        if q != skip:
+            out[offsets[q]:offsets[q + 1]] = slot
 
 
-def allgather(ctx: Ctx, send: np.ndarray, outputs: Sequence[np.ndarray]) -> None:
-    """Every member's ``send`` lands in ``outputs[member]`` on every member.
+def all_gather(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> None:
+    """Every member's ``send`` lands in block ``member`` of ``out`` on every member.
 
     Args:
         ctx: the call's group view; ``ctx.team.shm`` is the group's domain.
-        send: this member's 1-D array (``outputs[ctx.rank].size`` elements).
-        outputs: one 1-D, C-contiguous array per member, in group-rank order.
+        send: this member's 1-D array (``counts[ctx.rank]`` elements).
+        out: 1-D, ``sum(counts)`` elements, blocks in group-rank order.
+        counts: elements each member sends.
     """
+    plan = ctx.plan
+    if plan.state is None:
+        plan.state = _state(ctx, send.dtype, counts)
+    offsets, expected, slots = plan.state
     d = ctx.team.shm
-    if d is None:
-        raise no_domain(ctx)
-    sizes = tuple(o.size for o in outputs)
-    key = ("allgather", ctx.signature, sizes)
-    setup = d.memo.get(key)
-    if setup is None:
-        setup = d.remember(key, _one_slot(d, send.dtype, sizes, ctx.signature.count))
-    if setup is False:
-        run_rounds(ctx, Stream.of([send]), _copy_peers(ctx, outputs, d.peers),
-                   verify=lambda extents: _check_sizes(ctx, outputs, d.peers, extents))
-    else:  # one round, through cached views: what run_rounds does, without its per-call set-up
-        views, expected = setup
-        rounds = d.round
-        slots = views[rounds & 1]
-        slots[d.rank][...] = send
+    r = d.rank
+    if slots is None:
+        run_rounds(ctx, Stream.of([send]), _copy_rounds(ctx, out, offsets, d.peers),
+                   verify=lambda parity, extents: _check_sizes(ctx, counts, send.itemsize, d.peers, extents))
+    else:
+        parity = d.next_round()
+        mine = slots[parity][r]
+        mine[...] = send
         d.start(ctx, send.nbytes)
         extents = d.extents(ctx)
         if extents != expected:
-            _check_sizes(ctx, outputs, d.peers, extents)
-        d.round = rounds + 1
-        for q in d.peers:
-            outputs[q][...] = slots[q]
-    outputs[d.rank][...] = send
+            _check_sizes(ctx, counts, send.itemsize, d.peers, extents)
+        _copy_slots(out, slots[parity], offsets, r)
+    out[offsets[r]:offsets[r + 1]] = send
 
 
-def gather(ctx: Ctx, send: np.ndarray, outputs: Sequence[np.ndarray] | None, root: int) -> None:
-    """Every member's ``send`` lands in ``outputs[member]`` on group rank ``root`` only.
+def gather(ctx: Ctx, send: np.ndarray, out: np.ndarray | None, counts: Sequence[int], root: int) -> None:
+    """Every member's ``send`` lands in block ``member`` of ``out`` on group rank ``root`` only.
 
     Args:
-        outputs: on ``root``, one array per member; None elsewhere.
+        out: on ``root``, ``sum(counts)`` elements; None elsewhere.
+        counts: elements each member sends.
         root: the group rank that receives.
     """
+    plan = ctx.plan
+    if plan.state is None:
+        plan.state = _state(ctx, send.dtype, counts)
+    offsets, expected, slots = plan.state
     d = ctx.team.shm
-    if d is None:
-        raise no_domain(ctx)
     r = d.rank
-    sizes = tuple(o.size for o in outputs) if outputs is not None else (send.size,) * d.size
-    key = ("gather", ctx.signature, sizes)
-    setup = d.memo.get(key)
-    if setup is None:
-        setup = d.remember(key, _one_slot(d, send.dtype, sizes, ctx.signature.count))
-    if setup is False:
+    if slots is None:
         if r != root:
             run_rounds(ctx, Stream.of([send]), lambda parity, lo, hi, journal: None)
             return
-        assert outputs is not None
-        run_rounds(ctx, Stream.of([send], skip=0), _copy_peers(ctx, outputs, d.peers),
-                   verify=lambda extents: _check_sizes(ctx, outputs, d.peers, extents))
-        outputs[root][...] = send
-        return
-    views, expected = setup
-    rounds = d.round
-    slots = views[rounds & 1]
-    if r != root:
-        slots[r][...] = send
-    d.start(ctx, send.nbytes)
-    d.round = rounds + 1
-    if r != root:
-        return
-    assert outputs is not None
-    extents = d.extents(ctx)
-    extents[root] = expected[root]  # the root sends nothing
-    if extents != expected:
-        _check_sizes(ctx, outputs, d.peers, extents)
-    for q in d.peers:
-        outputs[q][...] = slots[q]
-    outputs[root][...] = send
+        assert out is not None
+        run_rounds(ctx, Stream.of([send], skip=0), _copy_rounds(ctx, out, offsets, d.peers),
+                   verify=lambda parity, extents: _check_sizes(ctx, counts, send.itemsize, d.peers, extents))
+    else:
+        parity = d.next_round()
+        if r != root:
+            slots[parity][r][...] = send
+        d.start(ctx, send.nbytes)
+        if r != root:
+            return
+        assert out is not None
+        extents = d.extents(ctx)
+        extents[root] = expected[root]  # the root sends nothing
+        if extents != expected:
+            _check_sizes(ctx, counts, send.itemsize, d.peers, extents)
+        _copy_slots(out, slots[parity], offsets, root)
+    out[offsets[root]:offsets[root + 1]] = send

@@ -1,17 +1,21 @@
 """Same-host all-reduce and reduce: members read each other's slots in place.
 
+Every member copies its terms into its own IN slot; the same slot of every member is one strided
+``(members, k)`` array (``ShmDomain.stacked``), so a member reduces all terms with one numpy call
+(``shm_common.reduce_rows``), in member order, whatever the number of members.
+
 ``direct`` serves contributions that fit one IN slot: each member copies its array into its slot
 (alternating between its two slots from call to call, so no closing barrier is needed), waits for
-every peer's copy, and reduces all slots, in member order, straight into its own array: one post
-and one wait per call, and the caller's array is written only once every peer's data is in.
+every peer's copy, and reduces all slots straight into its own array: one post and one wait per
+call, and the caller's array is written only once every peer's data is in.
 
-``pipelined`` serves anything larger, in slot-sized chunks, with bounded memory. Each chunk is cut
-into one part per member; member ``r`` copies in only the parts its peers reduce, reduces part
-``r`` (its own term read from its own array directly) into its OUT region, then copies every
-member's reduced part out. The next chunk's copy-in overlaps the peers' reductions. Each part is
-reduced by one member and copied by the others, so every member ends with the same bits.
+``split`` (up to one slot) cuts the array into one part per member: member ``r`` reduces part
+``r`` of every slot into its OUT region, posts, and after every peer has posted copies all the
+reduced parts out. ``pipelined`` does the same chunk by chunk, for anything larger, with bounded
+memory; the next chunk's copy-in overlaps the peers' reductions. Each part is reduced by one
+member and copied by the others, so every member ends with the same bits.
 
-Both follow ``kernels``' accumulation rule (half precision combines in float32, PREMUL_SUM
+All follow ``kernels``' accumulation rule (half precision combines in float32, PREMUL_SUM
 premultiplies each term, AVG divides once, then one rounding) and write results into the caller's
 array only when nothing can fail any more, or under a ``Journal`` that undoes a failed call.
 This module must not import ``core``.
@@ -19,144 +23,115 @@ This module must not import ``core``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from ..types import ReduceOp
 from .base import Ctx
-from .shm_common import Journal, Op, alone, fold, load, no_domain, reduction_plan
-
-
-def direct(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
-    """Reduce ``x`` (1-D, C-contiguous, at most one slot in the accumulation dtype) in one round.
-
-    Args:
-        ctx: the call's group view; ``ctx.team.shm`` is the group's domain, and
-            ``ctx.signature`` describes this call (its dtype, count and op key the cached set-up).
-        x: this member's array; receives the result (on ``root`` only, when given).
-        op: the caller's reduction (AVG and PREMUL_SUM included).
-        root: the group rank that gets the result (``reduce``), or None for every member.
-    """
-    d = ctx.team.shm
-    if d is None:
-        raise no_domain(ctx)
-    # The call's signature (one object per call shape) names dtype, count and op; a PremulSum's
-    # factor is not in it.
-    key = ctx.signature if type(op) is ReduceOp else (ctx.signature, op)
-    found = d.memo.get(key)
-    if found is None:
-        plan = reduction_plan(op, x.dtype)
-        # One ufunc call makes the result; numpy parses a positional ``out`` faster but deprecates
-        # it for maximum and minimum.
-        pair = plan.raw and not plan.average and d.size == 2 and \
-            plan.ufunc is not np.maximum and plan.ufunc is not np.minimum
-        even, odd = d.views(0, plan.acc, x.size), d.views(1, plan.acc, x.size)
-        found = d.remember(key, (plan, pair, even, odd, even[d.rank], odd[d.rank]))
-    plan, pair = found[0], found[1]
-    rounds = d.round
-    parity = rounds & 1
-    terms = found[2 + parity]
-    if plan.raw:
-        found[4 + parity][...] = x
-    else:
-        load(plan, found[4 + parity], x)
-    d.start(ctx, None)  # no extent: nobody reads it for a reduction
-    d.round = rounds + 1
-    if root is None or root == d.rank:
-        if pair:  # the 8-byte latency case, unrolled
-            plan.ufunc(terms[0], terms[1], x)
-        else:
-            fold(plan, terms, x, d.size)
-
+from .shm_common import Journal, Op, Reduction, load, no_domain, reduce_rows, reduction
 
 # Bytes of one pipelined chunk (at most one IN slot). Large enough that the two posts and waits
 # per chunk cost little; the benchmark suite is where to tune it.
 CHUNK_BYTES = 1 << 20
 
 
-def _parts(lo: int, hi: int, size: int, align: int) -> list[int]:
-    """Boundaries of ``size`` parts of ``[lo, hi)``, each starting on an ``align``-element mark."""
-    length = hi - lo
-    return [lo + (i * length // size) // align * align for i in range(size)] + [hi]
+def _rows(stacked: np.ndarray) -> Any:
+    """``stacked`` as ``reduce_rows`` takes it fastest: two members as a pair of rows."""
+    return (stacked[0], stacked[1]) if len(stacked) == 2 else stacked
 
 
-def _split_setup(d, op: Op, x: np.ndarray) -> tuple:  # type: ignore[no-untyped-def,type-arg]
-    """What ``split`` computes once per call shape (kept in the domain's memo): part bounds and,
-    per IN slot parity, the views of the peers' copies of this member's part; the OUT views."""
-    n, r = d.size, d.rank
-    plan = reduction_plan(op, x.dtype)
-    acc, itemsize = plan.acc, plan.acc.itemsize
-    bounds = _parts(0, x.size, n, max(1, 64 // itemsize))
-    a, b = bounds[r], bounds[r + 1]
-    theirs = tuple(tuple(d.inbox[q][p][a * itemsize:b * itemsize].view(acc) for q in range(n) if q != r)
-                   for p in (0, 1))
-    mine = tuple(d.inbox[r][p][:bounds[-1] * itemsize].view(acc) for p in (0, 1))
-    outs = tuple(d.outbox[q][:(bounds[q + 1] - bounds[q]) * itemsize].view(acc) for q in range(n))
-    return plan, plan._replace(in_acc=True), bounds, theirs, mine, outs, acc == x.dtype
+def _part(count: int, size: int, itemsize: int) -> int:
+    """Elements of each member's part of ``count``: equal parts, each a whole number of cache
+    lines (the last members' parts may be short or empty)."""
+    align = max(1, 64 // itemsize)
+    each = -(-count // size)
+    return max(align, -(-each // align) * align)
+
+
+def _copy_parts(red: Reduction, out_rows: np.ndarray, part: int, x: np.ndarray) -> None:
+    """Copy member q's reduced part (row q of ``out_rows``, in the accumulation dtype) to
+    ``x[q * part:]``, for every member at once (two numpy calls)."""
+    full, rest = divmod(x.size, part)
+    if red.acc == x.dtype:
+        x[:full * part].reshape(full, part)[...] = out_rows[:full]
+        if rest:
+            x[full * part:] = out_rows[full, :rest]
+    else:
+        np.copyto(x[:full * part].reshape(full, part), out_rows[:full], casting="unsafe")
+        if rest:
+            np.copyto(x[full * part:], out_rows[full, :rest], casting="unsafe")
+
+
+def _direct_state(ctx: Ctx, op: Op, x: np.ndarray) -> tuple[Any, ...]:
+    d = ctx.team.shm
+    if d is None:
+        raise no_domain(ctx)
+    red = reduction(op, x.dtype)
+    stacked = tuple(d.stacked(p, red.acc, x.size) for p in (0, 1))
+    return red, tuple(_rows(s) for s in stacked), tuple(s[d.rank] for s in stacked)
+
+
+def direct(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
+    """Reduce ``x`` (1-D, C-contiguous, at most one slot in the accumulation dtype) in one round.
+
+    Args:
+        ctx: the call's group view; ``ctx.team.shm`` is the group's domain.
+        x: this member's array; receives the result (on ``root`` only, when given).
+        op: the caller's reduction (AVG and PREMUL_SUM included).
+        root: the group rank that gets the result (``reduce``), or None for every member.
+    """
+    plan = ctx.plan
+    state = plan.state
+    if state is None:
+        state = plan.state = _direct_state(ctx, op, x)
+    red, rows, mine = state
+    d = ctx.team.shm
+    parity = d.next_round()
+    if red.raw:
+        mine[parity][...] = x
+    else:
+        load(red, mine[parity], x)
+    d.start(ctx)  # no extent: nobody reads it for a reduction
+    if root is None or root == d.rank:
+        reduce_rows(red, rows[parity], x)
+
+
+def _split_state(ctx: Ctx, op: Op, x: np.ndarray) -> tuple[Any, ...]:
+    d = ctx.team.shm
+    if d is None:
+        raise no_domain(ctx)
+    red = reduction(op, x.dtype)
+    part = _part(x.size, d.size, red.acc.itemsize)
+    a, b = min(d.rank * part, x.size), min((d.rank + 1) * part, x.size)
+    stacked = tuple(d.stacked(p, red.acc, x.size) for p in (0, 1))
+    outs = d.stacked(0, red.acc, part, region="out")
+    return (red, red._replace(in_acc=True), part, tuple(_rows(s[:, a:b]) for s in stacked),
+            tuple(s[d.rank] for s in stacked), outs, outs[d.rank, :b - a])
 
 
 def split(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
     """Reduce ``x`` (at most one slot in the accumulation dtype) with each member reducing one part.
 
-    Two rounds: every member copies into its IN slot the parts of ``x`` its peers reduce and
-    posts; member ``r`` folds part ``r`` of every member (its own term read from ``x`` in place,
-    the others from the peers' slots, in member order) into its OUT region and posts; then
-    everyone copies every part out of the OUT regions. Compared with ``direct`` it moves about the
-    same bytes but does ``1/n`` of the arithmetic, for one more wait: better from a few tens of
-    KiB up. ``x`` is written only after the last wait. Arguments as ``direct``.
+    Two waits: every member copies ``x`` into its IN slot and posts; member ``r`` reduces part
+    ``r`` of every slot into its OUT region and posts; then everyone copies every part out of
+    the OUT regions. Compared with ``direct`` it moves about the same bytes but does ``1/n`` of
+    the arithmetic: better from a few tens of KiB up. ``x`` is written only after the last
+    wait. Arguments as ``direct``.
     """
+    plan = ctx.plan
+    state = plan.state
+    if state is None:
+        state = plan.state = _split_state(ctx, op, x)
+    red, in_acc, part, parts, mine, outs, my_out = state
     d = ctx.team.shm
-    if d is None:
-        raise no_domain(ctx)
-    key = ("split", ctx.signature if type(op) is ReduceOp else (ctx.signature, op))
-    setup = d.memo.get(key)
-    if setup is None:
-        setup = d.remember(key, _split_setup(d, op, x))
-    plan, in_out, bounds, theirs, mine, outs, same_dtype = setup
-    n, r = d.size, d.rank
-    rounds = d.round
-    parity = rounds & 1
-    a, b, end = bounds[r], bounds[r + 1], bounds[-1]
-    slot = mine[parity]
-    if a:
-        load(plan, slot[:a], x[:a])
-    if end > b:
-        load(plan, slot[b:end], x[b:end])
-    d.start(ctx, None)
-    d.round = rounds + 1
-    own = x[a:b]
-    if not plan.raw:
-        own = np.empty(b - a, dtype=plan.acc)
-        load(plan, own, x[a:b])
-    terms = list(theirs[parity])
-    terms.insert(r, own)
-    fold(in_out, terms, outs[r], n)
+    parity = d.next_round()
+    load(red, mine[parity], x)
+    d.start(ctx)
+    reduce_rows(in_acc, parts[parity], my_out)
     d.post()
     d.wait(d.peers, d.posts, ctx)
-    if root is not None and root != r:
-        return
-    for q in range(n):
-        lo, hi = bounds[q], bounds[q + 1]
-        if same_dtype:
-            x[lo:hi] = outs[q]
-        else:
-            np.copyto(x[lo:hi], outs[q], casting="unsafe")
-
-
-def _pipeline_setup(d, op: Op, x: np.ndarray) -> tuple:  # type: ignore[no-untyped-def,type-arg]
-    """What ``pipelined`` computes once per call shape (kept in the domain's memo)."""
-    n = d.size
-    plan = reduction_plan(op, x.dtype)
-    itemsize = plan.acc.itemsize
-    chunk = min(d.slot_bytes, CHUNK_BYTES) // itemsize
-    chunks = max(1, -(-x.size // chunk))
-    align = max(1, 64 // itemsize)
-    part_cap = (-(-chunk // n) // align + 2) * align  # bounds the longest part of ``_parts``
-    staged = chunks * part_cap * itemsize <= d.out_bytes
-    # Part boundaries relative to a chunk's start: the same for every chunk but the last.
-    full = _parts(0, chunk, n, align)
-    tail = _parts(0, x.size - (chunks - 1) * chunk, n, align)
-    in_out = plan._replace(in_acc=True)  # reduced parts stay in the accumulation dtype
-    return plan, in_out, chunk, chunks, part_cap, staged, full, tail, plan.acc == x.dtype
+    if root is None or root == d.rank:
+        _copy_parts(red, outs, part, x)
 
 
 def pipelined(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
@@ -173,62 +148,43 @@ def pipelined(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
     d = ctx.team.shm
     if d is None:
         raise no_domain(ctx)
-    n, r = d.size, d.rank
-    key = ("pipelined", ctx.signature if type(op) is ReduceOp else (ctx.signature, op))
-    setup = d.memo.get(key)
-    if setup is None:
-        setup = d.remember(key, _pipeline_setup(d, op, x))
-    plan, in_out, chunk, chunks, part_cap, staged, full, tail, same_dtype = setup
-    if n == 1:
-        d.start(ctx)
-        alone(plan, x)
-        return
-    itemsize, acc = plan.acc.itemsize, plan.acc
+    plan = ctx.plan
+    if plan.state is None:
+        red = reduction(op, x.dtype)
+        chunk = min(d.slot_bytes, CHUNK_BYTES) // red.acc.itemsize
+        part = _part(chunk, d.size, red.acc.itemsize)
+        chunks = max(1, -(-x.size // chunk))
+        plan.state = (red, red._replace(in_acc=True), chunk, part, chunks,
+                      chunks * part * red.acc.itemsize <= d.out_bytes)
+    red, in_acc, chunk, part, chunks, staged = plan.state
+    r = d.rank
+    acc, itemsize = red.acc, red.acc.itemsize
     writes = root is None or root == r
     journal = Journal(d, [x]) if writes and not staged else None
-    own = None if plan.raw else np.empty(part_cap, dtype=acc)
-    first, base, peers = d.round, d.posts, d.peers
-    inbox, outbox, mine = d.inbox, d.outbox, d.inbox[r]
+    base, peers, mine = d.posts, d.peers, d.inbox[r]
+    parities = []
+
+    def piece(j: int) -> np.ndarray:
+        return x[j * chunk:(j + 1) * chunk]
 
     def copy_in(j: int) -> None:
-        bounds, lo = (full if j + 1 < chunks else tail), j * chunk
-        slot = mine[(first + j) & 1][:bounds[-1] * itemsize].view(acc)
-        a, b, end = bounds[r], bounds[r + 1], bounds[-1]
-        if a:
-            load(plan, slot[:a], x[lo:lo + a])
-        if end > b:
-            load(plan, slot[b:end], x[lo + b:lo + end])
+        parities.append(d.next_round())
+        load(red, mine[parities[j]][:piece(j).size * itemsize].view(acc), piece(j))
 
-    def out_part(q: int, j: int, length: int) -> np.ndarray:
-        start = (j if staged else j & 1) * part_cap * itemsize
-        return outbox[q][start:start + length * itemsize].view(acc)
+    def out_rows(j: int) -> np.ndarray:
+        return d.stacked(0, acc, part, offset=(j if staged else j & 1) * part * itemsize, region="out")
 
     def reduce_own(j: int) -> None:
-        bounds, lo = (full if j + 1 < chunks else tail), j * chunk
-        a, b = bounds[r], bounds[r + 1]
-        parity = (first + j) & 1
-        terms = []
-        for q in range(n):
-            if q != r:
-                terms.append(inbox[q][parity][a * itemsize:b * itemsize].view(acc))
-            elif own is None:
-                terms.append(x[lo + a:lo + b])
-            else:
-                load(plan, own[:b - a], x[lo + a:lo + b])
-                terms.append(own[:b - a])
-        fold(in_out, terms, out_part(r, j, b - a), n)
+        length = piece(j).size
+        a, b = min(r * part, length), min((r + 1) * part, length)
+        rows = d.stacked(parities[j], acc, length)[:, a:b]
+        reduce_rows(in_acc, _rows(rows), out_rows(j)[r, :b - a])
 
     def copy_out(j: int) -> None:
-        bounds, lo = (full if j + 1 < chunks else tail), j * chunk
+        lo = j * chunk
         if journal is not None:
-            journal.save(0, lo * x.itemsize, (lo + bounds[-1]) * x.itemsize)
-        for q in range(n):
-            a, b = bounds[q], bounds[q + 1]
-            if b > a:
-                if same_dtype:
-                    x[lo + a:lo + b] = out_part(q, j, b - a)
-                else:
-                    np.copyto(x[lo + a:lo + b], out_part(q, j, b - a), casting="unsafe")
+            journal.save(0, lo * x.itemsize, (lo + piece(j).size) * x.itemsize)
+        _copy_parts(red, out_rows(j), part, piece(j))
 
     copy_in(0)
     d.start(ctx)
@@ -249,7 +205,6 @@ def pipelined(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
         if journal is not None:
             journal.restore()
         raise
-    d.round = first + chunks
     if staged and writes:
         for j in range(chunks):
             copy_out(j)

@@ -1,15 +1,17 @@
 """Same-host all-to-all with per-pair block sizes: every member copies its block from each peer.
 
-A member's stream is a header (the byte offset of each destination's block) followed by its
-blocks; peers read the header in the first round, check the block they get against the size they
-expect, and copy their block out of the rounds that carry it. A member's block for itself never
-travels. Outputs only: a call that fails after its first round may leave them partly written.
-This module must not import ``core``.
+A member's stream is a header (the byte offset of each destination's block, as int64) followed by
+its input; peers read every member's header in the first round, all at once (a strided view of
+the headers of all the slots), check the size of the block they get against the size they
+expect, and copy their block out of the rounds that carry it. When the call takes one round and
+every member put this member's block at the same offset (blocks of one size), all blocks come
+out with one numpy call. Outputs only: a call that fails after its first round may leave them
+partly written. This module must not import ``core``.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -19,56 +21,76 @@ from .base import Ctx
 from .shm_common import Journal, Stream, no_domain, run_rounds
 
 
-def _setup(d, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> tuple:  # type: ignore[no-untyped-def,type-arg]
-    """Per call shape (kept in the domain's memo): this member's header (the byte offset of its
-    block for each member, padded to a cache line) and, per slot parity, every peer's header as
-    int64 views of its slot."""
-    offsets = np.array(bounds([i.nbytes for i in inputs]), dtype=np.int64)
-    header_bytes = -(-offsets.nbytes // 64) * 64
-    header = np.zeros(header_bytes, dtype=np.uint8)
-    header[:offsets.nbytes] = offsets.view(np.uint8)
-    theirs = tuple(tuple((q, d.inbox[q][p][:offsets.nbytes].view(np.int64)) for q in d.peers)
-                   for p in (0, 1))
-    return header, header_bytes, theirs
-
-
-def alltoall(ctx: Ctx, outputs: Sequence[np.ndarray], inputs: Sequence[np.ndarray]) -> None:
-    """``inputs[j]`` of member ``i`` lands in ``outputs[i]`` of member ``j``.
-
-    Args:
-        outputs: one 1-D, C-contiguous array per member: what that member sends here.
-        inputs: one 1-D array per member: what this member sends there.
-    """
+def _state(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int]) -> tuple[Any, ...]:
+    """Per call shape: this member's header; per slot parity every member's header as one
+    ``(members, members + 1)`` array; the block sizes to expect; and, when this member gets
+    blocks of one size, per slot parity its block of every slot as one array, at the offset where
+    blocks of that size would be."""
     d = ctx.team.shm
     if d is None:
         raise no_domain(ctx)
-    r = d.rank
-    key = ("alltoall", ctx.signature, tuple(i.size for i in inputs), tuple(o.size for o in outputs))
-    setup = d.memo.get(key)
-    if setup is None:
-        setup = d.remember(key, _setup(d, inputs, outputs))
-    header, header_bytes, theirs = setup
-    blocks: dict[int, tuple[int, int]] = {}
-    raw = [o.view(np.uint8) for o in outputs]
+    n, r, itemsize = d.size, d.rank, send.itemsize
+    offsets = np.array([o * itemsize for o in bounds(send_counts)], dtype=np.int64)
+    header_bytes = -(-offsets.nbytes // 64) * 64
+    header = np.zeros(header_bytes, dtype=np.uint8)
+    header[:offsets.nbytes] = offsets.view(np.uint8)
+    headers = tuple(d.stacked(p, np.dtype(np.int64), n + 1) for p in (0, 1))
+    expected = np.array(recv_counts, dtype=np.int64) * itemsize
+    count = recv_counts[0]
+    uniform = None
+    if len(set(recv_counts)) == 1 and header_bytes + n * count * itemsize <= d.slot_bytes:
+        start = r * count * itemsize
+        uniform = start, tuple(d.stacked(p, send.dtype, count, offset=header_bytes + start) for p in (0, 1))
+    return header, header_bytes, headers, expected, bounds(send_counts), bounds(recv_counts), uniform
 
-    def verify(extents: list[int]) -> None:
-        for q, offsets in theirs[d.round & 1]:
-            start, stop = int(offsets[r]) + header_bytes, int(offsets[r + 1]) + header_bytes
-            if stop - start != raw[q].size:
-                itemsize = outputs[q].itemsize
-                raise CollectiveMismatchError(
-                    f"rank {d.global_ranks[q]} called {ctx.name} sending {(stop - start) // itemsize} "
-                    f"elements to rank {d.global_ranks[r]}, which called it expecting "
-                    f"{outputs[q].size}, at step {ctx.seq}")
-            blocks[q] = (start, stop)
+
+def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
+               recv_counts: Sequence[int]) -> None:
+    """Block ``j`` of member ``i``'s ``send`` lands in block ``i`` of member ``j``'s ``out``.
+
+    Args:
+        send: 1-D, ``sum(send_counts)`` elements, block ``j`` for member ``j``.
+        send_counts: elements this member sends each member.
+        out: 1-D, ``sum(recv_counts)`` elements, block ``i`` from member ``i``.
+        recv_counts: elements this member receives from each member.
+    """
+    plan = ctx.plan
+    if plan.state is None:
+        plan.state = _state(ctx, send, send_counts, recv_counts)
+    header, header_bytes, headers, expected, send_offsets, recv_offsets, uniform = plan.state
+    d = ctx.team.shm
+    r, itemsize = d.rank, out.itemsize
+    raw = out.view(np.uint8)
+    taken: list[tuple[int, int, int]] = []  # (peer, start, stop) of this member's block in its stream
+    whole: list[np.ndarray] = []  # the one-call view of every block, when it applies
+
+    def verify(parity: int, extents: list[int]) -> None:
+        heads = headers[parity]
+        starts = heads[:, r]
+        sizes = heads[:, r + 1] - starts
+        wrong = np.flatnonzero(sizes != expected)
+        if wrong.size:
+            q = int(wrong[0])
+            raise CollectiveMismatchError(
+                f"rank {d.global_ranks[q]} called {ctx.name} sending {int(sizes[q]) // itemsize} "
+                f"elements to rank {d.global_ranks[r]}, which called it expecting "
+                f"{int(expected[q]) // itemsize}, at step {ctx.seq}")
+        if uniform is not None and max(extents) <= d.slot_bytes and (starts == uniform[0]).all():
+            whole.append(uniform[1][parity])
+            return
+        for q in d.peers:
+            start = int(starts[q]) + header_bytes
+            taken.append((q, start, start + int(sizes[q])))
 
     def read(parity: int, lo: int, hi: int, journal: Journal | None) -> None:
-        for q, (start, stop) in blocks.items():
+        if whole:
+            out.reshape(d.size, -1)[...] = whole[0]  # this member's own block too: rewritten after
+            return
+        for q, start, stop in taken:
             a, b = max(lo, start), min(hi, stop)
             if a < b:
-                if journal is not None:
-                    journal.save(q, a - start, b - start)
-                raw[q][a - start:b - start] = d.inbox[q][parity][a - lo:b - lo]
+                base = recv_offsets[q] * itemsize
+                raw[base + a - start:base + b - start] = d.inbox[q][parity][a - lo:b - lo]
 
-    run_rounds(ctx, Stream.of(inputs, start=header_bytes, skip=r), read, verify=verify, header=header)
-    outputs[r][...] = inputs[r]
+    run_rounds(ctx, Stream.of([send], start=header_bytes), read, verify=verify, header=header)
+    out[recv_offsets[r]:recv_offsets[r + 1]] = send[send_offsets[r]:send_offsets[r + 1]]

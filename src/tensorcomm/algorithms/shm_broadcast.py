@@ -1,10 +1,11 @@
 """Same-host broadcast and scatter: one member publishes, the others copy from its slot.
 
-The root publishes one slot per round (``shm_common.run_rounds``); every other member copies its
-share of the round straight into its array. Broadcast overwrites the caller's tensor in place, so
-when that takes more than one round a ``Journal`` keeps the array's old bytes and a failed call
-leaves it untouched; scatter's tensor is an output only, so a failed multi-round scatter may leave
-it partly written. This module must not import ``core``.
+The root publishes its array in its IN slot, one slot per round (``shm_common.run_rounds``) when
+it does not fit one; every other member copies its share straight into its array. Broadcast
+overwrites the caller's array in place, so when that takes more than one round a ``Journal``
+keeps the array's old bytes and a failed call leaves it untouched; scatter's output is an output
+only, so a failed multi-round scatter may leave it partly written. This module must not import
+``core``.
 """
 
 from __future__ import annotations
@@ -18,29 +19,28 @@ from .base import Ctx
 from .shm_common import Journal, Stream, no_domain, run_rounds
 
 
-def broadcast(ctx: Ctx, buf: np.ndarray, root: int) -> None:
-    """Copy group rank ``root``'s ``buf`` into every member's ``buf`` (1-D, C-contiguous)."""
+def broadcast(ctx: Ctx, x: np.ndarray, root: int) -> None:
+    """Copy group rank ``root``'s ``x`` into every member's ``x`` (1-D, C-contiguous)."""
     d = ctx.team.shm
     if d is None:
         raise no_domain(ctx)
-    key = ("broadcast", ctx.signature)
-    views = d.memo.get(key)
-    if views is None:  # per slot parity, the root's slot as a typed view; False: several rounds
-        views = d.remember(key, buf.nbytes <= d.slot_bytes and tuple(
-            d.inbox[root][p][:buf.nbytes].view(buf.dtype) for p in (0, 1)))
+    plan = ctx.plan
+    if plan.state is None:  # per slot parity, the root's slot as a typed view; False: rounds
+        plan.state = x.nbytes <= d.slot_bytes and tuple(
+            d.inbox[root][p][:x.nbytes].view(x.dtype) for p in (0, 1))
+    views = plan.state
     if views is not False:  # one round, the root's slot read in place
-        rounds = d.round
+        parity = d.next_round()
         if d.rank == root:
-            views[rounds & 1][...] = buf
-        d.start(ctx, None)  # nobody reads extents in one round
-        d.round = rounds + 1
+            views[parity][...] = x
+        d.start(ctx)  # nobody reads extents in one round
         if d.rank != root:
-            buf[...] = views[rounds & 1]
+            x[...] = views[parity]
         return
     if d.rank == root:
-        run_rounds(ctx, Stream.of([buf]), lambda parity, lo, hi, journal: None)
+        run_rounds(ctx, Stream.of([x]), lambda parity, lo, hi, journal: None)
         return
-    raw = buf.view(np.uint8)
+    raw = x.view(np.uint8)
     source = d.inbox[root]
 
     def read(parity: int, lo: int, hi: int, journal: Journal | None) -> None:
@@ -50,55 +50,52 @@ def broadcast(ctx: Ctx, buf: np.ndarray, root: int) -> None:
                 journal.save(0, lo, b)
             raw[lo:b] = source[parity][:b - lo]
 
-    run_rounds(ctx, Stream.of([]), read, [buf])
+    run_rounds(ctx, Stream.of([]), read, [x])
 
 
-def scatter(ctx: Ctx, out: np.ndarray, inputs: Sequence[np.ndarray] | None, counts: Sequence[int],
-            root: int) -> None:
-    """Copy ``inputs[i]`` of group rank ``root`` into member ``i``'s ``out``.
+def scatter(ctx: Ctx, send: np.ndarray | None, out: np.ndarray, counts: Sequence[int], root: int) -> None:
+    """Copy block ``i`` of group rank ``root``'s ``send`` into member ``i``'s ``out``.
 
     Args:
+        send: on ``root``, ``sum(counts)`` elements in group-rank order; None elsewhere.
         out: this member's 1-D array of ``counts[ctx.rank]`` elements.
-        inputs: on ``root``, one array per member; None elsewhere.
         counts: elements each member receives (the same list on every member).
         root: the group rank that sends.
     """
     d = ctx.team.shm
     if d is None:
         raise no_domain(ctx)
-    key = ("scatter", ctx.signature, tuple(counts))
-    views = d.memo.get(key)
-    if views is None:  # per slot parity, the root's slot cut into typed blocks; False: rounds
-        itemsize, starts = out.itemsize, bounds(counts)
-        views = d.remember(key, starts[-1] * itemsize <= d.slot_bytes and tuple(
-            tuple(d.inbox[root][p][starts[q] * itemsize:starts[q + 1] * itemsize].view(out.dtype)
-                  for q in range(d.size)) for p in (0, 1)))
+    r = d.rank
+    itemsize = out.itemsize
+    plan = ctx.plan
+    if plan.state is None:  # per slot parity, the root's slot and this member's block of it
+        offsets = bounds(counts)
+        plan.state = offsets, offsets[-1] * itemsize <= d.slot_bytes and tuple(
+            (d.inbox[root][p][:offsets[-1] * itemsize].view(out.dtype),
+             d.inbox[root][p][offsets[r] * itemsize:offsets[r + 1] * itemsize].view(out.dtype))
+            for p in (0, 1))
+    offsets, views = plan.state
     if views is not False:  # one round, the root's slot read in place
-        rounds = d.round
-        blocks = views[rounds & 1]
-        if d.rank == root:
-            assert inputs is not None
-            for q in d.peers:
-                blocks[q][...] = inputs[q]
-        d.start(ctx, None)  # nobody reads extents in one round
-        d.round = rounds + 1
-        out[...] = blocks[d.rank] if d.rank != root else inputs[root]  # type: ignore[index]
+        parity = d.next_round()
+        whole, block = views[parity]
+        if r == root:
+            assert send is not None
+            whole[...] = send
+        d.start(ctx)  # nobody reads extents in one round
+        out[...] = block
         return
-    if d.rank == root:
-        assert inputs is not None
-        run_rounds(ctx, Stream.of(inputs, skip=root), lambda parity, lo, hi, journal: None)
-        out[...] = inputs[root]
+    if r == root:
+        assert send is not None
+        run_rounds(ctx, Stream.of([send]), lambda parity, lo, hi, journal: None)
+        out[...] = send[offsets[root]:offsets[root + 1]]
         return
-    offsets = bounds([c * out.itemsize for c in counts])
-    start, stop = offsets[d.rank], offsets[d.rank + 1]
+    start, stop = offsets[r] * itemsize, offsets[r + 1] * itemsize
     raw = out.view(np.uint8)
     source = d.inbox[root]
 
     def read(parity: int, lo: int, hi: int, journal: Journal | None) -> None:
         a, b = max(lo, start), min(hi, stop)
         if a < b:
-            if journal is not None:
-                journal.save(0, a - start, b - start)
             raw[a - start:b - start] = source[parity][a - lo:b - lo]
 
     run_rounds(ctx, Stream.of([]), read)  # ``out`` is an output only: no journal

@@ -1,9 +1,12 @@
-"""What the same-host algorithms share: failure handling, reduction plans, rounds, the undo journal.
+"""What the same-host algorithms share: failure handling, reductions, rounds, the undo journal.
 
 The shared-memory algorithms (``shm_*.py``) read their peers' slots in place through the group's
-``ShmDomain`` (``ctx.team.shm``) instead of sending messages. Unlike the transport algorithms they
-take the caller's arrays and the caller's op (``PremulSum``, ``AVG``, half precision included) and
-write results straight into the caller's arrays. Arrays a collective updates in place (all-reduce,
+``ShmDomain`` (``ctx.team.shm``) instead of sending messages. They take the caller's arrays and
+the caller's op (``PremulSum``, ``AVG``, half precision included) and write results straight
+into the caller's arrays. What they work out once per call shape (views of the slots, bounds)
+they keep in the call's ``Plan`` (``ctx.plan.state``), which the group owns. They reduce every
+member's terms with one numpy call over a strided view of all the slots (``reduce_rows``), so
+their per-call Python work does not grow with the number of members. Arrays a collective updates in place (all-reduce,
 reduce's root, broadcast's receivers) are left untouched or complete by a failed call (see
 ``Journal``); arrays that are outputs only (all-gather, gather, scatter, reduce-scatter,
 all-to-all) may be left partly written by a call that fails after its first round, as MPI and
@@ -16,8 +19,9 @@ A *round*: every member writes its part of the round into its IN slot ``round & 
 for every peer's post of the round, then reads. Because every member waits for every peer in each
 round, a member that writes slot ``p`` in round ``g`` knows each peer has posted round ``g - 1``,
 hence finished reading round ``g - 2`` (the previous use of slot ``p``): two slots suffice and no
-round needs a closing barrier. The first post of a call announces it; ``ShmDomain.arrivals``
+round needs a closing barrier. The first post of a call announces it; ``ShmDomain.start``
 compares every peer's announcement with this member's, so every member detects a mismatch.
+Rounds are counted by the domain (``ShmDomain.next_round``), nowhere else.
 """
 
 from __future__ import annotations
@@ -42,17 +46,19 @@ def no_domain(ctx: Ctx) -> ValueError:
 # -- reductions -----------------------------------------------------------------------------------
 
 
-class Plan(NamedTuple):
+class Reduction(NamedTuple):
     """How to reduce arrays of one dtype with one op, following ``kernels``' accumulation rule.
 
     Attributes:
         op: the base op the terms are combined with (AVG and PREMUL_SUM become SUM).
-        ufunc: ``kernels``' ufunc for ``op`` (``kernels.combine`` looks it up on every call).
+        ufunc: ``kernels``' ufunc for ``op``.
         acc: the dtype terms travel and combine in (``kernels.accumulation_dtype``).
         factor: the PREMUL_SUM factor every term is multiplied by first, else None.
         average: divide the result by the number of members (AVG).
         raw: the caller's bytes are the terms as they are (same dtype, no factor).
         in_acc: the caller's dtype is the accumulation dtype (results can be built in place).
+        positional: ``ufunc`` may take ``out`` positionally, which numpy parses faster (it
+            deprecates that for maximum and minimum).
     """
 
     op: ReduceOp
@@ -62,68 +68,49 @@ class Plan(NamedTuple):
     average: bool
     raw: bool
     in_acc: bool
+    positional: bool
 
 
-_PLANS: dict[tuple[Any, np.dtype], Plan] = {}
+def reduction(op: Op, dtype: np.dtype) -> Reduction:
+    """How to reduce ``dtype`` arrays with ``op`` (checked against the dtype by the core); the
+    algorithms keep it in their per-shape state."""
+    acc = kernels.accumulation_dtype(op, dtype)
+    factor = op.factor if isinstance(op, PremulSum) else None
+    base = ReduceOp.SUM if factor is not None or op is ReduceOp.AVG else op
+    ufunc = kernels.ufunc(base)
+    return Reduction(base, ufunc, acc, factor, op is ReduceOp.AVG, acc == dtype and factor is None,
+                     acc == dtype, ufunc is not np.maximum and ufunc is not np.minimum)
 
 
-def reduction_plan(op: Op, dtype: np.dtype) -> Plan:
-    """The (cached) plan for reducing ``dtype`` arrays with ``op`` (validated by the frontend)."""
-    # Keyed by a ReduceOp's value: Enum.__hash__ runs Python code on every lookup.
-    key = (op._value_ if type(op) is ReduceOp else op, dtype)
-    plan = _PLANS.get(key)
-    if plan is None:
-        kernels.check_op_dtype(op, dtype)
-        acc = kernels.accumulation_dtype(op, dtype)
-        factor = op.factor if isinstance(op, PremulSum) else None
-        base = ReduceOp.SUM if factor is not None or op is ReduceOp.AVG else op
-        plan = Plan(base, kernels._UFUNCS[base], acc, factor, op is ReduceOp.AVG,
-                    acc == dtype and factor is None, acc == dtype)
-        if len(_PLANS) > 1024:  # PremulSum factors are unbounded
-            _PLANS.clear()
-        _PLANS[key] = plan
-    return plan
-
-
-def load(plan: Plan, dst: np.ndarray, src: np.ndarray) -> None:
+def load(red: Reduction, dst: np.ndarray, src: np.ndarray) -> None:
     """Write ``src`` into ``dst`` as terms: in the accumulation dtype, premultiplied (as
     ``kernels.prepare`` does)."""
-    if plan.raw:
+    if red.raw:
         dst[...] = src
         return
     np.copyto(dst, src, casting="unsafe")
-    if plan.factor is not None:
-        np.multiply(dst, plan.factor, out=dst)
+    if red.factor is not None:
+        np.multiply(dst, red.factor, out=dst)
 
 
-def fold(plan: Plan, terms: Sequence[np.ndarray], out: np.ndarray, size: int) -> None:
-    """Reduce ``terms`` (member order: the same expression on every member) into ``out``.
+def reduce_rows(red: Reduction, rows: np.ndarray, out: np.ndarray) -> None:
+    """Reduce the ``(members, k)`` array ``rows`` (row q: member q's terms, in the accumulation
+    dtype) over its members into ``out`` (the caller's dtype): one numpy call whatever the number
+    of members, in member order, so every member computes the same bits.
 
-    ``out`` is in the caller's dtype; the result is rounded into it once, after the AVG division,
-    as ``kernels.finish`` does.
+    The result is rounded into ``out`` once, after the AVG division, as ``kernels.finish`` does.
     """
-    target = out if plan.in_acc else np.empty(out.size, dtype=plan.acc)
-    count = len(terms)
-    if count == 1:
-        target[...] = terms[0]
+    target = out if red.in_acc else np.empty(out.size, dtype=red.acc)
+    if len(rows) != 2:
+        red.ufunc.reduce(rows, axis=0, out=target)
+    elif red.positional:  # two terms: the binary ufunc costs less than a reduction
+        red.ufunc(rows[0], rows[1], target)
     else:
-        ufunc = plan.ufunc
-        ufunc(terms[0], terms[1], out=target)
-        for i in range(2, count):
-            ufunc(target, terms[i], out=target)
-    if plan.average:
-        np.divide(target, size, out=target)
+        red.ufunc(rows[0], rows[1], out=target)
+    if red.average:
+        np.divide(target, len(rows), out=target)
     if target is not out:
         np.copyto(out, target, casting="unsafe")
-
-
-def alone(plan: Plan, x: np.ndarray) -> None:
-    """The reduction of a one-member group: ``x`` as its own single term (premultiplied, rounded)."""
-    if plan.raw and not plan.average:
-        return
-    terms = np.empty(x.size, dtype=plan.acc)
-    load(plan, terms, x)
-    fold(plan, [terms], x, 1)
 
 
 # -- the undo journal -------------------------------------------------------------------------------
@@ -196,7 +183,7 @@ Read = Callable[[int, int, int, "Journal | None"], None]
 
 
 def run_rounds(ctx: Ctx, stream: Stream, read: Read, outputs: Sequence[np.ndarray] = (),
-               verify: Callable[[list[int]], None] | None = None,
+               verify: Callable[[int, list[int]], None] | None = None,
                header: np.ndarray | None = None) -> int:
     """Exchange every member's ``stream`` one slot per round; return the number of rounds.
 
@@ -210,8 +197,8 @@ def run_rounds(ctx: Ctx, stream: Stream, read: Read, outputs: Sequence[np.ndarra
         read: must ``journal.save`` what it is about to overwrite in ``outputs`` when ``journal``
             is not None (the call spans several rounds, so a later round could still fail).
         outputs: the caller's arrays ``read`` writes into; restored if a later round fails.
-        verify: called with every member's extent once all have arrived, before anything is
-            read (size checks).
+        verify: called with the first round's slot parity and every member's extent once all
+            have arrived, before anything is read (size checks).
         header: bytes written at the start of the first round, before the stream (whose offsets
             must leave room for it); peers read it in the first round.
     """
@@ -220,23 +207,23 @@ def run_rounds(ctx: Ctx, stream: Stream, read: Read, outputs: Sequence[np.ndarra
         raise no_domain(ctx)
     size = d.slot_bytes
     mine = d.inbox[d.rank]
-    first = d.round
+    parity = d.next_round()
     if header is not None:
-        mine[first & 1][:header.size] = header
-    stream.write(mine[first & 1], 0, size)
+        mine[parity][:header.size] = header
+    stream.write(mine[parity], 0, size)
     d.start(ctx, stream.nbytes)
     extents = d.extents(ctx)
     if verify is not None:
-        verify(extents)
+        verify(parity, extents)
     rounds = max(1, -(-max(extents) // size))
     journal = Journal(d, outputs) if rounds > 1 and outputs else None
     base = d.posts - 1
     peers = d.peers
     try:
         for t in range(rounds):
-            parity = (first + t) & 1
             lo = t * size
             if t:
+                parity = d.next_round()
                 stream.write(mine[parity], lo, lo + size)
                 d.post()
                 d.wait(peers, base + t + 1, ctx)
@@ -245,5 +232,4 @@ def run_rounds(ctx: Ctx, stream: Stream, read: Read, outputs: Sequence[np.ndarra
         if journal is not None:
             journal.restore()
         raise
-    d.round = first + rounds
     return rounds

@@ -2,20 +2,22 @@
 
 Each group owns an ``Engine`` (issue order and sequence numbers), a ``Team`` (what the
 algorithms see of the group: transport, ranks, and the shared-memory domain when every member
-shares this host) and builds one ``Ctx`` per call from it. ``WORLD`` is a handle that always
+shares this host), its ``Plan`` per call shape (a bounded dictionary: the only cache of the
+per-call path, gone with the group), and builds one ``Ctx`` per call from them. ``WORLD`` is a handle that always
 means the current world group, so it can be imported before ``init()``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Hashable, Sequence
 
-from ..algorithms.base import Ctx, Team
+from ..algorithms.base import Ctx, Plan, Team
 from ..errors import CommError, GroupAbortedError
-from ..signature import Signature
 from ..types import TransportKind
 from .engine import ConcurrentUseError, Engine
 from .work import Work
+
+PLANS_KEPT = 256  # call shapes a group remembers; the oldest is forgotten beyond that
 
 if TYPE_CHECKING:
     from ..transports.shm.domain import ShmDomain
@@ -42,7 +44,8 @@ class Group:
         if world.rank in self._index:
             self._team = Team(world.transport, self._ranks, self._index[world.rank], group_id,
                               world.timeout, world.hosts_of(self._ranks), name, shm)
-        self._labels: dict[str, str] = {}  # collective -> "all_reduce on group 'world'"
+        # One plan per call shape (``core/collectives.py`` makes them), gone with the group.
+        self.plans: dict[Hashable, Plan] = {}
 
     # The WORLD handle overrides this to follow whichever world is current.
     def _target(self) -> "Group":
@@ -127,43 +130,55 @@ class Group:
     def group_id(self) -> int:
         return self._target()._group_id
 
-    def run(self, name: str, body: Callable[[Ctx], Any], async_op: bool, signature: Signature) -> Work | Any:
-        """Run ``body`` with a fresh ``Ctx`` in this group's issue order.
+    @property
+    def team(self) -> Team:
+        """What the algorithms see of the group (members only)."""
+        target = self._target()
+        if target._team is None:
+            target.rank  # raises the non-member error
+        return target._team  # type: ignore[return-value]
 
-        A call that fails on a group with a shared-memory domain fails the domain too: its
-        members' post counts no longer match, so every later call is refused, and the peers'
-        pending waits learn of the failure at once (``ShmDomain.fail``).
+    def keep_plan(self, key: Hashable, plan: Plan) -> Plan:
+        """Keep ``plan`` for the call shape ``key`` (``plans``), forgetting the oldest beyond
+        ``PLANS_KEPT``; return it."""
+        plans = self._target().plans
+        if len(plans) >= PLANS_KEPT:
+            del plans[next(iter(plans))]
+        plans[key] = plan
+        return plan
+
+    def run(self, plan: Plan, async_op: bool, *args: Any) -> Work | Any:
+        """Run ``plan``'s algorithm on ``args`` in this group's issue order.
+
+        A call that fails ends the group on every member (see ``_failed``).
         """
         target = self if type(self) is Group else self._target()  # frontends pass resolved groups
         team = target._team
         if team is None:
             target.rank  # raises the non-member error
-        label = target._labels.get(name)
-        if label is None:
-            label = target._labels[name] = f"{name} on group {target._name!r}"
         engine = target._engine
         if not async_op:  # the common case, inline on this thread: no closure, no extra frame
             seq = engine.enter()
             if seq is not None:
-                ctx = Ctx.of(team, seq, label, signature)
+                ctx = Ctx.of(team, seq, plan)
                 try:
-                    return body(ctx)
+                    return plan.run(ctx, *args)  # type: ignore[misc]
                 except BaseException as exc:
                     _failed(ctx, exc)
                     raise
                 finally:
                     engine.leave()
 
-        def with_ctx(seq: int) -> Any:
-            ctx = Ctx.of(team, seq, label, signature)
+        def body(seq: int) -> Any:
+            ctx = Ctx.of(team, seq, plan)  # type: ignore[arg-type]
             try:
-                return body(ctx)
+                return plan.run(ctx, *args)  # type: ignore[misc]
             except BaseException as exc:
                 _failed(ctx, exc)
                 raise
 
         try:
-            return engine.submit(label, with_ctx, async_op)
+            return engine.submit(plan.label, body, async_op)
         except ConcurrentUseError as exc:  # the ranks' orders may differ already: end the group
             target.abort(f"calls from two threads at once ({exc})")
             raise
@@ -212,6 +227,7 @@ class Group:
         if self._shm is not None:
             self._shm.abort(error, tell_peers=False)  # peers learn we left from close()
         self._engine.stop(error)
+        self.plans.clear()  # they hold views of the domain's memory
         if self._shm is not None:
             self._shm.close()
 
@@ -242,6 +258,10 @@ class _WorldHandle(Group):
 
     def _target(self) -> Group:
         return _current_world().world_group
+
+    @property  # type: ignore[override]
+    def plans(self) -> dict[Hashable, Plan]:
+        return self._target().plans
 
     def __repr__(self) -> str:
         return "tensorcomm.WORLD"

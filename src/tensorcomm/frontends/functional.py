@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
+
 from ..core import collectives, p2p
 from ..core.work import Work
-from ..algorithms import kernels
-from ..types import PremulSum, ReduceOp, ReduceOpLike
+from ..types import ReduceOp, ReduceOpLike
 from . import validate
 from .arrays import Staged
 
@@ -34,38 +35,22 @@ def _done(result: Work | None, outputs: Sequence[Staged], async_op: bool) -> Wor
     return None
 
 
-# (op, dtype) pairs already checked, with the parsed op; keyed by the op's value for ReduceOp
-# members because Enum.__hash__ runs Python code on every lookup.
-_CHECKED_OPS: dict[tuple[Any, Any], Any] = {}
+def _joined(inputs: Sequence[Staged]) -> np.ndarray:
+    """A list of inputs as one flat array, blocks back to back (a copy)."""
+    return np.concatenate([i.buf for i in inputs], axis=None)
 
 
-_last_checked: tuple[Any, Any, Any] = (None, None, None)  # (op, dtype, parsed): calls repeat
-
-
-def _reduce_op(op: ReduceOpLike, staged: Staged, fn: str):  # type: ignore[no-untyped-def]
-    global _last_checked
-    dtype = staged.array.dtype
-    last = _last_checked
-    if op is last[0] and dtype is last[1]:
-        return last[2]
-    kind = type(op)
-    if kind is ReduceOp:
-        key = (op._value_, dtype)  # type: ignore[union-attr]
-    elif kind is str or kind is PremulSum:
-        key = (op, dtype)
-    else:  # not cacheable (maybe not even hashable): parse raises the argument's error
-        key = None
-    parsed = _CHECKED_OPS.get(key) if key is not None else None
-    if parsed is None:
-        parsed = ReduceOp.parse(op, f"{fn}: op")
-        kernels.check_op_dtype(parsed, dtype, f"{fn}: op")
-        if key is not None:
-            if len(_CHECKED_OPS) > 1024:
-                _CHECKED_OPS.clear()
-            _CHECKED_OPS[key] = parsed
-    if key is not None:
-        _last_checked = (op, dtype, parsed)
-    return parsed
+def _gathered(outputs: Sequence[Staged], dtype: np.dtype) -> np.ndarray:
+    """One flat scratch array for a list of outputs: each output's ``buf`` becomes its block of
+    it, so committing an output copies its block into the caller's array."""
+    flat = np.empty(sum(o.array.size for o in outputs), dtype=dtype)
+    offset = 0
+    for output in outputs:
+        size = output.array.size
+        output.buf = flat[offset:offset + size].reshape(output.array.shape)
+        output.needs_commit = True
+        offset += size
+    return flat
 
 
 def all_reduce(tensor: Any, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
@@ -83,8 +68,7 @@ def all_reduce(tensor: Any, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
     if async_op is not False:  # the common value needs no call
         validate.flag(async_op, "async_op", fn)
     staged = validate.array(tensor, "tensor", fn, writable=True)
-    reduce_op = _reduce_op(op, staged, fn)
-    result = collectives.all_reduce(g, staged.buf, reduce_op, async_op)
+    result = collectives.all_reduce(g, staged.buf, op, async_op)
     if async_op or staged.needs_commit:  # else (a contiguous numpy array, sync) nothing to do
         return _done(result, [staged], async_op)
     return None
@@ -98,9 +82,8 @@ def reduce(tensor: Any, dst: int = 0, op: ReduceOpLike = ReduceOp.SUM, group: An
     validate.flag(async_op, "async_op", fn)
     root = validate.rank(dst, "dst", fn, g)
     staged = validate.array(tensor, "tensor", fn, writable=g.rank == root)
-    reduce_op = _reduce_op(op, staged, fn)
     outputs = [staged] if g.rank == root else []
-    return _done(collectives.reduce(g, staged.buf, root, reduce_op, async_op), outputs, async_op)
+    return _done(collectives.reduce(g, staged.buf, root, op, async_op), outputs, async_op)
 
 
 def broadcast(tensor: Any, src: int = 0, group: Any = None, async_op: bool = False) -> Work | None:
@@ -130,10 +113,9 @@ def all_gather(tensor_list: Any, tensor: Any, group: Any = None, async_op: bool 
         raise ValueError(f"{fn}: tensor_list[{g.rank}] ({outputs[g.rank].signature}) must hold as many "
                          f"elements as this rank's tensor ({staged.signature})")
     validate.distinct(outputs, "tensor_list", fn)
-    targets = [o.buf for o in outputs]
-    (send,) = validate.unaliased([staged.buf], targets)
-    work = collectives.all_gather(g, targets, send, async_op)
-    return _done(work, outputs, async_op)
+    counts = [o.array.size for o in outputs]
+    out = _gathered(outputs, staged.buf.dtype)
+    return _done(collectives.all_gather(g, staged.buf, out, counts, async_op), outputs, async_op)
 
 
 def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None,
@@ -148,9 +130,9 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
     if output.array.size != staged.array.size * g.size:
         raise ValueError(f"{fn}: output_tensor ({output.signature}) must hold group size ({g.size}) x "
                          f"input_tensor ({staged.signature}) elements")
-    pieces = list(output.buf.reshape(g.size, -1)) if output.buf.size else [output.buf] * g.size
-    (send,) = validate.unaliased([staged.buf], [output.buf])  # in place: input = own piece
-    return _done(collectives.all_gather(g, pieces, send, async_op), [output], async_op)
+    send = validate.unaliased(staged.buf, output.buf)  # in place: the input is this rank's block
+    work = collectives.all_gather(g, send, output.buf, [staged.buf.size] * g.size, async_op)
+    return _done(work, [output], async_op)
 
 
 def gather(tensor: Any, gather_list: Any = None, dst: int = 0, group: Any = None,
@@ -165,17 +147,16 @@ def gather(tensor: Any, gather_list: Any = None, dst: int = 0, group: Any = None
     root = validate.rank(dst, "dst", fn, g)
     staged = validate.array(tensor, "tensor", fn)
     outputs: list[Staged] = []
+    out = None
     if g.rank == root:
         if gather_list is None:
             raise ValueError(f"{fn}: gather_list is required on the destination rank {dst}")
         outputs = validate.array_list(gather_list, "gather_list", fn, g.size, writable=True)
         validate.same_layout(outputs, staged, "gather_list", fn)
         validate.distinct(outputs, "gather_list", fn)
+        out = _gathered(outputs, staged.buf.dtype)
     counts = [staged.array.size] * g.size
-    targets = [o.buf for o in outputs]
-    (send,) = validate.unaliased([staged.buf], targets)
-    work = collectives.gather(g, send, targets or None, root, counts, async_op)
-    return _done(work, outputs, async_op)
+    return _done(collectives.gather(g, staged.buf, out, counts, root, async_op), outputs, async_op)
 
 
 def scatter(tensor: Any, scatter_list: Any = None, src: int = 0, group: Any = None,
@@ -186,16 +167,15 @@ def scatter(tensor: Any, scatter_list: Any = None, src: int = 0, group: Any = No
     validate.flag(async_op, "async_op", fn)
     root = validate.rank(src, "src", fn, g)
     output = validate.array(tensor, "tensor", fn, writable=True)
-    inputs: list[Staged] | None = None
+    send = None
     if g.rank == root:
         if scatter_list is None:
             raise ValueError(f"{fn}: scatter_list is required on the source rank {src}")
         inputs = validate.array_list(scatter_list, "scatter_list", fn, g.size)
         validate.same_layout(inputs, output, "scatter_list", fn)
+        send = _joined(inputs)
     counts = [output.array.size] * g.size
-    sources = validate.unaliased([i.buf for i in inputs], [output.buf]) if inputs else None
-    work = collectives.scatter(g, output.buf, sources, root, counts, async_op)
-    return _done(work, [output], async_op)
+    return _done(collectives.scatter(g, send, output.buf, counts, root, async_op), [output], async_op)
 
 
 def reduce_scatter(output: Any, input_list: Any, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
@@ -207,9 +187,8 @@ def reduce_scatter(output: Any, input_list: Any, op: ReduceOpLike = ReduceOp.SUM
     out = validate.array(output, "output", fn, writable=True)
     inputs = validate.array_list(input_list, "input_list", fn, g.size)
     validate.same_layout(inputs, out, "input_list", fn)
-    reduce_op = _reduce_op(op, out, fn)
-    sources = validate.unaliased([i.buf for i in inputs], [out.buf])
-    work = collectives.reduce_scatter(g, out.buf, sources, reduce_op, async_op)
+    counts = [out.array.size] * g.size
+    work = collectives.reduce_scatter(g, _joined(inputs), out.buf, counts, op, async_op, fn)
     return _done(work, [out], async_op)
 
 
@@ -225,10 +204,9 @@ def reduce_scatter_tensor(output: Any, input: Any, op: ReduceOpLike = ReduceOp.S
     if source.array.size != out.array.size * g.size:
         raise ValueError(f"{fn}: input ({source.signature}) must hold group size ({g.size}) x output "
                          f"({out.signature}) elements")
-    reduce_op = _reduce_op(op, out, fn)
-    blocks = list(source.buf.reshape(g.size, -1)) if source.buf.size else [source.buf] * g.size
-    blocks = validate.unaliased(blocks, [out.buf])  # in place: output = own block of the input
-    return _done(collectives.reduce_scatter(g, out.buf, blocks, reduce_op, async_op), [out], async_op)
+    send = validate.unaliased(source.buf, out.buf)  # in place: the output is this rank's block
+    work = collectives.reduce_scatter(g, send, out.buf, [out.array.size] * g.size, op, async_op, fn)
+    return _done(work, [out], async_op)
 
 
 def all_to_all(output_tensor_list: Any, input_tensor_list: Any, group: Any = None,
@@ -247,8 +225,10 @@ def all_to_all(output_tensor_list: Any, input_tensor_list: Any, group: Any = Non
                          f"[{g.rank}] ({kept.signature}) must hold as many elements: it is the block "
                          f"this rank (group rank {g.rank}) sends itself")
     validate.distinct(outputs, "output_tensor_list", fn)
-    targets = [o.buf for o in outputs]
-    work = collectives.all_to_all(g, targets, validate.unaliased([i.buf for i in inputs], targets), async_op)
+    send = _joined(inputs)
+    out = _gathered(outputs, send.dtype)
+    work = collectives.all_to_all(g, send, [i.array.size for i in inputs], out,
+                                  [o.array.size for o in outputs], async_op)
     return _done(work, outputs, async_op)
 
 
@@ -276,9 +256,9 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
         raise ValueError(f"{fn}: input_split_sizes[{g.rank}] ({send_rows[g.rank]}) and output_split_sizes"
                          f"[{g.rank}] ({recv_rows[g.rank]}) must be equal: it is the block this rank "
                          f"(group rank {g.rank}) sends itself")
-    (send,) = validate.unaliased([source.buf], [out.buf])
-    work = collectives.all_to_all_flat(g, out.buf, [r * row for r in send_rows], send,
-                                       [r * row for r in recv_rows], async_op)
+    send = validate.unaliased(source.buf, out.buf)
+    work = collectives.all_to_all(g, send, [r * row for r in send_rows], out.buf,
+                                  [r * row for r in recv_rows], async_op)
     return _done(work, [out], async_op)
 
 

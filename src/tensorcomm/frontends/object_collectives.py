@@ -15,7 +15,7 @@ bounded whatever the object's size, so objects past 2 GiB work on every transpor
 from __future__ import annotations
 
 import pickle
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -57,9 +57,17 @@ def _rounds(sizes: np.ndarray, run: Callable[[int, np.ndarray], None]) -> None:
 
 def _lengths(group: Group, length: int) -> np.ndarray:
     """Every member's byte count (an all-gather of one int64 each)."""
-    table = np.empty((group.size, 1), dtype=np.int64)
-    collectives.all_gather(group, list(table), np.array([length], dtype=np.int64), False)
-    return table[:, 0]
+    table = np.empty(group.size, dtype=np.int64)
+    collectives.all_gather(group, np.array([length], dtype=np.int64), table, [1] * group.size, False)
+    return table
+
+
+def _spread(flat: np.ndarray, counts: np.ndarray, into: Sequence[np.ndarray], start: int) -> None:
+    """Copy block ``q`` of ``flat`` (``counts[q]`` bytes) to ``into[q][start:]``."""
+    offset = 0
+    for target, count in zip(into, counts.tolist(), strict=True):
+        target[start:start + count] = flat[offset:offset + count]
+        offset += count
 
 
 def all_gather_object(object_list: list, obj: Any, group: Any = None) -> None:
@@ -84,8 +92,9 @@ def all_gather_object(object_list: list, obj: Any, group: Any = None) -> None:
     received = [np.empty(int(n), dtype=np.uint8) for n in sizes]
 
     def run(start: int, counts: np.ndarray) -> None:
-        pieces = [r[start:start + int(c)] for r, c in zip(received, counts)]
-        collectives.all_gather(g, pieces, data[start:start + int(counts[g.rank])], False)
+        out = np.empty(int(counts.sum()), dtype=np.uint8)
+        collectives.all_gather(g, data[start:start + int(counts[g.rank])], out, counts.tolist(), False)
+        _spread(out, counts, received, start)
 
     _rounds(sizes, run)
     object_list[:] = [_loads(r) for r in received]
@@ -157,8 +166,10 @@ def gather_object(obj: Any, object_gather_list: list | None = None, dst: int = 0
     received = [np.empty(int(n), dtype=np.uint8) for n in sizes] if g.rank == root else None
 
     def run(start: int, counts: np.ndarray) -> None:
-        pieces = None if received is None else [r[start:start + int(c)] for r, c in zip(received, counts)]
-        collectives.gather(g, data[start:start + int(counts[g.rank])], pieces, root, counts.tolist(), False)
+        out = None if received is None else np.empty(int(counts.sum()), dtype=np.uint8)
+        collectives.gather(g, data[start:start + int(counts[g.rank])], out, counts.tolist(), root, False)
+        if out is not None and received is not None:
+            _spread(out, counts, received, start)
 
     _rounds(sizes, run)
     if received is not None and object_gather_list is not None:
@@ -198,8 +209,9 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
     mine = np.empty(int(sizes[g.rank]), dtype=np.uint8)
 
     def run(start: int, counts: np.ndarray) -> None:
-        inputs = [s[start:start + int(c)] for s, c in zip(sent, counts)] if g.rank == root else None
-        collectives.scatter(g, mine[start:start + int(counts[g.rank])], inputs, root, counts.tolist(), False)
+        send = np.concatenate([s[start:start + int(c)] for s, c in zip(sent, counts, strict=True)]) \
+            if g.rank == root else None
+        collectives.scatter(g, send, mine[start:start + int(counts[g.rank])], counts.tolist(), root, False)
 
     _rounds(sizes, run)
     scatter_object_output_list[0] = _loads(mine)

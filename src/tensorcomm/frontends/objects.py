@@ -120,8 +120,8 @@ class AllGather(_Operator):
         staged = self._input(input_x)
         rows = _rows(staged, self._fn)
         out = np.empty((group.size * rows,) + staged.array.shape[1:], staged.array.dtype)
-        pieces = list(out.reshape(group.size, out.size // group.size))
-        collectives.all_gather(group, pieces, np.ascontiguousarray(staged.array), False)
+        collectives.all_gather(group, np.ascontiguousarray(staged.array), out,
+                               [out.size // group.size] * group.size, False)
         return self._new(staged, out)
 
 
@@ -151,9 +151,8 @@ class ReduceScatter(_Operator):
             raise ValueError(f"{self._fn}: dim 0 of input_x ({staged.signature}) is not divisible "
                              f"by the group size ({group.size})")
         x = np.ascontiguousarray(staged.array)
-        blocks = list(x.reshape(group.size, x.size // group.size))
         out = np.empty((rows // group.size,) + staged.array.shape[1:], staged.array.dtype)
-        collectives.reduce_scatter(group, out, blocks, self.op, False)
+        collectives.reduce_scatter(group, x, out, [out.size] * group.size, self.op, False)
         return self._new(staged, out)
 
 
@@ -241,7 +240,7 @@ class AlltoAll(_Operator):
         send = np.ascontiguousarray(np.moveaxis(x.reshape(block[:split] + (n,) + block[split:]), split, 0))
         recv = np.empty_like(send)
         counts = [int(np.prod(block))] * n
-        collectives.all_to_all_flat(group, recv, counts, send, counts, False)
+        collectives.all_to_all(group, send, counts, recv, counts, False)
         # Put the source axis just before concat_dim and merge the two: concatenation in rank order.
         out_shape = block[:concat] + (n * block[concat],) + block[concat + 1:]
         return self._new(staged, np.moveaxis(recv, 0, concat).reshape(out_shape))

@@ -70,8 +70,8 @@ class AlltoAllV(_Operator):
             return self._new(staged, out.reshape(-1))
         recv = _counts(recv_numel_list, "recv_numel_list", self._fn, group.size)
         out = np.empty(sum(recv) * self.block_size, staged.array.dtype)
-        collectives.all_to_all_flat(group, out, [s * self.block_size for s in send], units,
-                                    [r * self.block_size for r in recv], False)
+        collectives.all_to_all(group, units, [s * self.block_size for s in send], out,
+                               [r * self.block_size for r in recv], False)
         return self._new(staged, out)
 
 
@@ -140,8 +140,7 @@ class NeighborExchange(_Operator):
         order = sorted(range(len(dests)), key=dests.__getitem__)
         send = np.concatenate([np.ravel(staged[k].array) for k in order] or [np.empty(0, self.recv_type)])
         out = np.empty(sum(recv_counts), self.recv_type)
-        collectives.all_to_all_flat(group, out, send_counts, send,
-                                    recv_counts, False)
+        collectives.all_to_all(group, send, send_counts, out, recv_counts, False)
         offsets = np.concatenate(([0], np.cumsum(recv_counts)))
         like = staged[0] if staged else None
         results = [out[offsets[s]:offsets[s + 1]].reshape(shape)

@@ -53,7 +53,7 @@ def _headers(group: Group, x: np.ndarray, extra: Sequence[int], fn: str) -> np.n
     mine = np.array([SUPPORTED_DTYPES.index(x.dtype), _shape_fingerprint(x.shape[1:]), *extra],
                     dtype=np.int64)
     table = np.empty((group.size, mine.size), dtype=np.int64)
-    collectives.all_gather(group, list(table), mine, False)
+    collectives.all_gather(group, mine, table, [mine.size] * group.size, False)
     differ = np.flatnonzero((table[:, :_CHECKED] != table[0, :_CHECKED]).any(axis=1))
     if differ.size:
         raise CollectiveMismatchError(
@@ -72,14 +72,9 @@ def exchange(group: Group, x: np.ndarray, send_rows: Sequence[int], fn: str) -> 
     recv_rows = table[:, _CHECKED + group.rank]
     row = _row_size(x)
     out = np.empty((int(recv_rows.sum()),) + x.shape[1:], dtype=x.dtype)
-    collectives.all_to_all_flat(group, out, [r * row for r in send_rows], np.ascontiguousarray(x),
-                                (recv_rows * row).tolist(), False)
+    collectives.all_to_all(group, np.ascontiguousarray(x), [r * row for r in send_rows], out,
+                           (recv_rows * row).tolist(), False)
     return out, recv_rows.tolist()
-
-
-def _pieces(out: np.ndarray, rows: np.ndarray) -> list[np.ndarray]:
-    """Views of ``out`` (flattened) holding ``rows[i]`` rows each, back to back."""
-    return np.split(out.reshape(-1), np.cumsum(rows * _row_size(out))[:-1])
 
 
 def all_to_all_v(tensor: Any, splits: Sequence[int] | None = None,
@@ -123,7 +118,7 @@ def all_gather_v(tensor: Any, group: Any = None) -> tuple[Any, list[int]]:
     x = staged.array
     sizes = _headers(g, x, [_rows(staged, fn)], fn)[:, _CHECKED]
     out = np.empty((int(sizes.sum()),) + x.shape[1:], dtype=x.dtype)
-    collectives.all_gather(g, _pieces(out, sizes), np.ascontiguousarray(x), False)
+    collectives.all_gather(g, np.ascontiguousarray(x), out, (sizes * _row_size(x)).tolist(), False)
     return staged.adapter.new_like(staged.obj, out), sizes.tolist()
 
 
@@ -144,8 +139,7 @@ def gather_v(tensor: Any, dst: int = 0, group: Any = None) -> tuple[Any, list[in
     x = staged.array
     sizes = _headers(g, x, [_rows(staged, fn)], fn)[:, _CHECKED]
     out = np.empty((int(sizes.sum()),) + x.shape[1:], dtype=x.dtype) if g.rank == root else None
-    collectives.gather(g, np.ascontiguousarray(x), None if out is None else _pieces(out, sizes), root,
-                       (sizes * _row_size(x)).tolist(), False)
+    collectives.gather(g, np.ascontiguousarray(x), out, (sizes * _row_size(x)).tolist(), root, False)
     return None if out is None else (staged.adapter.new_like(staged.obj, out), sizes.tolist())
 
 
@@ -185,5 +179,5 @@ def scatter_v(tensor: Any = None, splits: Sequence[int] | None = None, src: int 
     dtype, shape, rows = SUPPORTED_DTYPES[int(kind[0])], tuple(layout[:kind[1]].tolist()), layout[kind[1]:]
     out = np.empty((int(rows[g.rank]),) + shape[1:], dtype=dtype)
     row = int(np.prod(shape[1:], dtype=np.int64))
-    collectives.scatter(g, out, None if x is None else _pieces(x, rows), root, (rows * row).tolist(), False)
+    collectives.scatter(g, x, out, (rows * row).tolist(), root, False)
     return out if staged is None else staged.adapter.new_like(staged.obj, out)

@@ -3,7 +3,6 @@ function, the argument, what was expected and what was given."""
 
 from __future__ import annotations
 
-import bisect
 import numbers
 from typing import Any, Sequence
 
@@ -125,7 +124,8 @@ def split_sizes(value: Any, argument: str, fn: str, size: int, rows: int) -> lis
 # other (ValueError, since ranks would overwrite each other's results); an input may share memory
 # with an output (``all_to_all_single(x, x)``, the in-place reduce_scatter_tensor and
 # all_gather_into_tensor conventions): the call then behaves as if every input had been read
-# before any output was written, on every transport alike.
+# before any output was written, on every transport alike. List inputs are joined into a copy
+# anyway, and list outputs are written through scratch; what remains is the tensor variants.
 
 
 def _span(buf: np.ndarray) -> tuple[int, int]:
@@ -146,22 +146,7 @@ def distinct(items: Sequence[Staged], argument: str, fn: str) -> None:
             reach, holder = stop, i
 
 
-def unaliased(sources: Sequence[np.ndarray], targets: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """``sources`` (inputs) with a private copy of each one that shares memory with a target
-    (output), so the call reads every input as it was before any output is written."""
-    spans = sorted(_span(t) for t in targets if t.nbytes)
-    if not spans:
-        return list(sources)
-    starts = [start for start, _ in spans]
-    reach = []  # reach[i]: the furthest end among spans[:i + 1]
-    for _, stop in spans:
-        reach.append(max(stop, reach[-1]) if reach else stop)
-    result = []
-    for source in sources:
-        if source.nbytes:
-            start, stop = _span(source)
-            below = bisect.bisect_left(starts, stop)  # targets starting before the source ends
-            if below and reach[below - 1] > start:
-                source = source.copy()
-        result.append(source)
-    return result
+def unaliased(source: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """``source`` (an input), or a private copy of it when it may share memory with ``target``
+    (an output), so the call reads the input as it was before the output is written."""
+    return source.copy() if np.may_share_memory(source, target) else source

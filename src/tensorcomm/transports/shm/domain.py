@@ -12,10 +12,13 @@ Layout of the segment, for ``n`` members::
     member 1       ...
 
 A member writes only its own IN slots and OUT region (and its own control line); everyone reads
-everyone's. IN slots alternate by *round* (``round & 1``), a counter every member advances in
-step, so a member can fill its next slot while slower peers still read the previous one: the
-algorithms' invariant (docs/transports.md) is that a member writes slot ``p`` of round ``g`` only
-after every peer has posted in round ``g - 1``, hence finished reading round ``g - 2``.
+everyone's. The members are laid out at one stride, so the same slot of every member is one
+strided ``(members, count)`` array (``stacked``): a reduction over all of them is one numpy call,
+whatever the number of members. IN slots alternate by *round*: ``next_round`` hands out the
+parity of each round a call uses, the only place rounds advance, in step on every member, so a
+member can fill its next slot while slower peers still read the previous one: the algorithms'
+invariant (docs/transports.md) is that a member writes slot ``p`` of round ``g`` only after
+every peer has posted in round ``g - 1``, hence finished reading round ``g - 2``.
 
 After any failure of a call (a peer lost, a mismatch, a timeout, an abort, even a local
 KeyboardInterrupt) the members' counters no longer match, so the domain refuses every later call
@@ -43,7 +46,6 @@ SLOT_BYTES = 1 << 20  # one IN slot; a call whose contribution fits one slot tak
 # call cannot have touched the caller's array; 8 MiB covers all-reduces of 8 MiB x members
 # (16 MiB on two ranks), which then stay in the last-level cache instead of paying a backup copy.
 OUT_BYTES = 8 << 20
-_VIEW_CACHE_LIMIT = 256
 
 
 def segment_bytes(size: int, slot_bytes: int, out_bytes: int) -> int:
@@ -62,8 +64,7 @@ class ShmDomain:
         out_bytes: bytes of this member's OUT region.
         inbox: ``inbox[q][p]``, member ``q``'s IN slot ``p`` (uint8 array).
         outbox: ``outbox[q]``, member ``q``'s OUT region (uint8 array).
-        round: rounds completed so far (IN slot parity); in step on every member.
-        start, begin, arrivals, post, wait, extent, extents: the call protocol (``Slots``' methods).
+        start, post, wait, extent, extents: the call protocol (``Slots``' methods).
     """
 
     def __init__(self, arena: Arena, rank: int, size: int, global_ranks: Sequence[int],
@@ -86,29 +87,26 @@ class ShmDomain:
         self.slots = Slots(whole[:control], address, rank, size, arena.pids, global_ranks, group_name, describe)
         whole.release()
         _check_header(self.slots.words, size, arena.nbytes, slot_bytes, out_bytes)
-        member = 2 * slot_bytes + out_bytes
+        self._member = member = 2 * slot_bytes + out_bytes
+        self._control = control
         raw = np.frombuffer(mm, dtype=np.uint8)
         self._raw = raw
         self.inbox = tuple(tuple(raw[control + q * member + p * slot_bytes:][:slot_bytes] for p in (0, 1))
                            for q in range(size))
         self.outbox = tuple(raw[control + q * member + 2 * slot_bytes:][:out_bytes] for q in range(size))
-        self.round = 0
+        self._round = 0
         slots = self.slots
         self.start = slots.start
-        self.begin = slots.begin
-        self.arrivals = slots.arrivals
         self.post = slots.post
         self.wait = slots.wait
         self.extent = slots.extent
         self.extents = slots.extents
-        self._views: dict[tuple[Any, ...], tuple[np.ndarray, ...]] = {}
-        self.memo: dict[Any, Any] = {}  # algorithms' per-call-shape set-ups (see ``remember``)
         self._backup = np.empty(0, dtype=np.uint8)
         self._closed = False
 
     # -- per call --------------------------------------------------------------------------------
     # The call protocol lives in ``Slots``; its methods are bound here once (``__init__``) so an
-    # algorithm's ``domain.begin(ctx)`` costs one call, not two.
+    # algorithm's ``domain.start(ctx)`` costs one call, not two.
 
     @property
     def posts(self) -> int:
@@ -120,24 +118,22 @@ class ShmDomain:
         """The failure that ended this domain's usefulness (or an abort), else None."""
         return self.slots.failure
 
-    def views(self, parity: int, dtype: np.dtype, count: int) -> tuple[np.ndarray, ...]:
-        """Every member's IN slot ``parity`` as ``count`` elements of ``dtype`` (cached)."""
-        key = (parity, dtype, count)
-        views = self._views.get(key)
-        if views is None:
-            if len(self._views) >= _VIEW_CACHE_LIMIT:
-                self._views.clear()
-            nbytes = count * dtype.itemsize
-            views = tuple(self.inbox[q][parity][:nbytes].view(dtype) for q in range(self.size))
-            self._views[key] = views
-        return views
+    def next_round(self) -> int:
+        """The IN slot parity of this call's next round; advances the round count (every member
+        calls it alike: rounds advance nowhere else)."""
+        parity = self._round & 1
+        self._round += 1
+        return parity
 
-    def remember(self, key: Any, value: Any) -> Any:
-        """Keep ``value`` in ``memo[key]`` (bounded; views of this domain may live there); return it."""
-        if len(self.memo) >= _VIEW_CACHE_LIMIT:
-            self.memo.clear()
-        self.memo[key] = value
-        return value
+    def stacked(self, parity: int, dtype: np.dtype, count: int, offset: int = 0,
+                region: str = "in") -> np.ndarray:
+        """Every member's IN slot ``parity`` (or OUT region: ``region="out"``) from byte
+        ``offset`` on, as one ``(size, count)`` array of ``dtype``: row ``q`` is member ``q``'s."""
+        if count * dtype.itemsize + offset > (self.slot_bytes if region == "in" else self.out_bytes):
+            raise ValueError(f"{count} x {dtype} from byte {offset} do not fit one {region} region")
+        start = self._control + offset + (parity * self.slot_bytes if region == "in" else 2 * self.slot_bytes)
+        return np.ndarray((self.size, count), dtype=dtype, buffer=self._raw, offset=start,
+                          strides=(self._member, dtype.itemsize))
 
     def backup(self, nbytes: int) -> np.ndarray:
         """Private scratch of ``nbytes`` (kept between calls: it is as large as the largest need)."""
@@ -170,8 +166,6 @@ class ShmDomain:
             return
         self._closed = True
         self.slots.leave()
-        self._views.clear()
-        self.memo.clear()
         self.inbox = self.outbox = ()
         self._raw = self._backup = None  # type: ignore[assignment]
         self.slots.close()

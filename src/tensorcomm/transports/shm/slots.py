@@ -7,14 +7,16 @@ beyond the five integers of a call signature.
 Protocol. Every rank owns one monotonically increasing *counter*, on its own cache line, that only
 it writes. A collective is a fixed sequence of *posts* (counter += 1) and *waits* ("peer's counter
 >= target"); every rank makes the same number of posts per call, so nothing is ever reset and a
-wait is one comparison. The first post of a call (``begin``) also *announces* the call: its step
-(sequence number), a 64-bit hash of its signature (collective, dtype, count, op, root) and an
-*extent* (how many bytes this rank contributes), written before the counter, on its cache line;
-the signature itself goes on the next line (rewritten only when it changes), for messages.
-``arrivals`` waits for every peer's first post and compares their step and hash with this rank's:
-a difference raises ``CollectiveMismatchError`` naming both sides and signatures, on every rank,
-since every rank checks every peer. (Two different signatures with one hash would go unnoticed;
-Python's tuple hash makes that practically impossible for calls that differ by mistake.)
+wait is one comparison. The first post of a call (``start``) also *announces* the call: its step
+(sequence number), a 64-bit *token* (the hash of its signature, the five integers collective,
+dtype, count, op, root, mixed with the step) and an *extent* (how many bytes this rank
+contributes), written before the counter, on its cache line; the signature itself goes on the
+next line (rewritten only when it changes), for messages. ``start`` then waits for every peer's
+first post and compares their tokens with this rank's: a difference raises
+``CollectiveMismatchError`` naming both sides and signatures, on every rank, since every rank
+checks every peer. (Two different calls with one token would go unnoticed; Python's tuple hash
+makes that practically impossible for calls that differ by mistake.) Per call and peer that is
+two reads of a word, and no numpy call.
 Announcements alternate between two entries by step parity: a peer that already started its next
 call (it may: nothing makes it wait for this rank to finish reading) leaves this call's entry
 intact.
@@ -64,7 +66,7 @@ SLEEP_SECONDS = 0.02  # longest futex sleep: bounds a lost wake-up and the check
 LIVENESS_SECONDS = 0.1  # how often a waiter checks that its peers' processes are alive
 
 MAGIC = 0x4D48534D43544E45  # b"ENTCMSHM" read little-endian
-VERSION = 1
+VERSION = 2  # 2: announcements carry a token (hash mixed with the step)
 PAGE = 4096
 HEADER_BYTES = 512
 LINE_BYTES = 1024  # per rank
@@ -74,7 +76,7 @@ TEXT_BYTES = 512  # fault text per rank
 H_MAGIC, H_VERSION, H_SIZE, H_NBYTES, H_SLOT, H_OUT = 0, 1, 2, 3, 4, 5
 H_FAULT = 8  # nonzero once any rank recorded a fault; on a cache line of its own
 # Words of a rank's line, relative to its start. Line 0: the counter, then two announcements (by
-# step parity) of 3 words: step, signature hash, extent. Lines 1-2: the two signatures (5 words).
+# step parity) of 3 words: step, token, extent. Lines 1-2: the two signatures (5 words).
 R_COUNTER = 0
 R_ENTRY = (1, 4)
 R_SIGNATURE = (8, 13)
@@ -89,7 +91,6 @@ FAULT_MISMATCH, FAULT_ABORTED, FAULT_PEER_LOST, FAULT_TIMEOUT, FAULT_FAILED = 1,
 _KIND_OF = {CollectiveMismatchError: FAULT_MISMATCH, GroupAbortedError: FAULT_ABORTED,
             PeerLostError: FAULT_PEER_LOST, CommTimeoutError: FAULT_TIMEOUT}
 
-ENTRY = struct.Struct("3q")  # step, signature hash, extent; native format: one 8-byte store each
 SIGNATURE = struct.Struct("5q")
 
 
@@ -205,25 +206,31 @@ class Slots:
         self._base = base
         self.counter_word = tuple(b + R_COUNTER for b in base)
         self._entry = tuple(tuple(b + e for e in R_ENTRY) for b in base)  # word of each entry
-        self._peer_entries = tuple(tuple(self._entry[q][p] for q in self.peers) for p in (0, 1))
+        self._peer_counters = tuple(self.counter_word[q] for q in self.peers)
+        self._peer_tokens = tuple(tuple(self._entry[q][p] + 1 for q in self.peers) for p in (0, 1))
         self._my_counter = base[rank] + R_COUNTER
         self._my_sleepers = base[rank] + R_SLEEPERS
         self._my_entry = self._entry[rank]
-        self._my_entry_byte = tuple(8 * e for e in self._entry[rank])
         self._my_signature_byte = tuple(8 * (base[rank] + s) for s in R_SIGNATURE)
         self._written: list[tuple[object, int]] = [(None, 0), (None, 0)]  # per entry parity
         self._liveness = _Liveness({q: pids[q] for q in self.peers})
         self.posts = 0
         self.failure: BaseException | None = None  # set by fail() or abort(), from any thread
-        self._hash = 0  # the current call's signature hash
 
     # -- the per-call protocol -----------------------------------------------------------------
 
-    def start(self, ctx: "CallInfo", extent: int | None = 0) -> None:
-        """``begin`` then ``arrivals``, in one call: what every algorithm does first.
+    def start(self, ctx: "CallInfo", extent: int | None = None) -> None:
+        """Begin a call, as every algorithm does first: announce it with this rank's first post,
+        wait for every peer's first post of it, and check that they announced the same call.
 
-        ``extent`` None leaves the extent unwritten: for calls whose algorithm never reads it
-        (peers read it only when their own call, hence this one, has the same signature).
+        The announcement is the call's step, a token (its signature's hash mixed with the step)
+        and, when given, ``extent``: the bytes this rank contributes, for algorithms whose peers
+        read it (``extents``); None leaves it unwritten.
+
+        Raises:
+            CollectiveMismatchError: a peer announced a different call; names both.
+            CommError: a call failed earlier here or on a peer (the counters no longer match):
+                an error of the same kind as that failure; or as ``wait``.
         """
         words = self.words
         if self.failure is not None or words[H_FAULT]:
@@ -231,44 +238,24 @@ class Slots:
         seq, signature = ctx.seq, ctx.signature
         parity = seq & 1
         written = self._written[parity]  # (signature, its hash) last announced with this parity
-        if signature is written[0]:  # the core reuses one object per signature
-            digest = written[1]
-        else:
-            digest = self._announce_signature(parity, signature)
-        self._hash = digest
+        digest = written[1] if signature is written[0] else self._announce_signature(parity, signature)
+        token = digest ^ seq
         entry = self._my_entry[parity]
         words[entry] = seq
-        words[entry + 1] = digest
+        words[entry + 1] = token
         if extent is not None:
             words[entry + 2] = extent
         self.posts = target = self.posts + 1
         words[self._my_counter] = target
         if words[self._my_sleepers]:
             self._wake_sleepers()
-        counters = self.counter_word
-        for q in self.peers:
-            if words[counters[q]] < target:
-                self._block(q, target, self.peers, ctx)
-        for entry in self._peer_entries[parity]:
-            if words[entry] != seq or words[entry + 1] != digest:
-                raise self._mismatch(entry, ctx)
-
-    def begin(self, ctx: "CallInfo", extent: int = 0) -> None:
-        """Start a call: announce it (step, signature, ``extent``) with this rank's first post.
-
-        Raises:
-            CommError: a call failed earlier on this rank or on a peer (the counters no longer
-                match): an error of the same kind as that failure.
-        """
-        words = self.words
-        if self.failure is not None or words[H_FAULT]:
-            raise self.refusal()
-        seq, signature = ctx.seq, ctx.signature
-        parity = seq & 1
-        written = self._written[parity]
-        self._hash = written[1] if signature is written[0] else self._announce_signature(parity, signature)
-        ENTRY.pack_into(self.bytes, self._my_entry_byte[parity], seq, self._hash, extent)
-        self.post()
+        for word in self._peer_counters:
+            if words[word] < target:
+                self._block(self.peers, target, ctx)
+                break
+        for word in self._peer_tokens[parity]:
+            if words[word] != token:
+                raise self._mismatch(word, ctx)
 
     def _announce_signature(self, parity: int, signature: Sequence[int]) -> int:
         """Write ``signature`` beside the announcements of this parity; return its hash."""
@@ -276,19 +263,6 @@ class Slots:
         digest = hash(tuple(signature))
         self._written[parity] = (signature, digest)
         return digest
-
-    def arrivals(self, ctx: "CallInfo") -> None:
-        """Wait for every peer's first post of this call; check they announced the same call.
-
-        Raises:
-            CollectiveMismatchError: a peer announced a different call; names both.
-            CommTimeoutError, PeerLostError, CommError: as ``wait``.
-        """
-        self.wait(self.peers, self.posts, ctx)
-        seq, digest, words = ctx.seq, self._hash, self.words
-        for entry in self._peer_entries[seq & 1]:
-            if words[entry] != seq or words[entry + 1] != digest:
-                raise self._mismatch(entry, ctx)
 
     def post(self) -> None:
         """Make this rank's next post (everything written before it is visible first)."""
@@ -306,13 +280,14 @@ class Slots:
             PeerLostError: a peer's process exited or it left the group.
             CommError: a fault some rank recorded (mismatch, abort, ...), re-raised here.
         """
-        words = self.words
+        words, counters = self.words, self.counter_word
         for q in ranks:
-            if words[self.counter_word[q]] < target:
-                self._block(q, target, ranks, ctx)
+            if words[counters[q]] < target:
+                self._block(ranks, target, ctx)
+                return
 
     def extent(self, rank: int, ctx: "CallInfo") -> int:
-        """The extent ``rank`` announced for this call (valid after ``arrivals``)."""
+        """The extent ``rank`` announced for this call (valid after ``start``)."""
         return self.words[self._entry[rank][ctx.seq & 1] + 2]
 
     def extents(self, ctx: "CallInfo") -> list[int]:
@@ -327,10 +302,10 @@ class Slots:
         self.words[self._my_sleepers] = 0
         _futex_wake(self.address + self._my_counter * 8)
 
-    def _mismatch(self, entry: int, ctx: "CallInfo") -> CollectiveMismatchError:
-        q = next(q for q in self.peers if entry in self._entry[q])
+    def _mismatch(self, token_word: int, ctx: "CallInfo") -> CollectiveMismatchError:
+        q = next(q for q in self.peers if token_word - 1 in self._entry[q])
         seq, parity = ctx.seq, ctx.seq & 1
-        theirs_seq = self.words[entry]
+        theirs_seq = self.words[token_word - 1]
         theirs = SIGNATURE.unpack_from(self.bytes, 8 * (self._base[q] + R_SIGNATURE[parity]))
         me, them = self.global_ranks[self.rank], self.global_ranks[q]
         if theirs_seq != seq:
@@ -343,23 +318,30 @@ class Slots:
 
     # -- blocking --------------------------------------------------------------------------------
 
-    def _block(self, q: int, target: int, ranks: Sequence[int], ctx: "CallInfo") -> None:
-        words = self.words
-        word = self.counter_word[q]
-        for _ in range(SPIN_READS):
-            if words[word] >= target:
-                return
+    def _block(self, ranks: Sequence[int], target: int, ctx: "CallInfo") -> None:
+        """Wait until every rank of ``ranks`` has made ``target`` posts (see the module docstring)."""
+        words, counters = self.words, self.counter_word
+        for q in ranks:  # spin a little on each peer still behind, in turn
+            word = counters[q]
+            for _ in range(SPIN_READS):
+                if words[word] >= target:
+                    break
+            else:
+                break  # this one is slow: wait in earnest
+        else:
+            return
         now = time.monotonic()
         check_alive = now + LIVENESS_SECONDS
         sleep_from = now + YIELD_SECONDS
-        state = self._base[q] + R_STATE
         while True:
-            if words[word] >= target:
+            behind = [q for q in ranks if words[counters[q]] < target]
+            if not behind:
                 return
             if words[H_FAULT] or self.failure is not None:
                 raise self.fault()
-            if words[state] == STATE_LEFT and words[word] < target:
-                raise PeerLostError(self.global_ranks[q], "it left the group (destroy() was called)")
+            for q in behind:  # the counter is read again after the state: a peer posts, then leaves
+                if words[self._base[q] + R_STATE] == STATE_LEFT and words[counters[q]] < target:
+                    raise PeerLostError(self.global_ranks[q], "it left the group (destroy() was called)")
             now = time.monotonic()
             if now >= ctx.deadline:
                 raise self._timeout(ranks, target, ctx)
@@ -369,7 +351,7 @@ class Slots:
             if now < sleep_from:
                 os.sched_yield()
             else:
-                self._sleep(q, target, min(SLEEP_SECONDS, check_alive - now, ctx.deadline - now))
+                self._sleep(behind[0], target, min(SLEEP_SECONDS, check_alive - now, ctx.deadline - now))
 
     def _sleep(self, q: int, target: int, seconds: float) -> None:
         words = self.words

@@ -1,0 +1,108 @@
+"""Transport algorithms in the common calling convention: they run on scratch copies.
+
+Every algorithm ``select`` offers for a collective takes the same arguments (see ``select``):
+the caller's flat arrays, and the caller's op for reductions. The shared-memory algorithms work
+on those directly. The transport algorithms (``allreduce``, ``broadcast``, ...) work on buffers
+of their own instead: reductions on a copy in the accumulation dtype (``kernels.prepare``),
+broadcast receivers and every output on scratch. The wrappers here make those copies and write
+the caller's arrays only once the algorithm has succeeded, so a failed call leaves them
+untouched. Each wrapper is applied once, in ``select.ROWS``. Must not import ``core``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from . import kernels
+from .base import Ctx
+from ..types import PremulSum, ReduceOp
+
+Op = ReduceOp | PremulSum
+Algorithm = Callable[..., None]
+
+
+def _named(run: Algorithm, algorithm: Algorithm) -> Algorithm:
+    run.__name__ = run.__qualname__ = f"staged_{algorithm.__name__}"
+    run.__doc__ = f"``{algorithm.__module__}.{algorithm.__name__}`` on scratch copies."
+    run.__wrapped__ = algorithm  # type: ignore[attr-defined]
+    return run
+
+
+def all_reduce(algorithm: Algorithm) -> Algorithm:
+    """``algorithm(ctx, work, base_op)`` on a prepared copy of ``x``."""
+    def run(ctx: Ctx, x: np.ndarray, op: Op) -> None:
+        base, work = kernels.prepare(op, x)
+        algorithm(ctx, work, base)
+        kernels.finish(op, work, x, ctx.size)
+    return _named(run, algorithm)
+
+
+def reduce(algorithm: Algorithm) -> Algorithm:
+    """``algorithm(ctx, work, out, root, base_op)``; ``out`` scratch on the root only."""
+    def run(ctx: Ctx, x: np.ndarray, root: int, op: Op) -> None:
+        base, work = kernels.prepare(op, x)
+        out = np.empty_like(work) if ctx.rank == root else None
+        algorithm(ctx, work, out, root, base)
+        if out is not None:
+            kernels.finish(op, out, x, ctx.size)
+    return _named(run, algorithm)
+
+
+def broadcast(algorithm: Algorithm) -> Algorithm:
+    """``algorithm(ctx, buf, root)``; receivers get scratch."""
+    def run(ctx: Ctx, x: np.ndarray, root: int) -> None:
+        work = x if ctx.rank == root else np.empty_like(x)
+        algorithm(ctx, work, root)
+        if ctx.rank != root:
+            x[...] = work
+    return _named(run, algorithm)
+
+
+def all_gather(algorithm: Algorithm) -> Algorithm:
+    """``algorithm(ctx, send, out, counts)`` with ``out`` scratch."""
+    def run(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> None:
+        scratch = np.empty_like(out)
+        algorithm(ctx, send, scratch, counts)
+        out[...] = scratch
+    return _named(run, algorithm)
+
+
+def gather(algorithm: Algorithm) -> Algorithm:
+    """``algorithm(ctx, send, out, counts, root)`` with ``out`` scratch on the root."""
+    def run(ctx: Ctx, send: np.ndarray, out: np.ndarray | None, counts: Sequence[int], root: int) -> None:
+        scratch = None if out is None else np.empty_like(out)
+        algorithm(ctx, send, scratch, counts, root)
+        if out is not None:
+            out[...] = scratch
+    return _named(run, algorithm)
+
+
+def scatter(algorithm: Algorithm) -> Algorithm:
+    """``algorithm(ctx, send, out, counts, root)`` with ``out`` scratch."""
+    def run(ctx: Ctx, send: np.ndarray | None, out: np.ndarray, counts: Sequence[int], root: int) -> None:
+        scratch = np.empty_like(out)
+        algorithm(ctx, send, scratch, counts, root)
+        out[...] = scratch
+    return _named(run, algorithm)
+
+
+def all_to_all(algorithm: Algorithm) -> Algorithm:
+    """``algorithm(ctx, send, send_counts, out, recv_counts)`` with ``out`` scratch."""
+    def run(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
+            recv_counts: Sequence[int]) -> None:
+        scratch = np.empty_like(out)
+        algorithm(ctx, send, send_counts, scratch, recv_counts)
+        out[...] = scratch
+    return _named(run, algorithm)
+
+
+def reduce_scatter(algorithm: Algorithm) -> Algorithm:
+    """``algorithm(ctx, work, out, counts, base_op)`` on a prepared copy of ``send``."""
+    def run(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence[int], op: Op) -> None:
+        base, work = kernels.prepare(op, send)
+        reduced = np.empty(counts[ctx.rank], dtype=work.dtype)
+        algorithm(ctx, work, reduced, counts, base)
+        kernels.finish(op, reduced, out, ctx.size)
+    return _named(run, algorithm)
