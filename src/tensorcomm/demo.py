@@ -15,101 +15,74 @@ import numpy as np
 import tensorcomm as tc
 from tensorcomm.testing.reference import rank_data, reduce_reference
 
-Check = Callable[[], bool]  # runs the collective once and says whether the result is right
+Case = tuple[Callable[[], None], Callable[[], bool]]  # (run the collective once, is the result right)
+WARMUP = 5  # untimed calls first: the first call of a shape plans it, the next ones warm caches
 
 
-def _cases(rank: int, size: int, count: int) -> dict[str, Check]:
-    """One closure per collective; each builds fresh inputs and compares with numpy."""
+def _cases(rank: int, size: int, count: int) -> dict[str, Case]:
+    """Per collective: ``run`` (its input reset, then one call) and ``check`` (against numpy)."""
     everyone = [rank_data(r, count, np.float32) for r in range(size)]
     mine = everyone[rank]
     total = reduce_reference(tc.ReduceOp.SUM, everyone)
     peak = reduce_reference(tc.ReduceOp.MAX, everyone)
     right, left = (rank + 1) % size, (rank - 1) % size
+    block = count // size
+    x = np.empty_like(mine)
+    outs = [np.empty_like(mine) for _ in range(size)]
+    gathered = np.empty(size * count, np.float32)
+    part = np.empty(block, np.float32)
+    swapped = np.empty(block * size, np.float32)
+    head = np.ascontiguousarray(mine[:block * size])
 
-    def all_reduce() -> bool:
-        x = mine.copy()
-        tc.all_reduce(x)
-        return np.array_equal(x, total)
+    def reset_then(call: Callable[[], object]) -> Callable[[], None]:
+        def run() -> None:
+            x[...] = mine
+            call()
+        return run
 
-    def all_reduce_max_async() -> bool:
-        x = mine.copy()
-        tc.all_reduce(x, op=tc.ReduceOp.MAX, async_op=True).wait()
-        return np.array_equal(x, peak)
-
-    def reduce() -> bool:
-        x = mine.copy()
-        tc.reduce(x, dst=0)
-        return np.array_equal(x, total if rank == 0 else mine)
-
-    def broadcast() -> bool:
-        x = mine.copy()
-        tc.broadcast(x, src=size - 1)
-        return np.array_equal(x, everyone[-1])
-
-    def all_gather() -> bool:
-        out = [np.empty_like(mine) for _ in range(size)]
-        tc.all_gather(out, mine)
-        return all(np.array_equal(o, e) for o, e in zip(out, everyone))
-
-    def all_gather_into_tensor() -> bool:
-        out = np.empty(size * count, np.float32)
-        tc.all_gather_into_tensor(out, mine)
-        return np.array_equal(out, np.concatenate(everyone))
-
-    def gather() -> bool:
-        out = [np.zeros_like(mine) for _ in range(size)]
-        tc.gather(mine, out if rank == 0 else None, dst=0)
-        return rank != 0 or all(np.array_equal(o, e) for o, e in zip(out, everyone))
-
-    def scatter() -> bool:
-        out = np.empty_like(mine)
-        tc.scatter(out, everyone if rank == 0 else None, src=0)
-        return np.array_equal(out, mine)
-
-    def reduce_scatter_tensor() -> bool:
-        block = count // size
-        out = np.empty(block, np.float32)
-        tc.reduce_scatter_tensor(out, np.ascontiguousarray(mine[:block * size]))
-        return np.array_equal(out, total[rank * block:(rank + 1) * block])
-
-    def all_to_all_single() -> bool:
-        block = count // size
-        out = np.empty(block * size, np.float32)
-        tc.all_to_all_single(out, np.ascontiguousarray(mine[:block * size]))
-        expected = np.concatenate([e[rank * block:(rank + 1) * block] for e in everyone])
-        return np.array_equal(out, expected)
-
-    def send_recv() -> bool:
-        got = np.empty_like(mine)
-        receiving = tc.irecv(got, src=left)
+    def receive() -> None:
+        receiving = tc.irecv(x, src=left)
         tc.send(mine, dst=right)
         receiving.wait()
-        return np.array_equal(got, everyone[left])
 
-    def barrier() -> bool:
-        tc.barrier()
-        return True
-
-    cases: dict[str, Check] = {
-        "all_reduce(sum)": all_reduce, "all_reduce(max, async)": all_reduce_max_async,
-        "reduce": reduce, "broadcast": broadcast, "all_gather": all_gather,
-        "all_gather_into_tensor": all_gather_into_tensor, "gather": gather, "scatter": scatter,
-        "reduce_scatter_tensor": reduce_scatter_tensor, "all_to_all_single": all_to_all_single,
-        "barrier": barrier,
+    cases: dict[str, Case] = {
+        "all_reduce(sum)": (reset_then(lambda: tc.all_reduce(x)), lambda: np.array_equal(x, total)),
+        "all_reduce(max, async)": (reset_then(lambda: tc.all_reduce(x, op=tc.ReduceOp.MAX, async_op=True).wait()),
+                                   lambda: np.array_equal(x, peak)),
+        "reduce": (reset_then(lambda: tc.reduce(x, dst=0)),
+                   lambda: np.array_equal(x, total if rank == 0 else mine)),
+        "broadcast": (reset_then(lambda: tc.broadcast(x, src=size - 1)), lambda: np.array_equal(x, everyone[-1])),
+        "all_gather": (lambda: tc.all_gather(outs, mine),
+                       lambda: all(np.array_equal(o, e) for o, e in zip(outs, everyone))),
+        "all_gather_into_tensor": (lambda: tc.all_gather_into_tensor(gathered, mine),
+                                   lambda: np.array_equal(gathered, np.concatenate(everyone))),
+        "gather": (lambda: tc.gather(mine, outs if rank == 0 else None, dst=0),
+                   lambda: rank != 0 or all(np.array_equal(o, e) for o, e in zip(outs, everyone))),
+        "scatter": (lambda: tc.scatter(x, everyone if rank == 0 else None, src=0), lambda: np.array_equal(x, mine)),
+        "reduce_scatter_tensor": (lambda: tc.reduce_scatter_tensor(part, head),
+                                  lambda: np.array_equal(part, total[rank * block:(rank + 1) * block])),
+        "all_to_all_single": (lambda: tc.all_to_all_single(swapped, head), lambda: np.array_equal(
+            swapped, np.concatenate([e[rank * block:(rank + 1) * block] for e in everyone]))),
+        "barrier": (tc.barrier, lambda: True),
     }
     if size > 1:
-        cases["send/recv ring"] = send_recv
+        cases["send/recv ring"] = (receive, lambda: np.array_equal(x, everyone[left]))
     return cases
 
 
-def _measure(check: Check, iterations: int) -> tuple[bool, float]:
-    """Correctness of the first call, then the mean time of ``iterations`` more, in seconds."""
+def _measure(case: Case, iterations: int) -> tuple[bool, float]:
+    """Whether the result is right, and the mean time of ``iterations`` calls after ``WARMUP``."""
+    run, check = case
+    run()
     ok = check()
+    for _ in range(WARMUP):
+        run()
     tc.barrier()
     start = time.perf_counter()
     for _ in range(iterations):
-        ok = check() and ok
-    return ok, (time.perf_counter() - start) / iterations
+        run()
+    seconds = (time.perf_counter() - start) / iterations
+    return ok and check(), seconds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     transport = tc.WORLD.transport_kind.value
     rows = []
     for count in args.sizes:
-        for name, check in _cases(rank, size, count).items():
-            ok, seconds = _measure(check, args.iterations)
+        for name, case in _cases(rank, size, count).items():
+            ok, seconds = _measure(case, args.iterations)
             wrong = np.array([0 if ok else 1], np.int64)
             tc.all_reduce(wrong)  # a result is only "ok" if it is right on every rank
             slowest = np.array([seconds])
@@ -134,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     tc.destroy()
     if rank == 0:
         print(f"tensorcomm demo: {size} ranks over {transport}, float32, {args.iterations} timed "
-              "calls per row")
+              f"calls per row after {WARMUP} untimed ones")
         print(f"{'collective':<24} {'bytes':>10} {'result':>12} {'time/call':>12}")
         for name, nbytes, wrong_ranks, seconds in rows:
             result = "ok" if wrong_ranks == 0 else f"WRONG on {wrong_ranks}"
