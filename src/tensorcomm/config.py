@@ -33,6 +33,8 @@ SOCKET_BUFFER_BYTES = 4 << 20
 # or passed on as it arrives (algorithms/wire.py): smaller chunks cost per-message overhead,
 # larger ones lose the overlap of transfer and arithmetic.
 TCP_CHUNK_BYTES = 1 << 20
+# Largest scratch buffer a transport keeps for its algorithms' next call (Transport.scratch).
+SCRATCH_KEEP_BYTES = 512 << 20
 WIRE_DTYPES = ("bfloat16", "float16")  # what ENV_WIRE_DTYPE accepts
 # Longest timeout accepted anywhere (about 31 years): longer ones overflow the platform's timers.
 MAX_TIMEOUT = 1e9

@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from .base import Ctx
-from .wire import chunk_elements, spans
+from .wire import chunk_elements, scratch, spans
 
 
 def bounds(counts: Sequence[int]) -> list[int]:
@@ -43,7 +43,7 @@ def ring_inplace(ctx: Ctx, buf: np.ndarray, offsets: Sequence[int], shift: int =
     right, left = (r + 1) % n, (r - 1) % n
     # With a wire dtype, blocks travel through a packed copy of the buffer and are widened into
     # ``buf`` as they arrive.
-    carrier = buf if wire is None else np.empty(buf.size, wire)
+    carrier = buf if wire is None else scratch(ctx, "carrier", buf.size, wire)
     chunk = chunk_elements(ctx, carrier.itemsize)
     own = (r - shift) % n
     if wire is not None:
@@ -91,15 +91,15 @@ def bruck(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence[int]) ->
     """
     n, r = ctx.size, ctx.rank
     rotated = bounds([*counts[r:], *counts[:r]])
-    scratch = np.empty(rotated[-1], dtype=out.dtype)
-    scratch[:rotated[1]] = send
+    rotated_blocks = scratch(ctx, "bruck", rotated[-1], out.dtype)
+    rotated_blocks[:rotated[1]] = send
     distance, step = 1, 0
     while distance < n:
         blocks = min(distance, n - distance)
-        ctx.sendrecv((r - distance) % n, scratch[:rotated[blocks]],
-                     (r + distance) % n, scratch[rotated[distance]:rotated[distance + blocks]], step)
+        ctx.sendrecv((r - distance) % n, rotated_blocks[:rotated[blocks]],
+                     (r + distance) % n, rotated_blocks[rotated[distance]:rotated[distance + blocks]], step)
         distance, step = distance * 2, step + 1
     own = bounds(counts)[r]
     tail = rotated[-1] - own  # elements of blocks r..size-1, which come first in scratch
-    out[own:] = scratch[:tail]
-    out[:own] = scratch[tail:]
+    out[own:] = rotated_blocks[:tail]
+    out[:own] = rotated_blocks[tail:]

@@ -13,7 +13,7 @@ from .allgather import bounds, even_counts, ring_inplace
 from .base import Ctx
 from .kernels import combine
 from .reduce_scatter import ring_reduce
-from .wire import chunk_elements, compressed, recv_chunked, round_to, send_chunked, spans
+from .wire import chunk_elements, compressed, recv_chunked, round_to, scratch, send_chunked, spans
 from ..types import ReduceOp
 
 
@@ -46,7 +46,7 @@ def recursive_doubling(ctx: Ctx, buf: np.ndarray, op: ReduceOp) -> None:
     bit-identical (operand order matters for signed zeros and NaN payloads). Buffers travel in
     chunks, each combined as it arrives. With wire compression both partners of a round round
     their own value to the wire dtype first (each then adds the same two rounded values), and the
-    result is rounded once more at the end. Scratch: one buffer.
+    result is rounded once more at the end. Scratch: one buffer (two with compression).
     """
     n, r = ctx.size, ctx.rank
     if n == 1:
@@ -59,7 +59,7 @@ def recursive_doubling(ctx: Ctx, buf: np.ndarray, op: ReduceOp) -> None:
         send_chunked(ctx, r + 1, buf, 0, wire)
         recv_chunked(ctx, r + 1, buf, unfold_step, wire)
         return
-    incoming = np.empty(buf.size, buf.dtype if wire is None else wire)
+    incoming = scratch(ctx, "incoming", buf.size, buf.dtype if wire is None else wire)
     if r < 2 * extra:
         _exchange(ctx, None, r - 1, buf, incoming, 0, op, wire, partner_first=True)
         virtual = r // 2
@@ -86,11 +86,12 @@ def _exchange(ctx: Ctx, dst: int | None, src: int, buf: np.ndarray, incoming: np
     pieces = spans(0, buf.size, chunk_elements(ctx, incoming.itemsize))
     outgoing = buf
     if wire is not None and dst is not None:
-        outgoing = buf.astype(wire)
+        outgoing = scratch(ctx, "outgoing", buf.size, wire)
+        outgoing[...] = buf
         buf[...] = outgoing  # both partners combine the same two rounded values
     receiving = [ctx.irecv(src, incoming[lo:hi], step) for lo, hi in pieces]
     sending = [] if dst is None else [ctx.isend(dst, outgoing[lo:hi], step) for lo, hi in pieces]
-    widened = None if wire is None else np.empty(pieces[0][1], buf.dtype)
+    widened = None if wire is None else scratch(ctx, "widened", pieces[0][1], buf.dtype)
     for index, ((lo, hi), request) in enumerate(zip(pieces, receiving)):
         ctx.wait(request)
         if sending and outgoing is buf:

@@ -14,7 +14,7 @@ import numpy as np
 from .allgather import bounds
 from .base import Ctx, Request
 from .kernels import combine
-from .wire import chunk_elements, compressed, spans
+from .wire import chunk_elements, compressed, scratch, spans
 from ..types import ReduceOp
 
 
@@ -41,11 +41,11 @@ def ring_reduce(ctx: Ctx, send: np.ndarray, offsets: Sequence[int], op: ReduceOp
     carried = send.dtype if wire is None else wire
     chunk = chunk_elements(ctx, carried.itemsize)
     widest = max(hi - lo for lo, hi in zip(offsets, offsets[1:]))
-    inbox = [np.empty(widest, carried) for _ in range(min(2, n - 1))]
+    inbox = [scratch(ctx, f"inbox{i}", widest, carried) for i in range(min(2, n - 1))]
     # Message m carries block (r - 1 - m) % n rightwards: this rank's own block for m = 0, then
     # the partial made from the left neighbour's message m - 1, kept in outbox[m % 2].
-    outbox = [np.empty(widest, carried) for _ in range(2 if n > 2 else int(wire is not None))]
-    widened = None if wire is None else np.empty(min(chunk, widest), send.dtype)
+    outbox = [scratch(ctx, f"outbox{i}", widest, carried) for i in range(2 if n > 2 else int(wire is not None))]
+    widened = None if wire is None else scratch(ctx, "widened", min(chunk, widest), send.dtype)
 
     def pieces(block: int) -> list[tuple[int, int]]:
         return spans(0, offsets[block + 1] - offsets[block], chunk)

@@ -49,6 +49,13 @@ def compressed(ctx: Ctx, dtype: np.dtype, op: ReduceOp) -> np.dtype | None:
     return wire
 
 
+def scratch(ctx: Ctx, purpose: str, count: int, dtype: np.dtype) -> np.ndarray:
+    """``count`` elements of ``dtype`` that this group's calls reuse (``Transport.scratch``):
+    each ``purpose`` names one buffer of one call."""
+    dtype = np.dtype(dtype)
+    return ctx.transport.scratch((ctx.group_id, purpose), count * dtype.itemsize).view(dtype)
+
+
 def round_to(wire: np.dtype, values: np.ndarray) -> None:
     """Round float32 ``values`` in place to what ``wire`` can hold (exact values stay)."""
     values[...] = values.astype(wire)
@@ -56,7 +63,10 @@ def round_to(wire: np.dtype, values: np.ndarray) -> None:
 
 def send_chunked(ctx: Ctx, peer: int, buf: np.ndarray, step: int, wire: np.dtype | None = None) -> None:
     """Send ``buf`` to group rank ``peer`` in chunks (as ``wire`` if given) and wait."""
-    outgoing = buf if wire is None else buf.astype(wire)
+    outgoing = buf
+    if wire is not None:
+        outgoing = scratch(ctx, "outgoing", buf.size, wire)
+        outgoing[...] = buf
     pieces = spans(0, buf.size, chunk_elements(ctx, outgoing.itemsize))
     for request in [ctx.isend(peer, outgoing[lo:hi], step) for lo, hi in pieces]:
         ctx.wait(request)
@@ -64,7 +74,7 @@ def send_chunked(ctx: Ctx, peer: int, buf: np.ndarray, step: int, wire: np.dtype
 
 def recv_chunked(ctx: Ctx, peer: int, buf: np.ndarray, step: int, wire: np.dtype | None = None) -> None:
     """Receive ``buf`` from group rank ``peer`` as ``send_chunked`` sent it."""
-    incoming = buf if wire is None else np.empty(buf.size, wire)
+    incoming = buf if wire is None else scratch(ctx, "packed", buf.size, wire)
     pieces = spans(0, buf.size, chunk_elements(ctx, incoming.itemsize))
     for (lo, hi), request in zip(pieces, [ctx.irecv(peer, incoming[lo:hi], step) for lo, hi in pieces]):
         ctx.wait(request)

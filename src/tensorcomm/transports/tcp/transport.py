@@ -50,7 +50,7 @@ _REMEMBERED_CALLS = 4096
 # How long the background thread leaves the sockets to a caller that stopped driving: longer
 # than the gaps between one call's waits (so no hand-off within a call), short enough that a
 # peer's sends stall only briefly while this rank's caller computes.
-_LINGER = 0.002
+_LINGER = 0.05
 _READ_BUDGET = 4 << 20  # bytes read from one link per turn, so a busy link starves no other
 _DISCARD_BYTES = 1 << 20  # scratch for draining a message no posted receive can take
 _NO_DEADLINE = float("inf")
@@ -105,10 +105,12 @@ class _Unexpected:
     copies what came so far and reads the rest straight into the request's buffer.
     """
 
-    __slots__ = ("data", "signature", "complete", "request")
+    __slots__ = ("data", "signature", "complete", "request", "spare")
 
-    def __init__(self, data: memoryview, signature: Signature | None, complete: bool) -> None:
+    def __init__(self, data: memoryview, signature: Signature | None, complete: bool,
+                 spare: np.ndarray | None = None) -> None:
         self.data = data
+        self.spare = spare  # the transport's reusable buffer behind ``data``, if it is one
         self.signature = signature
         self.complete = complete
         self.request: TcpRequest | None = None
@@ -190,6 +192,8 @@ class TcpTransport(Transport):
         self._closing = False
         self._on_peer_lost = on_peer_lost
         self._discard = memoryview(bytearray(0))
+        self._spares: dict[int, list[np.ndarray]] = {}  # reusable unexpected-message buffers
+        self._spare_bytes = 0
         # Who drives (see the module docstring). ``_cv`` wakes callers waiting for the role or
         # for a request another thread completed; ``_idle`` paces the background thread.
         state_lock = threading.Lock()
@@ -255,7 +259,7 @@ class TcpTransport(Transport):
             self._link_failed(link, failure)
         if gone is not None or failure is not None:
             if item.request is not None:
-                self._complete(item.request, link.peer, self._lost[link.peer])
+                self._complete(item.request, link.peer, self._cause(item.request, self._lost[link.peer]))
             return False
         if self._driving and self._driver != threading.get_ident():
             self._poke()  # the driver must watch this socket for room now
@@ -390,9 +394,30 @@ class TcpTransport(Transport):
         error = self._check(request, source, len(entry.data), entry.signature)
         if error is None:
             request.out[:] = entry.data  # type: ignore[index]
+        self._give_back(entry)
+        if error is None:
             self._complete(request, source)
         else:
             self._reject(request, source, error)
+
+    def _take_spare(self, nbytes: int) -> np.ndarray:
+        """A buffer for an unexpected message: a reused one of that size if there is one
+        (fresh memory costs a page fault per page; see ``Transport.scratch``). Hold ``_lock``."""
+        kept = self._spares.get(nbytes)
+        if kept:
+            self._spare_bytes -= nbytes
+            return kept.pop()
+        return np.empty(nbytes, np.uint8)
+
+    def _give_back(self, entry: _Unexpected) -> None:
+        """Keep ``entry``'s buffer for the next unexpected message of its size, within bounds."""
+        spare, entry.spare = entry.spare, None
+        if spare is None or spare.size == 0:
+            return
+        with self._lock:
+            if self._spare_bytes + spare.size <= config.SCRATCH_KEEP_BYTES:
+                self._spares.setdefault(spare.size, []).append(spare)
+                self._spare_bytes += spare.size
 
     def _reject(self, request: TcpRequest, source: int, error: BaseException) -> None:
         """Fail ``request`` for a message that does not fit it, and abort its group everywhere."""
@@ -617,7 +642,8 @@ class TcpTransport(Transport):
         with self._lock:
             request = self._pop_posted(link.peer, tag)
             if request is None:
-                entry = _Unexpected(memoryview(np.empty(nbytes, np.uint8)).cast("B"), signature, False)  # type: ignore[arg-type]
+                spare = self._take_spare(nbytes)
+                entry = _Unexpected(memoryview(spare).cast("B"), signature, False, spare)  # type: ignore[arg-type]
                 self._unexpected.setdefault((link.peer, tag), deque()).append((link.peer, entry))
         if request is None:
             link.entry, link.target = entry, entry.data
@@ -641,6 +667,7 @@ class TcpTransport(Transport):
         assert request.out is not None
         request.out[:link.got] = entry.data[:link.got]
         link.entry, link.request, link.target = None, request, request.out
+        self._give_back(entry)
 
     def _end(self, link: _Link) -> None:
         """The payload of the current frame is complete: act on it."""
@@ -693,7 +720,12 @@ class TcpTransport(Transport):
                     del self._unexpected[key]
         for request in pending + [item.request for item in queued if item.request is not None]:
             if not request.done():
-                self._complete(request, link.peer, error)
+                self._complete(request, link.peer, self._cause(request, error))
+
+    def _cause(self, request: TcpRequest, error: BaseException) -> BaseException:
+        """What ``request`` fails with when its link goes: the abort of its group if there was
+        one (a peer that leaves after a mismatch is a consequence, not the cause), else ``error``."""
+        return self._aborted_groups.get(group_of_tag(request.tag)) or error
 
     def _peer_gone(self, peer: int, error: PeerLostError) -> None:
         with self._lock:
@@ -701,7 +733,7 @@ class TcpTransport(Transport):
             error = self._lost[peer]  # type: ignore[assignment]
             failed = [r for key in list(self._posted) if key[0] == peer for r in self._posted.pop(key)]
         for request in failed:
-            self._complete(request, peer, error)
+            self._complete(request, peer, self._cause(request, error))
         if self._on_peer_lost is not None and not self._closing:
             self._on_peer_lost(peer, error)
 
