@@ -217,7 +217,10 @@ def _connect(backend: str, rdzv: Rendezvous, store: Store, timeout: float) -> Tr
         from ..transports.mpi.transport import MpiTransport
 
         return MpiTransport.open(rdzv.rank, rdzv.world_size, timeout)
-    sockets = connect_mesh(rdzv.rank, rdzv.world_size, store, rdzv.secret, _bind_address(rdzv.store), timeout)
+    reached = rdzv.store  # listen where the store's host is reached (a namespace has no host)
+    while isinstance(reached, PrefixStore):
+        reached = reached.store
+    sockets = connect_mesh(rdzv.rank, rdzv.world_size, store, rdzv.secret, _bind_address(reached), timeout)
     return TcpTransport(rdzv.rank, rdzv.world_size, sockets, send_timeout=timeout)
 
 
