@@ -68,9 +68,8 @@ def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.n
         heads = headers[parity]
         starts = heads[:, r]
         sizes = heads[:, r + 1] - starts
-        wrong = np.flatnonzero(sizes != expected)
-        if wrong.size:
-            q = int(wrong[0])
+        if not np.array_equal(sizes, expected):
+            q = int(np.flatnonzero(sizes != expected)[0])
             raise CollectiveMismatchError(
                 f"rank {d.global_ranks[q]} called {ctx.name} sending {int(sizes[q]) // itemsize} "
                 f"elements to rank {d.global_ranks[r]}, which called it expecting "
