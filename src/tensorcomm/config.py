@@ -21,6 +21,8 @@ ENV_TIMEOUT = "TENSORCOMM_TIMEOUT"  # seconds, default for init(timeout=None)
 ENV_TRANSPORT = "TENSORCOMM_TRANSPORT"  # "tcp" forces sockets even on one host
 ENV_BACKEND = "TENSORCOMM_BACKEND"  # what carries messages between ranks: a name in BACKENDS
 ENV_WIRE_DTYPE = "TENSORCOMM_WIRE_DTYPE"  # "bfloat16"/"float16": float32 sums travel compressed
+ENV_HIERARCHY = "TENSORCOMM_HIERARCHY"  # "off": groups that span hosts run flat (no host sub-teams)
+ENV_ALGORITHMS = "TENSORCOMM_ALGORITHMS"  # "all_reduce=ring,barrier=dissemination": force rows
 
 # init(backend=...): "tensorcomm" is its own TCP mesh (plus shared memory within a host); "mpi"
 # is MPI point-to-point through mpi4py (plus the same shared memory), for a cluster's fabric.

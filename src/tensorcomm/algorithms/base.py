@@ -32,6 +32,38 @@ ACK_STEP = (1 << STEP_BITS) - 1  # the step of acknowledgements (see ``Ctx.ackno
 _NOTHING = np.empty(0, dtype=np.uint8)
 
 
+class Hierarchy:
+    """A group that spans hosts, as one member sees it: its sub-teams and where members sit.
+
+    Attributes:
+        host: this member's host-mates (the same number on every host), with their shared-memory
+            domain.
+        cross: the members with this member's local index, one per host, in host order.
+        grid: for each group rank, ``host index * members per host + local index``.
+        order: for each position ``local index * hosts + host index``, the group rank there (the
+            order in which blocks travel between the sub-teams).
+    """
+
+    __slots__ = ("host", "cross", "grid", "order", "_seqs")
+
+    def __init__(self, host: "Team", cross: "Team", grid: Sequence[int]) -> None:
+        self.host, self.cross, self.grid = host, cross, tuple(grid)
+        per_host, hosts = len(host.ranks), len(cross.ranks)
+        order = np.empty(len(self.grid), dtype=np.int64)
+        for rank, cell in enumerate(self.grid):
+            order[cell % per_host * hosts + cell // per_host] = rank
+        self.order = order
+        self._seqs = [0, 0]  # the next call's sequence number on host, cross
+
+    def next_seq(self, team: "Team") -> int:
+        """The sequence number of the next call on ``team`` (host or cross): the sub-teams run
+        only this group's calls, which every member makes in the same order."""
+        which = 0 if team is self.host else 1
+        seq = self._seqs[which]
+        self._seqs[which] = seq + 1
+        return seq
+
+
 @dataclass(frozen=True)
 class Team:
     """What every call on one group shares; the core builds it once per group.
@@ -47,6 +79,8 @@ class Team:
         group_name: the group's name, for error messages.
         shm: the group's shared-memory domain (``transports.shm.domain.ShmDomain``) when every
             member shares this host and shared memory could be set up; else None.
+        hier: the group's ``Hierarchy`` when it spans hosts that hold as many members each
+            (``algorithms/hier.py``); else None.
     """
 
     transport: Transport
@@ -57,6 +91,7 @@ class Team:
     host_of: Sequence[str] = ()
     group_name: str = ""
     shm: Any = None
+    hier: Hierarchy | None = None
 
 
 class Plan:

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-from . import (allgather, allreduce, alltoall, barrier, broadcast, gather_scatter, reduce, reduce_scatter,
-               shm_allgather, shm_allreduce, shm_alltoall, shm_barrier, shm_broadcast, shm_reduce_scatter,
-               staging)
+from . import (allgather, allreduce, alltoall, barrier, broadcast, gather_scatter, hier, reduce,
+               reduce_scatter, shm_allgather, shm_allreduce, shm_alltoall, shm_barrier, shm_broadcast,
+               shm_reduce_scatter, staging)
 from .base import Team
 
 # Up to this many bytes a message costs about one latency, so algorithms with fewer rounds win;
@@ -71,6 +71,10 @@ def _shm(team: Team, nbytes: int) -> bool:
     return team.shm is not None
 
 
+def _hierarchical(team: Team, nbytes: int) -> bool:
+    return team.hier is not None
+
+
 # Up to this many bytes every member reduces the whole message from the slots in one round
 # (``shm_direct``); above it, up to one slot, each member reduces its own part (``shm_split``),
 # which moves about as many bytes but does 1/n of the arithmetic, for one more wait. Larger
@@ -100,18 +104,24 @@ def _shm_one_slot(team: Team, nbytes: int) -> bool:
 # domain" (every member on this host, set up at group creation), so that they win whenever they
 # apply and the rows below remain the fallback across hosts. Every collective of a group with a
 # domain runs on it: the domain's per-call announcements are what detect mismatched calls there.
+# Hierarchical rows come next: a group that spans hosts with as many members on each (set up at
+# group creation, ``Team.hier``) runs shared memory inside hosts and the transport between them.
 ROWS: tuple[Row, ...] = (
     Row("all_reduce", "shm_direct", _shm_direct, shm_allreduce.direct),
     Row("all_reduce", "shm_split", _shm_one_slot, shm_allreduce.split),
     Row("all_reduce", "shm_pipelined", _shm, shm_allreduce.pipelined),
+    Row("all_reduce", "hierarchical", _hierarchical, hier.all_reduce),
     Row("all_reduce", "recursive_doubling", _small_or_pair, staging.all_reduce(allreduce.recursive_doubling)),
     Row("all_reduce", "ring", _always, staging.all_reduce(allreduce.ring)),
     Row("all_gather", "shm_rounds", _shm, shm_allgather.all_gather),
+    Row("all_gather", "hierarchical", _hierarchical, hier.all_gather),
     Row("all_gather", "bruck", _small, staging.all_gather(allgather.bruck)),
     Row("all_gather", "ring", _always, staging.all_gather(allgather.ring)),
     Row("reduce_scatter", "shm_rounds", _shm, shm_reduce_scatter.reduce_scatter),
+    Row("reduce_scatter", "hierarchical", _hierarchical, hier.reduce_scatter),
     Row("reduce_scatter", "ring", _always, staging.reduce_scatter(reduce_scatter.ring)),
     Row("broadcast", "shm_rounds", _shm, shm_broadcast.broadcast),
+    Row("broadcast", "hierarchical", _hierarchical, hier.broadcast),
     Row("broadcast", "scatter_allgather", _large_and_three_or_more, staging.broadcast(broadcast.scatter_allgather)),
     Row("broadcast", "binomial_tree", _always, staging.broadcast(broadcast.binomial_tree)),
     Row("reduce", "shm_direct", _shm_direct, shm_allreduce.reduce_direct),
@@ -125,6 +135,7 @@ ROWS: tuple[Row, ...] = (
     Row("all_to_all", "shm_rounds", _shm, shm_alltoall.all_to_all),
     Row("all_to_all", "pairwise_exchange", _always, staging.all_to_all(alltoall.pairwise_exchange)),
     Row("barrier", "shm_counters", _shm, shm_barrier.barrier),
+    Row("barrier", "hierarchical", _hierarchical, hier.barrier),
     Row("barrier", "dissemination", _always, barrier.dissemination),
 )
 _BY_COLLECTIVE: dict[str, tuple[Row, ...]] = {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Hashable, Sequence
 
-from ..algorithms.base import Ctx, Plan, Team
+from ..algorithms.base import Ctx, Hierarchy, Plan, Team
 from ..errors import CommError, GroupAbortedError
 from ..types import TransportKind
 from .engine import ConcurrentUseError, Engine
@@ -32,7 +32,8 @@ class Group:
     """
 
     def __init__(self, name: str, ranks: Sequence[int], group_id: int, world: "World",
-                 shm: "ShmDomain | None" = None) -> None:
+                 shm: "ShmDomain | None" = None, hier: Hierarchy | None = None,
+                 parts: Sequence["Group"] = ()) -> None:
         self._name = name
         self._ranks = tuple(ranks)
         self._group_id = group_id
@@ -40,10 +41,11 @@ class Group:
         self._index = {g: i for i, g in enumerate(self._ranks)}
         self._engine = Engine(name)
         self._shm = shm
+        self._parts = tuple(parts)  # the internal groups behind ``hier``'s sub-teams
         self._team: Team | None = None
         if world.rank in self._index:
             self._team = Team(world.transport, self._ranks, self._index[world.rank], group_id,
-                              world.timeout, world.hosts_of(self._ranks), name, shm)
+                              world.timeout, world.hosts_of(self._ranks), name, shm, hier)
         # One plan per call shape (``core/collectives.py`` makes them), gone with the group.
         self.plans: dict[Hashable, Plan] = {}
 
@@ -217,9 +219,10 @@ class Group:
         world = target._world
         target.rank  # raises for non-members
         error = GroupAbortedError(f"group {target._name!r} was aborted by rank {world.rank}: {reason}")
-        world.transport.abort_group(target._group_id, error)
-        if target._shm is not None:
-            target._shm.abort(error)
+        for group in (target, *target._parts):
+            world.transport.abort_group(group._group_id, error)
+            if group._shm is not None:
+                group._shm.abort(error)
         target._engine.stop(error)
 
     def _stop(self, error: BaseException) -> None:
@@ -230,6 +233,8 @@ class Group:
         self.plans.clear()  # they hold views of the domain's memory
         if self._shm is not None:
             self._shm.close()
+        for part in self._parts:
+            part._stop(error)
 
     def __repr__(self) -> str:
         return f"Group(name={self.name!r}, ranks={list(self.ranks)})"
@@ -238,7 +243,8 @@ class Group:
 def _failed(ctx: Ctx, error: BaseException) -> None:
     """A call failed on this rank (a peer's error, or a local one: MemoryError, Ctrl-C): the
     peers cannot finish it, so the group ends on every member at once. On shared memory the
-    counters are out of step now; over TCP the peers would wait for messages that never come."""
+    counters are out of step now; over TCP the peers would wait for messages that never come.
+    A hierarchical group's sub-teams are out of step too: they end with it."""
     shm = ctx.team.shm
     if shm is not None:
         shm.fail(error, ctx)
@@ -247,6 +253,11 @@ def _failed(ctx: Ctx, error: BaseException) -> None:
         me = ctx.ranks[ctx.rank]
         error = GroupAbortedError(f"rank {me} failed in {ctx.name} (step {ctx.seq}): "
                                   f"{type(error).__name__}: {error}")
+    hier = ctx.team.hier
+    if hier is not None:
+        if hier.host.shm is not None:
+            hier.host.shm.fail(error, ctx)
+        ctx.transport.abort_group(hier.cross.group_id, error)
     ctx.transport.abort_group(ctx.group_id, error)
 
 

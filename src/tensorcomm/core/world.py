@@ -46,6 +46,8 @@ from ..transports.shm import slots as shm_slots
 from ..transports.shm.domain import ShmDomain, ShmUnavailable, open_domain
 from ..transports.tcp.mesh import connect_mesh
 from ..transports.tcp.transport import TcpTransport
+from ..algorithms import select
+from ..algorithms.base import Hierarchy
 from .engine import Engine
 from .group import Group
 
@@ -66,7 +68,10 @@ class World:
     """Everything one initialised process knows about its job."""
 
     def __init__(self, rdzv: Rendezvous, timeout: float, transport: str = "auto",
-                 backend: str = "tensorcomm") -> None:
+                 backend: str = "tensorcomm", hierarchy: bool = True,
+                 algorithms: Sequence[tuple[str, str]] = ()) -> None:
+        self.hierarchy = hierarchy
+        self.algorithms = _checked_algorithms(algorithms)
         self.rendezvous = rdzv
         self.rank = rdzv.rank
         self.size = rdzv.world_size
@@ -85,8 +90,9 @@ class World:
         self._groups: list[Group] = []
         self._made: Counter[tuple[int, ...]] = Counter()  # groups made per member list, ever
         try:
-            self.world_group = Group(WORLD_NAME, range(self.size), 0, self,
-                                     self._shared_memory(tuple(range(self.size)), 0, WORLD_NAME))
+            everyone = tuple(range(self.size))
+            self.world_group = Group(WORLD_NAME, everyone, 0, self, self._shared_memory(everyone, 0, WORLD_NAME),
+                                     *self._hierarchy(everyone, 0, WORLD_NAME))
         except BaseException:
             self.transport.close()
             raise
@@ -111,11 +117,12 @@ class World:
             occurrence = self._made[tuple(ranks)]
             self._made[tuple(ranks)] += 1
             label = name or f"group{sum(self._made.values())}"
-            group_id, shm = -1, None
+            group_id, shm, hier, parts = -1, None, None, []
             if self.rank in ranks:
                 group_id = self._agree_group_id(tuple(ranks), occurrence, name)
                 shm = self._shared_memory(tuple(ranks), group_id, label)
-            group = Group(label, ranks, group_id, self, shm)
+                hier, parts = self._hierarchy(tuple(ranks), group_id, label)
+            group = Group(label, ranks, group_id, self, shm, hier, parts)
             self._groups.append(group)
             if name is not None:
                 self._named[name] = group
@@ -130,6 +137,39 @@ class World:
                 raise ValueError(f"a job can create at most {MAX_GROUP_ID} groups")
             store.set(key, str(group_id).encode())
         return int(store.get(key, timeout=self.timeout))
+
+    def _hierarchy(self, ranks: tuple[int, ...], group_id: int, label: str) -> tuple[Hierarchy | None, list[Group]]:
+        """The host and cross sub-teams of a group that spans hosts (``algorithms/hier.py``),
+        made by every member together; ``(None, [])`` (the group runs flat) when it is on one
+        host, hierarchy is off (``TENSORCOMM_HIERARCHY``), hosts hold different numbers of
+        members or one each, or a host team could not get shared memory on any member.
+        """
+        hosts = self.hosts_of(ranks)
+        order = list(dict.fromkeys(hosts))
+        members = {host: [r for r, where in zip(ranks, hosts) if where == host] for host in order}
+        per_host = {len(m) for m in members.values()}
+        if not self.hierarchy or len(order) < 2 or len(per_host) != 1 or per_host == {1}:
+            return None, []
+        mine = members[self._hosts[self.rank]]
+        local = mine.index(self.rank)
+        host = self._part(tuple(mine), f"{label}.host", f"{group_id}.host")
+        cross = self._part(tuple(members[h][local] for h in order), f"{label}.cross", f"{group_id}.cross")
+        # All members must agree: some running hierarchical calls and others flat ones would hang.
+        prefix = f"hier/{group_id}/"
+        self.store.set(prefix + str(self.rank), b"1" if host._shm is not None else b"0")
+        keys = [prefix + str(r) for r in ranks]
+        self.store.wait(keys, timeout=self.timeout)
+        if not all(self.store.get(key) == b"1" for key in keys):
+            for part in (host, cross):
+                part._stop(GroupAbortedError(f"group {label!r} runs flat"))
+            return None, []
+        grid = [order.index(where) * len(mine) + members[where].index(r) for r, where in zip(ranks, hosts)]
+        return Hierarchy(host.team, cross.team, grid), [host, cross]
+
+    def _part(self, ranks: tuple[int, ...], label: str, key: str) -> Group:
+        """An internal group of a hierarchical group (not registered, used by its calls only)."""
+        group_id = self._agree_group_id(ranks, 0, key)
+        return Group(label, ranks, group_id, self, self._shared_memory(ranks, group_id, label))
 
     def _shared_memory(self, ranks: tuple[int, ...], group_id: int, name: str) -> ShmDomain | None:
         """Set up the shared-memory domain of a group this rank belongs to, if it can have one.
@@ -222,6 +262,19 @@ def _connect(backend: str, rdzv: Rendezvous, store: Store, timeout: float) -> Tr
         reached = reached.store
     sockets = connect_mesh(rdzv.rank, rdzv.world_size, store, rdzv.secret, _bind_address(reached), timeout)
     return TcpTransport(rdzv.rank, rdzv.world_size, sockets, send_timeout=timeout)
+
+
+def _checked_algorithms(pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """``TENSORCOMM_ALGORITHMS`` as ``{collective: algorithm}``, each name checked."""
+    for collective, name in pairs:
+        try:
+            known = select.names(collective)
+        except ValueError as exc:
+            raise ValueError(f"{config.ENV_ALGORITHMS}: {exc}") from None
+        if name not in known:
+            raise ValueError(f"{config.ENV_ALGORITHMS}: {collective} has no algorithm {name!r}; "
+                             f"expected one of {', '.join(known)}")
+    return dict(pairs)
 
 
 def _backend(backend: str | None, default: str) -> str:
@@ -379,7 +432,7 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
         else:
             rdzv = _meet(init_method, rank, world_size, seconds)
         try:
-            _current = World(rdzv, seconds, info.transport, chosen)
+            _current = World(rdzv, seconds, info.transport, chosen, info.hierarchy, info.algorithms)
         except BaseException:
             rdzv.close()
             raise

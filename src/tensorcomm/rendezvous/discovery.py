@@ -36,6 +36,11 @@ Read whatever the source::
                                wins); "tensorcomm" or unset: tensorcomm's own TCP mesh
     TENSORCOMM_WIRE_DTYPE      "bfloat16" or "float16": float32 sums cross the TCP transport
                                compressed (docs/multihost.md); unset: full precision
+    TENSORCOMM_HIERARCHY       "off": groups that span hosts run flat algorithms over the
+                               network; "auto" or unset: hierarchical where hosts hold as many
+                               members each (docs/algorithms.md)
+    TENSORCOMM_ALGORITHMS      "collective=algorithm,...", e.g. "all_reduce=ring": run these
+                               algorithms (names in docs/algorithms.md) instead of choosing
     TORCHELASTIC_USE_AGENT_STORE  "True" (torchrun): torchrun's own store holds MASTER_PORT, so
                                tensorcomm meets there (through torch) instead of serving one
 
@@ -58,6 +63,7 @@ from dataclasses import dataclass
 from tensorcomm.config import (ENV_HOST_ID, ENV_LOCAL_RANK, ENV_LOCAL_WORLD_SIZE, ENV_MASTER_ADDR,
                                ENV_MASTER_PORT, ENV_RANK, ENV_SECRET, ENV_SECRET_DIR, ENV_STORE_HOSTED,
                                ENV_TIMEOUT, ENV_TRANSPORT, ENV_WORLD_SIZE, MAX_TIMEOUT, ENV_BACKEND,
+                               ENV_ALGORITHMS, ENV_HIERARCHY,
                                BACKENDS, ENV_WIRE_DTYPE, WIRE_DTYPES)
 
 # Names of other launchers' variables (tensorcomm's own are in config.py).
@@ -92,6 +98,8 @@ class JobInfo:
     torch_agent_store: bool = False  # torchrun serves a torch store at MASTER_ADDR:MASTER_PORT
     secret_dir: str | None = None  # where a generated secret is kept; None: /tmp/tensorcomm-<uid>
     backend: str = "tensorcomm"  # a name in config.BACKENDS
+    hierarchy: bool = True  # groups that span hosts get host sub-teams
+    algorithms: tuple[tuple[str, str], ...] = ()  # (collective, algorithm) to run instead of choosing
 
 
 @dataclass(frozen=True)
@@ -163,6 +171,8 @@ def discover(environ: Mapping[str, str] | None = None) -> JobInfo:
         torch_agent_store=env.get(TORCH_AGENT_STORE, "").lower() == "true",
         secret_dir=_text(env, ENV_SECRET_DIR) or env.get(XDG_RUNTIME_DIR) or None,
         backend=_backend(env),
+        hierarchy=_hierarchy(env),
+        algorithms=_algorithms(env),
     )
 
 
@@ -239,6 +249,29 @@ def _backend(env: Mapping[str, str]) -> str:
     if value not in BACKENDS:
         raise ValueError(f"{ENV_BACKEND}={raw!r}: expected one of {', '.join(map(repr, BACKENDS))}")
     return value
+
+
+def _hierarchy(env: Mapping[str, str]) -> bool:
+    raw = env.get(ENV_HIERARCHY)
+    if raw is None or raw.strip().lower() == "auto":
+        return True
+    if raw.strip().lower() == "off":
+        return False
+    raise ValueError(f"{ENV_HIERARCHY}={raw!r}: expected 'auto' or 'off'")
+
+
+def _algorithms(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    raw = env.get(ENV_ALGORITHMS)
+    if raw is None or not raw.strip():
+        return ()
+    pairs = []
+    for item in raw.split(","):
+        collective, sep, name = item.strip().partition("=")
+        if not sep or not collective.strip() or not name.strip():
+            raise ValueError(f"{ENV_ALGORITHMS}={raw!r}: expected 'collective=algorithm' items separated "
+                             f"by commas, such as 'all_reduce=ring'")
+        pairs.append((collective.strip(), name.strip()))
+    return tuple(pairs)
 
 
 def wire_dtype(environ: Mapping[str, str] | None = None) -> str | None:

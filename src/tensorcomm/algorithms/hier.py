@@ -1,0 +1,169 @@
+"""Hierarchical collectives for groups that span hosts: shared memory inside each host, the
+network between hosts, every member driving its own part of the traffic between hosts.
+
+A group whose hosts hold as many members each (``L`` per host, ``H`` hosts) gets, on each member,
+two sub-teams (``Team.hier``, set up by the core when the group is made): its *host* team (its
+host-mates, with their shared-memory domain) and its *cross* team (the members with its local
+index, one per host, in host order). A hierarchical call is a few calls on those teams, each run
+by the algorithm ``select`` picks for that team (shared-memory rows inside a host, transport rows
+across hosts), with sub-plans kept in the call's plan:
+
+- all_reduce: up to 64 KiB, an all-reduce inside the host, then one across hosts per local index
+  (each on the same host sums: redundant, but two steps); above, a reduce-scatter inside the
+  host, an all-reduce across hosts of each member's part (all links busy at once), an all-gather
+  inside the host.
+- broadcast: up to 64 KiB, across hosts among the root's local index, then inside every host; above,
+  the root's host scatters the parts, each local index broadcasts its part across hosts, every host
+  gathers the parts.
+- all_gather: across hosts per local index, then inside the host, then blocks put in group order.
+- reduce_scatter: blocks put in (local index, host) order, a reduce-scatter inside the host,
+  then across hosts.
+- barrier: inside the host, across hosts, inside the host.
+
+Reductions run on a copy in the accumulation dtype (``kernels.prepare``: PREMUL_SUM premultiplies
+once, AVG divides once at the end by the group size) and round once into the caller's array, so
+they follow ``kernels``' accumulation rule; every member ends with the same bits (each part is
+reduced by one set of members, then copied). In-place arrays are written only at the end: a
+failed call leaves them untouched, or complete for a large broadcast's receivers that finished
+the step across hosts. This module must not import ``core``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..signature import signature
+from ..types import PremulSum, ReduceOp
+from . import kernels
+from .allgather import bounds, even_counts
+from .base import Ctx, Hierarchy, Plan, Team
+
+Op = ReduceOp | PremulSum
+SMALL_BYTES = 64 << 10  # up to this, fewer steps beat spreading the traffic over every link
+
+
+def _step(ctx: Ctx, key: str, team: Team, collective: str, nbytes: int, sig_count: int,
+          dtype: np.dtype | None, op: Any, root: int, *args: Any) -> None:
+    """Run ``collective`` on one sub-team as step ``key`` of this call.
+
+    The step's signature carries the whole call's root (``root``, a group rank, or -1), so
+    members that called with different roots disagree at the first step they share.
+    """
+    h: Hierarchy = ctx.team.hier
+    plans = ctx.plan.state
+    if plans is None:
+        plans = ctx.plan.state = {}
+    plan = plans.get(key)
+    if plan is None:
+        from . import select  # select lists this module's algorithms
+
+        row = select.pick(collective, team, nbytes)
+        plan = plans[key] = Plan(f"{ctx.name} ({key})", signature(collective, dtype, sig_count, op, root),
+                                 row.name, row.fn, op)
+    sub = Ctx.of(team, h.next_seq(team), plan)
+    sub.deadline = ctx.deadline
+    plan.run(sub, *args)  # type: ignore[misc]
+
+
+def all_reduce(ctx: Ctx, x: np.ndarray, op: Op) -> None:
+    """Reduce ``x`` across the group, in place on every member."""
+    h: Hierarchy = ctx.team.hier
+    base, work = kernels.prepare(op, x)
+    acc = work.dtype
+    if work.nbytes <= SMALL_BYTES:
+        _step(ctx, "host", h.host, "all_reduce", work.nbytes, work.size, acc, base, -1, work, base)
+        _step(ctx, "cross", h.cross, "all_reduce", work.nbytes, work.size, acc, base, -1, work, base)
+    else:
+        counts = even_counts(work.size, len(h.host.ranks))
+        part = np.empty(counts[h.host.rank], dtype=acc)
+        _step(ctx, "host reduce_scatter", h.host, "reduce_scatter", work.nbytes, work.size, acc, base, -1,
+              work, part, counts, base)
+        _step(ctx, "cross", h.cross, "all_reduce", part.nbytes, part.size, acc, base, -1, part, base)
+        _step(ctx, "host all_gather", h.host, "all_gather", work.nbytes, work.size, acc, None, -1,
+              part, work, counts)
+    kernels.finish(op, work, x, ctx.size)
+
+
+def broadcast(ctx: Ctx, x: np.ndarray, root: int) -> None:
+    """Copy group rank ``root``'s ``x`` into every member's ``x``."""
+    h: Hierarchy = ctx.team.hier
+    root_host, root_local = divmod(h.grid[root], len(h.host.ranks))
+    mine = ctx.rank == root
+    if x.nbytes <= SMALL_BYTES:
+        work = x if mine else np.empty_like(x)
+        if h.host.rank == root_local:
+            _step(ctx, "cross", h.cross, "broadcast", x.nbytes, x.size, x.dtype, None, root, work, root_host)
+        _step(ctx, "host", h.host, "broadcast", x.nbytes, x.size, x.dtype, None, root, work, root_local)
+    else:
+        counts = even_counts(x.size, len(h.host.ranks))
+        part = np.empty(counts[h.host.rank], dtype=x.dtype)
+        if h.cross.rank == root_host:
+            _step(ctx, "host scatter", h.host, "scatter", x.nbytes, x.size, x.dtype, None, root,
+                  x if mine else None, part, counts, root_local)
+        _step(ctx, "cross", h.cross, "broadcast", part.nbytes, part.size, x.dtype, None, root,
+              part, root_host)
+        work = np.empty_like(x)
+        _step(ctx, "host all_gather", h.host, "all_gather", x.nbytes, x.size, x.dtype, None, root,
+              part, work, counts)
+    if not mine:
+        x[...] = work
+
+
+def all_gather(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> None:
+    """Every member's ``send`` lands in its block of ``out`` on every member."""
+    h: Hierarchy = ctx.team.hier
+    order, hosts = h.order, len(h.cross.ranks)
+    mine = [counts[order[h.host.rank * hosts + q]] for q in range(hosts)]  # my cross team's sends
+    gathered = np.empty(sum(mine), dtype=send.dtype)
+    _step(ctx, "cross", h.cross, "all_gather", gathered.nbytes, sum(mine), send.dtype, None, -1,
+          send, gathered, mine)
+    host_counts = [sum(counts[order[i * hosts + q]] for q in range(hosts)) for i in range(len(h.host.ranks))]
+    blocks = np.empty(sum(counts), dtype=send.dtype)
+    _step(ctx, "host", h.host, "all_gather", blocks.nbytes, blocks.size, send.dtype, None, -1,
+          gathered, blocks, host_counts)
+    _put(blocks, out, counts, order)
+
+
+def _put(travelled: np.ndarray, out: np.ndarray, counts: Sequence[int], order: np.ndarray) -> None:
+    """``travelled`` holds the blocks of group ranks ``order[0], order[1], ...``; write them to
+    their places in ``out`` (group-rank order)."""
+    if len(set(counts)) == 1:
+        out.reshape(len(counts), -1)[order] = travelled.reshape(len(counts), -1)
+        return
+    offsets = bounds(counts)
+    position = 0
+    for rank in order:
+        size = counts[rank]
+        out[offsets[rank]:offsets[rank] + size] = travelled[position:position + size]
+        position += size
+
+
+def reduce_scatter(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence[int], op: Op) -> None:
+    """Block ``q`` of ``send``, reduced across members, lands in member ``q``'s ``out``."""
+    h: Hierarchy = ctx.team.hier
+    order, hosts, per_host = h.order, len(h.cross.ranks), len(h.host.ranks)
+    base, work = kernels.prepare(op, send)
+    if len(set(counts)) == 1:
+        travel = work.reshape(len(counts), -1)[order].reshape(-1)
+    else:
+        offsets = bounds(counts)
+        travel = np.concatenate([work[offsets[rank]:offsets[rank + 1]] for rank in order])
+    host_counts = [sum(counts[order[i * hosts + q]] for q in range(hosts)) for i in range(per_host)]
+    part = np.empty(host_counts[h.host.rank], dtype=work.dtype)
+    _step(ctx, "host", h.host, "reduce_scatter", travel.nbytes, travel.size, work.dtype, base, -1,
+          travel, part, host_counts, base)
+    cross_counts = [counts[order[h.host.rank * hosts + q]] for q in range(hosts)]
+    reduced = np.empty(cross_counts[h.cross.rank], dtype=work.dtype)
+    _step(ctx, "cross", h.cross, "reduce_scatter", part.nbytes, part.size, work.dtype, base, -1,
+          part, reduced, cross_counts, base)
+    kernels.finish(op, reduced, out, ctx.size)
+
+
+def barrier(ctx: Ctx) -> None:
+    """Return once every member has entered the barrier."""
+    h: Hierarchy = ctx.team.hier
+    _step(ctx, "host enter", h.host, "barrier", 0, 0, None, None, -1)
+    _step(ctx, "cross", h.cross, "barrier", 0, 0, None, None, -1)
+    _step(ctx, "host leave", h.host, "barrier", 0, 0, None, None, -1)
