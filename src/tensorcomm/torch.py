@@ -72,8 +72,7 @@ class _TorchOverTcStore(dist.Store):
         return self._store.delete(key)
 
     def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
-        raise RuntimeError("tensorcomm's store has no compare-and-set; torch elastic features that "
-                           "need it are not available under `tensorcomm run`")
+        return self._store.compare_set(key, expected, desired)  # type: ignore[arg-type]
 
     def num_keys(self) -> int:
         raise RuntimeError("tensorcomm's store does not count its keys")

@@ -18,7 +18,8 @@ import ray
 
 from ..errors import RendezvousError
 from ..rendezvous.auth import generate_secret
-from ..rendezvous.store import Store, add_to_counter, check_key, check_keys, check_value, timeout_error
+from ..rendezvous.store import (Store, add_to_counter, check_key, check_keys, check_value,
+                                compare_and_set, timeout_error)
 
 CALL_MARGIN = 30.0  # seconds a store call may take beyond its own timeout before Ray is blamed
 
@@ -57,6 +58,15 @@ class StoreServer:
             count, self._data[key] = add_to_counter(key, self._data.get(key), amount)
             self._condition().notify_all()
             return count
+
+    async def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        """Set ``key`` to ``desired`` if it holds ``expected``; return what it holds then."""
+        async with self._condition():
+            store, value = compare_and_set(self._data.get(key), expected, desired)
+            if store:
+                self._data[key] = desired
+                self._condition().notify_all()
+            return value
 
     async def wait(self, keys: list[str], timeout: float) -> list[str]:
         """Wait until every key is set; return the keys still missing at the timeout."""
@@ -131,6 +141,10 @@ class RayStore(Store):
 
     def add(self, key: str, amount: int) -> int:
         return int(self._call(self.server.add.remote(check_key(key), amount), 0.0))
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        call = self.server.compare_set.remote(check_key(key), check_value(expected), check_value(desired))
+        return bytes(self._call(call, 0.0))
 
     def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
         seconds = self._timeout(timeout)

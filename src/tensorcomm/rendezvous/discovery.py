@@ -43,6 +43,8 @@ Read whatever the source::
                                algorithms (names in docs/algorithms.md) instead of choosing
     TORCHELASTIC_USE_AGENT_STORE  "True" (torchrun): torchrun's own store holds MASTER_PORT, so
                                tensorcomm meets there (through torch) instead of serving one
+    TORCHELASTIC_RESTART_COUNT    (torchrun) how often the agent restarted the workers; each
+                               attempt meets under keys of its own in the agent's store
 
 A missing variable is ``None`` (local rank: 0). A variable that is set but malformed (not an
 integer, negative, rank not below world size, port outside 0..65535, empty) is a ValueError
@@ -76,6 +78,7 @@ MS_RANK, MS_SIZE = "RANK_ID", "RANK_SIZE"
 MS_NODE_ID, MS_WORKER_NUM = "MS_NODE_ID", "MS_WORKER_NUM"
 MS_SCHED_HOST, MS_SCHED_PORT = "MS_SCHED_HOST", "MS_SCHED_PORT"
 TORCH_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+TORCH_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 XDG_RUNTIME_DIR = "XDG_RUNTIME_DIR"
 
 
@@ -96,6 +99,7 @@ class JobInfo:
     source: str
     transport: str = "auto"  # "tcp" or "auto"
     torch_agent_store: bool = False  # torchrun serves a torch store at MASTER_ADDR:MASTER_PORT
+    restart_count: int = 0  # torchrun's restarts of the workers so far (this is attempt n + 1)
     secret_dir: str | None = None  # where a generated secret is kept; None: /tmp/tensorcomm-<uid>
     backend: str = "tensorcomm"  # a name in config.BACKENDS
     hierarchy: bool = True  # groups that span hosts get host sub-teams
@@ -169,6 +173,7 @@ def discover(environ: Mapping[str, str] | None = None) -> JobInfo:
         source="none" if source is None else source.name,
         transport=_transport(env),
         torch_agent_store=env.get(TORCH_AGENT_STORE, "").lower() == "true",
+        restart_count=_int(env, TORCH_RESTART_COUNT, minimum=0) or 0,
         secret_dir=_text(env, ENV_SECRET_DIR) or env.get(XDG_RUNTIME_DIR) or None,
         backend=_backend(env),
         hierarchy=_hierarchy(env),

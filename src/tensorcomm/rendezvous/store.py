@@ -6,7 +6,8 @@ checks shared by all of them, :class:`HashStore` (one process, for tests), :clas
 file, for ``file://``). Imports ``config``, ``errors`` and ``rendezvous.private`` only.
 
 Values are bytes; ``add`` keeps its counter as the decimal ASCII text of the number, so ``get``
-on a counter returns e.g. ``b"3"`` (as torch's stores do).
+on a counter returns e.g. ``b"3"`` (as torch's stores do). ``compare_set`` is the one
+read-modify-write on values: what ``core/elastic.py`` agrees through (the first proposal wins).
 """
 
 from __future__ import annotations
@@ -62,6 +63,21 @@ class Store(abc.ABC):
         Raises:
             ValueError: ``key`` holds a value that is not a counter.
         """
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        """Atomically set ``key`` to ``desired`` if it holds ``expected``; return what it holds then.
+
+        An unset key counts as holding ``b""``: ``compare_set(key, b"", value)`` sets ``key``
+        only if nobody has, and returns the value that won. (torch's ``compare_set`` is the same
+        except that for an unset key and a non-empty ``expected`` it returns ``expected``.)
+
+        Raises:
+            NotImplementedError: this kind of store cannot compare and set atomically (every
+                store of tensorcomm can; a store of your own must override this for
+                ``Group.shrink``).
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no compare_set; Group.shrink needs a "
+                                  "store that can compare and set atomically")
 
     @abc.abstractmethod
     def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
@@ -155,6 +171,13 @@ def add_to_counter(key: str, old: bytes | None, amount: int) -> tuple[int, bytes
     return count, str(count).encode("ascii")
 
 
+def compare_and_set(old: bytes | None, expected: bytes, desired: bytes) -> tuple[bool, bytes]:
+    """``compare_set``'s rule on a key holding ``old`` (None: unset): (whether to store
+    ``desired``, the value to return)."""
+    current = b"" if old is None else old
+    return (True, desired) if current == expected else (False, current)
+
+
 def timeout_error(op: str, missing: Sequence[str], timeout: float) -> CommTimeoutError:
     """Build the error a ``get``/``wait`` raises when ``missing`` keys did not appear in time."""
     names = ", ".join(repr(k) for k in missing)
@@ -188,6 +211,16 @@ class HashStore(Store):
             count, self._data[key] = add_to_counter(key, self._data.get(key), amount)
             self._cond.notify_all()
             return count
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        key, expected, desired = check_key(key), check_value(expected), check_value(desired)
+        with self._cond:
+            self._check_open()
+            store, value = compare_and_set(self._data.get(key), expected, desired)
+            if store:
+                self._data[key] = desired
+                self._cond.notify_all()
+            return value
 
     def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
         self._wait_for(check_keys(keys), self._timeout(timeout), "wait")
@@ -258,6 +291,9 @@ class PrefixStore(Store):
     def add(self, key: str, amount: int) -> int:
         return self.store.add(self._key(key), amount)
 
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        return self.store.compare_set(self._key(key), expected, desired)
+
     def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
         self.store.wait([self._key(k) for k in check_keys(keys)], self._timeout(timeout))
 
@@ -319,6 +355,14 @@ class FileStore(Store):
             count, stored = add_to_counter(key, self._data.get(key), amount)
             self._append(fd, _SET, key, stored)
             return count
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        key, expected, desired = check_key(key), check_value(expected), check_value(desired)
+        with self._locked(fcntl.LOCK_EX) as fd:
+            store, value = compare_and_set(self._data.get(key), expected, desired)
+            if store:
+                self._append(fd, _SET, key, desired)
+            return value
 
     def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
         self._wait_for(check_keys(keys), self._timeout(timeout), "wait")

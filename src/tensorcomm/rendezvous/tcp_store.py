@@ -11,14 +11,16 @@ Protocol, after the handshake; all integers big-endian::
     request   op:u8  key_len:u16  value_len:u64  timeout:f64  key  value
     response  status:u8  value_len:u64  value
 
-    op      SET=1 GET=2 ADD=3 WAIT=4 CHECK=5 DELETE=6 PING=7
+    op      SET=1 GET=2 ADD=3 WAIT=4 CHECK=5 DELETE=6 PING=7 COMPARE_SET=8
     status  OK=0, TIMEOUT=1 (value: the missing keys), ERROR=2 (value: a UTF-8 message)
 
 ADD carries and returns an i64; WAIT and CHECK carry their keys in ``value`` as repeated
-``len:u16 key``; ``timeout`` (seconds) is read by GET and WAIT only, so the server answers a
-blocking request by then and the client never has to abandon a connection mid-frame. Lengths are
-checked against ``MAX_KEY_BYTES``/``MAX_VALUE_BYTES`` before anything is read or allocated; a
-frame that breaks a rule closes that connection and is logged, and the server serves on.
+``len:u16 key``; COMPARE_SET carries ``expected_len:u64 expected desired`` and returns the value
+the key holds afterwards (``store.compare_and_set``'s rule); ``timeout`` (seconds) is read by GET
+and WAIT only, so the server answers a blocking request by then and the client never has to
+abandon a connection mid-frame. Lengths are checked against ``MAX_KEY_BYTES``/``MAX_VALUE_BYTES``
+before anything is read or allocated; a frame that breaks a rule closes that connection and is
+logged, and the server serves on.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from tensorcomm.rendezvous.auth import (HandshakeRefused, handshake_client, hand
 from tensorcomm.rendezvous.gate import Gate, describe_error, out_of_descriptors
 from tensorcomm.rendezvous.store import (MAX_KEY_BYTES, MAX_VALUE_BYTES, Store, add_to_counter,
                                          check_amount, check_key, check_keys, check_value,
-                                         timeout_error)
+                                         compare_and_set, timeout_error)
 
 logger = logging.getLogger("tensorcomm.store")
 
@@ -55,8 +57,10 @@ _REQUEST = struct.Struct("!BHQd")
 _RESPONSE = struct.Struct("!BQ")
 _KEY_LEN = struct.Struct("!H")
 _I64 = struct.Struct("!q")
-SET, GET, ADD, WAIT, CHECK, DELETE, PING = range(1, 8)
-_OP_NAMES = {SET: "set", GET: "get", ADD: "add", WAIT: "wait", CHECK: "check", DELETE: "delete", PING: "ping"}
+_U64 = struct.Struct("!Q")
+SET, GET, ADD, WAIT, CHECK, DELETE, PING, COMPARE_SET = range(1, 9)
+_OP_NAMES = {SET: "set", GET: "get", ADD: "add", WAIT: "wait", CHECK: "check", DELETE: "delete", PING: "ping",
+             COMPARE_SET: "compare_set"}
 OK, TIMEOUT, ERROR = 0, 1, 2
 
 
@@ -275,6 +279,16 @@ class TCPStoreServer:
         if op == DELETE:
             with self._cond:
                 return OK, bytes([self._data.pop(key, None) is not None])
+        if op == COMPARE_SET:
+            if len(value) < _U64.size or _U64.unpack_from(value)[0] > len(value) - _U64.size:
+                raise ProtocolError(f"compare_set value of {len(value)} bytes does not hold its parts")
+            split = _U64.size + _U64.unpack_from(value)[0]
+            with self._cond:
+                store, reply = compare_and_set(self._data.get(key), value[_U64.size:split], value[split:])
+                if store:
+                    self._data[key] = reply
+                    self._cond.notify_all()
+            return OK, reply
         return OK, b""  # PING
 
     def _await(self, keys: list[str], timeout: float) -> tuple[list[bytes], list[str]]:
@@ -328,6 +342,13 @@ class TCPStore(Store):
         if len(reply) != _I64.size:
             self._fail("add", f"reply of {len(reply)} bytes")
         return _I64.unpack(reply)[0]
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        key, expected, desired = check_key(key), check_value(expected), check_value(desired)
+        if _U64.size + len(expected) + len(desired) > MAX_VALUE_BYTES:
+            raise ValueError(f"compare_set: expected and desired values of {len(expected) + len(desired)} "
+                             f"bytes together exceed {MAX_VALUE_BYTES - _U64.size}")
+        return self._request(COMPARE_SET, key, _U64.pack(len(expected)) + expected + desired)
 
     def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
         keys, timeout = check_keys(keys), self._timeout(timeout)

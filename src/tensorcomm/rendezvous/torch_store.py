@@ -6,6 +6,12 @@ never enters the store). The torch backend wraps the store torch passes it; ``en
 torchrun (``torchrun_rendezvous``) wraps a client of the agent store that holds ``MASTER_PORT``,
 so a plain numpy script calling ``tensorcomm.init()`` runs under torchrun too.
 
+The agent's store outlives the workers: when torchrun restarts them (``--max-restarts``) the new
+attempt finds the keys of the one that failed. Each attempt therefore meets under a namespace of
+its own, ``tensorcomm/attempt_<TORCHELASTIC_RESTART_COUNT>``, as torch's own ``env://`` does
+(counting arrivals alone would put the first rank of a new attempt into the old generation
+whenever a rank of the failed attempt had died before it arrived).
+
 Imports torch, which only this module of the rendezvous layer does; ``init_method`` imports it
 only under torchrun, which implies torch is installed. Imports the rest of ``rendezvous`` and
 ``errors``.
@@ -22,6 +28,8 @@ from tensorcomm.errors import CommTimeoutError
 from tensorcomm.rendezvous.discovery import JobInfo
 from tensorcomm.rendezvous.init_method import Rendezvous, from_store, resolve_ranks
 from tensorcomm.rendezvous.store import Store, check_key, check_keys, check_value
+
+ATTEMPT_PREFIX = "tensorcomm/attempt_"  # + TORCHELASTIC_RESTART_COUNT: one namespace per attempt
 
 
 class TorchStore(Store):
@@ -52,6 +60,14 @@ class TorchStore(Store):
     def add(self, key: str, amount: int) -> int:
         return self._store.add(check_key(key), amount)
 
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        key, expected, desired = check_key(key), check_value(expected), check_value(desired)
+        if expected and not self._store.check([key]):
+            # torch answers ``expected`` for an unset key, tensorcomm's rule b"". A key seen set
+            # here stays set: tensorcomm never deletes the keys it compare-sets.
+            return b""
+        return bytes(self._store.compare_set(key, expected, desired))
+
     def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
         seconds = self._timeout(timeout)
         try:
@@ -81,7 +97,8 @@ def _address_of(store: dist.Store, info: JobInfo) -> tuple[str, int]:
 
 def torchrun_rendezvous(rank: int | None, world_size: int | None, timeout: float,
                         info: JobInfo) -> Rendezvous:
-    """``env://`` under torchrun: meet on the agent's store at ``MASTER_ADDR:MASTER_PORT``.
+    """``env://`` under torchrun: meet on the agent's store at ``MASTER_ADDR:MASTER_PORT``, in
+    the namespace of this attempt (``TORCHELASTIC_RESTART_COUNT``).
 
     Raises:
         ValueError: rank or world size unknown or out of range.
@@ -91,4 +108,5 @@ def torchrun_rendezvous(rank: int | None, world_size: int | None, timeout: float
     rank, world_size = resolve_ranks("env://", rank, world_size, info)
     client = dist.TCPStore(info.master_addr, info.master_port, world_size, is_master=False,
                            timeout=datetime.timedelta(seconds=timeout))
-    return from_store(TorchStore(client, timeout, info), rank, world_size, timeout)
+    attempt = dist.PrefixStore(f"{ATTEMPT_PREFIX}{info.restart_count}", client)
+    return from_store(TorchStore(attempt, timeout, info), rank, world_size, timeout)
