@@ -1,14 +1,16 @@
 """Time one DistributedDataParallel training step on tensorcomm and on Gloo, same model, same ranks.
 
     python benchmarks/ddp_step.py                 # 2 ranks, 50 timed steps, hidden width 512
-    python benchmarks/ddp_step.py --ranks 3 --steps 100 --hidden 1024
+    python benchmarks/ddp_step.py --ranks 4 --steps 80 --hidden 1024 --rounds 2
 
 Every rank trains a small MLP with a BatchNorm (as in tests/frameworks/test_ddp.py, wider) with
 DDP: forward (which broadcasts the BatchNorm buffers), backward (one all-reduce per gradient
-bucket) and an SGD step. Both backends run in the same rank processes, one after the other and
-then again in the opposite order, so neither gets a warmer machine; each timed block starts
-after warm-up steps and a barrier. Prints the median and quartiles of rank 0's step times and
-the ratio tensorcomm / Gloo. A benchmark, not a test: it asserts nothing about time.
+bucket, running beside the rest of backward on both backends) and an SGD step. Both backends
+run in the same rank processes, one after the other and then again in the opposite order
+(``--rounds`` times), so neither gets a warmer machine; each block initialises its backend,
+times its steps after warm-up steps and a barrier, and destroys it. Prints the median and
+quartiles of rank 0's step times and the ratio tensorcomm / Gloo. A benchmark, not a test: it
+asserts nothing about time.
 """
 
 from __future__ import annotations
@@ -59,11 +61,11 @@ def _time_steps(backend: str, steps: int, hidden: int, batch: int) -> list[float
     return times[WARMUP_STEPS:]
 
 
-def _rank(steps: int, hidden: int, batch: int) -> dict[str, list[float]]:
+def _rank(steps: int, hidden: int, batch: int, rounds: int) -> dict[str, list[float]]:
     torch.set_num_threads(1)  # ranks share the machine's cores; one intra-op thread each
     times: dict[str, list[float]] = {"tensorcomm": [], "gloo": []}
-    for backend in ("tensorcomm", "gloo", "gloo", "tensorcomm"):
-        times[backend] += _time_steps(backend, steps // 2, hidden, batch)
+    for backend in ("tensorcomm", "gloo", "gloo", "tensorcomm") * rounds:
+        times[backend] += _time_steps(backend, max(steps // (2 * rounds), 1), hidden, batch)
     return times
 
 
@@ -74,9 +76,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50, help="timed steps per backend (default 50)")
     parser.add_argument("--hidden", type=int, default=512, help="hidden width (default 512)")
     parser.add_argument("--batch", type=int, default=64, help="samples per rank and step (default 64)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="repeat the tensorcomm, gloo, gloo, tensorcomm blocks (default 1)")
     args = parser.parse_args()
-    times = run_ranks(_rank, args.ranks, args.steps, args.hidden, args.batch, init=False,
-                      timeout=600)[0]
+    times = run_ranks(_rank, args.ranks, args.steps, args.hidden, args.batch, args.rounds,
+                      init=False, timeout=600)[0]
     parameters = sum(p.numel() for p in _model(args.hidden).parameters())
     print(f"DDP step, {args.ranks} ranks, MLP 256-{args.hidden}-{args.hidden}-10 with BatchNorm "
           f"({parameters:,} parameters, {parameters * 4 / 1e6:.1f} MB of gradients), batch "

@@ -26,15 +26,12 @@ from __future__ import annotations
 import datetime
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..core import collectives
 from ..core.group import Group
 from ..types import ReduceOp, ReduceOpLike
 from . import functional as F
-from . import validate
 from .torch_work import TensorcommWork
 
 BACKEND_NAME = "tensorcomm"
@@ -218,22 +215,33 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
 
     def _reduce_scatter_uneven(self, output: torch.Tensor, inputs: list[torch.Tensor],
                                op: ReduceOpLike, run_async: bool) -> Any:
-        fn = "reduce_scatter"
+        # The functional API's blocks are all of one size; blocks of different sizes are
+        # reduced as one all_reduce of all of them (n times the data of a reduce-scatter: this
+        # form is rare) and this rank's block is copied out.
         group = self._group
-        out = validate.array(output, "output", fn, writable=True)
-        staged = validate.array_list(inputs, "input_list", fn, group.size)
-        validate.same_dtype(staged, out, "input_list", fn)
-        counts = [s.array.size for s in staged]
-        if counts[group.rank] != out.array.size:
-            raise ValueError(f"{fn}: input_list[{group.rank}] ({staged[group.rank].signature}) must "
-                             f"hold as many elements as this rank's output ({out.signature})")
-        send = np.concatenate([s.buf for s in staged], axis=None)
-        work = collectives.reduce_scatter(group, send, out.buf, counts, op, run_async, fn)
+        if len(inputs) != group.size:
+            raise ValueError(f"reduce_scatter: input_list must hold {group.size} tensors (one per "
+                             f"group member), got {len(inputs)}")
+        dtypes = {t.dtype for t in inputs} | {output.dtype}
+        if len(dtypes) != 1:
+            raise ValueError(f"reduce_scatter: output and input_list must have one dtype, got "
+                             f"{sorted(str(d) for d in dtypes)}")
+        mine = inputs[group.rank]
+        if mine.numel() != output.numel():
+            raise ValueError(f"reduce_scatter: input_list[{group.rank}] ({list(mine.shape)}) must hold "
+                             f"as many elements as this rank's output ({list(output.shape)})")
+        flat = torch.cat([t.detach().reshape(-1) for t in inputs])
+        start = sum(t.numel() for t in inputs[:group.rank])
+
+        def unpack() -> None:
+            with torch.no_grad():
+                output.copy_(flat[start:start + output.numel()].view_as(output))
+
+        work = F.all_reduce(flat, op, group, run_async)
         if work is None:
-            if out.needs_commit:
-                out.commit()
-            return None
-        work.after(out.commit)
+            unpack()
+        else:
+            work.after(unpack)
         return work
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
