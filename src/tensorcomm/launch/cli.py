@@ -73,13 +73,13 @@ def _load_plugins() -> None:
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     # Written out because argparse would show TARGET as optional (see the note at "target").
     parser.usage = ("%(prog)s [-h] [-n N] [--nnodes K] [--node-rank R] [--master HOST:PORT]\n"
-                    "       [--timeout S] [-m | --no-python] TARGET [ARGS ...]")
+                    "       [--timeout S] [--keep-going] [-m | --no-python] TARGET [ARGS ...]")
     parser.description = (
         "Start N ranks of a Python script (or module, or any command) on this node, with "
         "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and "
         "TENSORCOMM_SECRET set for each. Output lines are prefixed with '[rank N] '. When one "
-        "rank fails, the others are stopped and its exit code is returned. Flags not given fall "
-        "back to the TENSORCOMM_* variables named below (see docs/env.md).")
+        "rank fails, the others are stopped and its exit code is returned (unless --keep-going). "
+        "Flags not given fall back to the TENSORCOMM_* variables named below (see docs/env.md).")
     parser.add_argument("-n", "--nproc-per-node", dest="nprocs", type=int, metavar="N",
                         help=f"ranks to start on this node (env {launch_env.ENV_NPROCS}; "
                              "default 1)")
@@ -96,6 +96,10 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, metavar="S",
                         help=f"stop the job after S seconds and exit 124 "
                              f"(env {launch_env.ENV_JOB_TIMEOUT}; default none)")
+    parser.add_argument("--keep-going", action="store_true",
+                        help="a rank that fails does not stop the others (for jobs whose "
+                             "survivors go on: Group.shrink, docs/elastic.md); the job succeeds "
+                             "if any rank succeeds")
     kind = parser.add_mutually_exclusive_group()
     kind.add_argument("-m", "--module", action="store_true",
                       help="TARGET is a module, run as python -m TARGET")
@@ -129,7 +133,7 @@ def _run(args: argparse.Namespace) -> int:
     settings = launch_env.resolve_settings(
         os.environ, nprocs=args.nprocs, nnodes=args.nnodes, node_rank=args.node_rank,
         master=args.master, timeout=args.timeout)
-    return spawner.launch(settings, rank_command(args))
+    return spawner.launch(settings, rank_command(args), keep_going=args.keep_going)
 
 
 register_subcommand("run", "start N ranks of a script, module or program", _add_run_arguments,

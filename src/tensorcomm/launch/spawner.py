@@ -13,6 +13,12 @@ The process rules, in one place:
   get ``SIGTERM``, then ``SIGKILL`` after a grace period. A signal to the launcher (SIGINT, SIGTERM,
   SIGHUP) is forwarded the same way and the launcher exits ``128 + signum``. A second signal
   skips the grace period.
+- Or keep going (``keep_going``, ``tensorcomm run --keep-going``; Open MPI's ``--enable-recovery``
+  and MPICH's ``-disable-auto-cleanup`` do the same): a rank that fails is reported and the others
+  run on, for jobs whose survivors carry on without it (``Group.shrink``, docs/elastic.md). The
+  job then succeeds if any rank succeeds; else the first failure decides the exit code. Node 0's
+  launcher hosts the store, which the survivors need to agree: after its own ranks end it keeps
+  serving while ranks of other nodes are still connected.
 - Every child is reaped and the store closed before returning, whatever happened.
 - Ranks read stdin from ``/dev/null``: several ranks cannot share the terminal, and a rank in its
   own session has no controlling terminal anyway.
@@ -176,9 +182,12 @@ class _Job:
     """The ranks of one node while they run; see the module docstring for the rules."""
 
     def __init__(self, specs: Sequence[RankSpec], grace: float, stdout: TextIO,
-                 stderr: TextIO) -> None:
+                 stderr: TextIO, keep_going: bool = False,
+                 store_users: Callable[[], int] | None = None) -> None:
         self._specs = specs
         self._grace = grace
+        self._keep_going = keep_going
+        self._store_users = store_users
         self._out = _OutputSink(stdout)
         self._err = _OutputSink(stderr)
         self._ranks: list[_Rank] = []
@@ -225,10 +234,17 @@ class _Job:
         return None
 
     def _supervise(self, timeout: float | None) -> int:
-        """Wait until all ranks succeed, one fails, a signal arrives or time runs out."""
+        """Wait until all ranks end (or one fails, unless keep-going), a signal arrives or time
+        runs out; with ``store_users``, also until nobody uses the store any more."""
         deadline = None if timeout is None else time.monotonic() + timeout
         running = list(self._ranks)
-        while running:
+        failed: list[tuple[int, int]] = []  # (rank, return code) of the ranks that failed
+        serving = False  # this node's ranks ended; other nodes' ranks still use the store
+        while running or self._store_users is not None and self._store_users():
+            if not running and not serving:
+                serving = True
+                self.say("this node's ranks ended; serving the store while ranks of other nodes "
+                         "use it (--keep-going)")
             if self._signals.received:
                 signum = self._signals.received[0]
                 self.say(f"received {signal.Signals(signum).name}, stopping all ranks")
@@ -238,15 +254,25 @@ class _Job:
                 if returncode is None:
                     continue
                 running.remove(rank)
-                if returncode != 0:
+                if returncode != 0 and not self._keep_going:
                     self.say(describe_exit(rank.spec.rank, returncode)
                              + ("; stopping the other ranks" if running else ""))
                     return exit_code_of(returncode)
+                if returncode != 0:
+                    failed.append((rank.spec.rank, returncode))
+                    self.say(describe_exit(rank.spec.rank, returncode)
+                             + ("; the other ranks go on (--keep-going)" if running else ""))
             if deadline is not None and time.monotonic() >= deadline:
                 self.say(f"job timed out after {timeout:g} s, stopping all ranks")
                 return TIMEOUT_EXIT_CODE
             time.sleep(POLL_INTERVAL)
-        return 0
+        if not failed:
+            return 0
+        if len(failed) < len(self._ranks):
+            self.say(f"{len(failed)} of {len(self._ranks)} ranks failed "
+                     f"({', '.join(f'rank {r}' for r, _ in failed)}); the others succeeded")
+            return 0
+        return exit_code_of(failed[0][1])
 
     def _signal_groups(self, signum: int) -> None:
         # Exited ranks too: a rank's own children may still be alive in its process group. Safe
@@ -285,7 +311,8 @@ class _Job:
 
 def run_ranks(specs: Sequence[RankSpec], *, timeout: float | None = None,
               grace: float = KILL_GRACE_SECONDS, cleanup: Callable[[], None] | None = None,
-              stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+              stdout: TextIO | None = None, stderr: TextIO | None = None,
+              keep_going: bool = False, store_users: Callable[[], int] | None = None) -> int:
     """Run the given ranks to completion with rank-prefixed output; return the job's exit code.
 
     Args:
@@ -295,13 +322,16 @@ def run_ranks(specs: Sequence[RankSpec], *, timeout: float | None = None,
         cleanup: called once after every rank is reaped (e.g. to remove the job's shared memory);
             an exception from it is reported on stderr and does not change the exit code.
         stdout, stderr: where the ranks' prefixed output goes (default: the launcher's own).
+        keep_going: a failing rank does not stop the others (see the module docstring).
+        store_users: how many clients use the store this node hosts; the job lasts until it is 0
+            too (node 0's launcher under ``keep_going``: ranks of other nodes still need it).
 
     Returns:
-        0 if every rank succeeded; else the first failing rank's code (``128 + N`` for a death by
-        signal N), ``128 + N`` for signal N sent to the launcher, 124 on timeout, 127/126 if a
-        command cannot be started.
+        0 if every rank succeeded (with ``keep_going``: if any did); else the first failing rank's
+        code (``128 + N`` for a death by signal N), ``128 + N`` for signal N sent to the launcher,
+        124 on timeout, 127/126 if a command cannot be started.
     """
-    job = _Job(specs, grace, stdout or sys.stdout, stderr or sys.stderr)
+    job = _Job(specs, grace, stdout or sys.stdout, stderr or sys.stderr, keep_going, store_users)
     try:
         return job.run(timeout)
     finally:
@@ -315,6 +345,8 @@ def run_ranks(specs: Sequence[RankSpec], *, timeout: float | None = None,
 class _StoreServer(Protocol):
     port: int
 
+    def clients(self) -> int: ...
+
     def close(self) -> None: ...
 
 
@@ -327,10 +359,11 @@ def _host_store(host: str, port: int, secret_hex: str) -> _StoreServer:
 
 
 def launch(settings: launch_env.LaunchSettings, argv: list[str], *,
-           cleanup: Callable[[], None] | None = None) -> int:
+           cleanup: Callable[[], None] | None = None, keep_going: bool = False) -> int:
     """Run ``argv`` as this node's ranks of the job ``settings`` describes; return the exit code.
 
-    Node 0's launcher hosts the store for the whole job and closes it after its ranks end.
+    Node 0's launcher hosts the store for the whole job and closes it after its ranks end (with
+    ``keep_going`` and several nodes: once no rank of another node is connected to it either).
     """
     server: _StoreServer | None = None
     if settings.hosts_store:
@@ -350,7 +383,9 @@ def launch(settings: launch_env.LaunchSettings, argv: list[str], *,
         specs = [RankSpec(launch_env.global_rank(settings, local),
                           argv, launch_env.rank_env(os.environ, settings, store, local))
                  for local in range(settings.nprocs)]
-        return run_ranks(specs, timeout=settings.timeout, cleanup=cleanup)
+        users = server.clients if keep_going and server is not None and settings.nnodes > 1 else None
+        return run_ranks(specs, timeout=settings.timeout, cleanup=cleanup, keep_going=keep_going,
+                         store_users=users)
     finally:
         if server is not None:
             server.close()

@@ -165,6 +165,11 @@ class TCPStoreServer:
         self._listener.close()
         self._gate.join(FRAME_TIMEOUT)
 
+    def clients(self) -> int:
+        """How many connections the server holds (authenticated or still authenticating)."""
+        with self._lock:
+            return len(self._conns)
+
     def __enter__(self) -> "TCPStoreServer":
         return self
 
