@@ -12,7 +12,8 @@ The public surface is exactly ``__all__`` (pinned by tests/unit/test_exports.py)
 from .core.group import WORLD, Group
 from .core.work import Work
 from .errors import (ArgumentMismatchError, AuthenticationError, CollectiveMismatchError, CommError,
-                     CommTimeoutError, GroupAbortedError, PeerLostError, RendezvousError)
+                     CommTimeoutError, ExcludedError, GroupAbortedError, PeerLostError,
+                     RendezvousError)
 from .frontends.functional import (all_gather, all_gather_into_tensor, all_reduce, all_to_all,
                                    all_to_all_single, barrier, broadcast, gather, irecv, isend, recv,
                                    reduce, reduce_scatter, reduce_scatter_tensor, scatter, send)
@@ -44,5 +45,6 @@ __all__ = [
     "ReduceOp", "PremulSum", "premul_sum", "TransportKind", "Work",
     # errors
     "CommError", "CommTimeoutError", "PeerLostError", "CollectiveMismatchError",
-    "GroupAbortedError", "RendezvousError", "AuthenticationError", "ArgumentMismatchError",
+    "GroupAbortedError", "ExcludedError", "RendezvousError", "AuthenticationError",
+    "ArgumentMismatchError",
 ]

@@ -11,6 +11,7 @@ job raise a subclass of ``CommError``::
           ├── PeerLostError           a peer's process or connection went away (names the rank)
           ├── CollectiveMismatchError ranks called different collectives / shapes / dtypes / ops
           ├── GroupAbortedError       the group was aborted or destroyed while a call was pending
+          │    └── ExcludedError      the other members shrank the group without this rank
           ├── RendezvousError         the job could not assemble (store unreachable, rank missing)
           └── AuthenticationError     a connection failed the job-secret challenge
 """
@@ -41,6 +42,11 @@ class CollectiveMismatchError(CommError):
 
 class GroupAbortedError(CommError):
     """The group was aborted or destroyed while the call was pending."""
+
+
+class ExcludedError(GroupAbortedError):
+    """The other members of a group agreed to go on without this rank (``Group.shrink``): it was
+    too late, or they had lost their connection to it. It cannot rejoin their group."""
 
 
 class RendezvousError(CommError):

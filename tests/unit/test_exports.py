@@ -22,7 +22,8 @@ PUBLIC = {
     "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
     "ReduceOp", "PremulSum", "premul_sum", "TransportKind", "Work",
     "CommError", "CommTimeoutError", "PeerLostError", "CollectiveMismatchError",
-    "GroupAbortedError", "RendezvousError", "AuthenticationError", "ArgumentMismatchError",
+    "GroupAbortedError", "ExcludedError", "RendezvousError", "AuthenticationError",
+    "ArgumentMismatchError",
 }
 
 

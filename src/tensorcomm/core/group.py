@@ -12,8 +12,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Hashable, Sequence
 
 from ..algorithms.base import Ctx, Hierarchy, Plan, Team
+from ..config import MAX_TIMEOUT
 from ..errors import CommError, GroupAbortedError
 from ..types import TransportKind
+from .elastic import agree
 from .engine import ConcurrentUseError, Engine
 from .work import Work
 
@@ -48,6 +50,7 @@ class Group:
                               world.timeout, world.hosts_of(self._ranks), name, shm, hier)
         # One plan per call shape (``core/collectives.py`` makes them), gone with the group.
         self.plans: dict[Hashable, Plan] = {}
+        self._shrinks = 0  # calls of shrink() so far: the members match them by this count
 
     # The WORLD handle overrides this to follow whichever world is current.
     def _target(self) -> "Group":
@@ -224,6 +227,45 @@ class Group:
             if group._shm is not None:
                 group._shm.abort(error)
         target._engine.stop(error)
+
+    def shrink(self, timeout: float | None = None) -> "Group":
+        """Agree with the other live members on who is left, and return a new group of them.
+
+        ULFM's ``MPIX_Comm_shrink``: a collective of the members that are still alive, called
+        after a ``CommError`` on this group (or on a healthy group). Every survivor gets the same
+        members, renumbered ``0..k-1`` in this group's order, in a new group (on shared memory
+        when they share a host). The agreement survives further failures while it runs. This
+        group stays as it was (unusable if it failed; aborted on every member if the agreement
+        left someone out); ``destroy()`` it when done. docs/elastic.md has the whole model.
+
+        Args:
+            timeout: seconds to wait for members that neither arrive nor are known to be dead;
+                they are then left out. Default: the group's timeout.
+
+        Raises:
+            ExcludedError: the other members agreed without this rank (it came too late, say);
+                it cannot rejoin them.
+            RendezvousError: the store is gone. It must outlive the ranks that fail, as the
+                launcher's and torchrun's do; a store rank 0 hosts does not.
+            ValueError: this process is not a member, or ``timeout`` is not a positive number.
+            RuntimeError: this process was forked from a rank after ``init()``.
+        """
+        target = self._target()
+        world = target._world
+        target.rank  # raises for non-members
+        if world.forked is not None:
+            raise world.forked
+        if timeout is None:
+            timeout = world.timeout
+        elif isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValueError(f"shrink: timeout must be a positive number of seconds, got {timeout!r}")
+        n, target._shrinks = target._shrinks, target._shrinks + 1
+        agreed = agree(world, target._group_id, n, target._ranks, target._name,
+                       min(float(timeout), MAX_TIMEOUT))
+        group = world.adopt(agreed.ranks, agreed.group_id, f"{target._name}/shrink{n}", agreed.shm)
+        if len(agreed.ranks) < len(target._ranks):  # stragglers' calls on this group must fail
+            target.abort(f"the group shrank to ranks {list(agreed.ranks)}")
+        return group
 
     def _stop(self, error: BaseException) -> None:
         """Fail pending and later calls with ``error``; leave the shared-memory domain."""

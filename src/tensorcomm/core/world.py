@@ -34,7 +34,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .. import config
 from ..signature import Signature
@@ -132,11 +132,27 @@ class World:
         key = f"group/{','.join(map(str, ranks))}/{name or ''}/{occurrence}"
         store = self.store
         if self.rank == ranks[0]:
-            group_id = store.add("group/next_id", 1)
-            if group_id > MAX_GROUP_ID:
-                raise ValueError(f"a job can create at most {MAX_GROUP_ID} groups")
-            store.set(key, str(group_id).encode())
+            store.set(key, str(self.take_group_id()).encode())
         return int(store.get(key, timeout=self.timeout))
+
+    def take_group_id(self) -> int:
+        """A group id nobody in this world has had (counted in the store).
+
+        Raises:
+            ValueError: the world made ``MAX_GROUP_ID`` groups already.
+        """
+        group_id = self.store.add("group/next_id", 1)
+        if group_id > MAX_GROUP_ID:
+            raise ValueError(f"a job can create at most {MAX_GROUP_ID} groups")
+        return group_id
+
+    def adopt(self, ranks: tuple[int, ...], group_id: int, label: str, shm: ShmDomain | None) -> Group:
+        """Make and register the group a shrink agreed on (``core/elastic.py``): members, id and
+        shared-memory domain are settled; a group that spans hosts gets its sub-teams here."""
+        group = Group(label, ranks, group_id, self, shm, *self._hierarchy(ranks, group_id, label))
+        with self._lock:
+            self._groups.append(group)
+        return group
 
     def _hierarchy(self, ranks: tuple[int, ...], group_id: int, label: str) -> tuple[Hierarchy | None, list[Group]]:
         """The host and cross sub-teams of a group that spans hosts (``algorithms/hier.py``),
@@ -178,8 +194,37 @@ class World:
         all on this host and all allowed shared memory; if setting up fails on any member, every
         member gets None (the group uses TCP) and the failing one logs why.
         """
-        if len(ranks) < 2 or len(set(self.hosts_of(ranks))) != 1 \
-                or not all(self._shm_allowed[r] for r in ranks):
+        if not self._can_share_memory(ranks):
+            return None
+        domain = self.open_shared_memory(ranks, group_id, name)
+        store = self.store
+        prefix = f"shm/{group_id}/"
+        rank = ranks.index(self.rank)
+        store.set(prefix + f"ready/{rank}", b"1" if domain is not None else b"0")
+        keys = [prefix + f"ready/{q}" for q in range(len(ranks))]
+        store.wait(keys, timeout=self.timeout)
+        if all(store.get(key) == b"1" for key in keys):
+            return domain
+        if domain is not None:
+            domain.close()
+        return None
+
+    def _can_share_memory(self, ranks: tuple[int, ...]) -> bool:
+        return len(ranks) >= 2 and len(set(self.hosts_of(ranks))) == 1 \
+            and all(self._shm_allowed[r] for r in ranks)
+
+    def open_shared_memory(self, ranks: tuple[int, ...], group_id: int, name: str,
+                           abandon: Callable[[], str | None] | None = None,
+                           timeout: float | None = None) -> ShmDomain | None:
+        """This member's handle on a new group's shared-memory domain, or None: the group cannot
+        have one, or setting it up failed (here or, as far as this member saw, elsewhere).
+
+        Every member calls this together; members may end up differently, so they must agree
+        afterwards and all drop their domains unless all have one (``_shared_memory``, or the
+        acknowledgements of ``core/elastic.py``). ``abandon()``, polled while waiting for the
+        others, says why to give up (or None); ``timeout`` defaults to the world's.
+        """
+        if not self._can_share_memory(ranks):
             return None
         store = self.store
         prefix = f"shm/{group_id}/"
@@ -194,25 +239,18 @@ class World:
             return None
 
         def failed() -> str | None:
-            return store.get(prefix + "failed").decode() if store.check([prefix + "failed"]) else None
+            if store.check([prefix + "failed"]):
+                return store.get(prefix + "failed").decode()
+            return None if abandon is None else abandon()
 
-        rank = ranks.index(self.rank)
-        domain = None
         try:
-            domain = open_domain(rank, ranks, name, self.rendezvous.secret, publish, lookup, failed,
-                                 self.timeout, _describe)
+            return open_domain(ranks.index(self.rank), ranks, name, self.rendezvous.secret, publish,
+                               lookup, failed, self.timeout if timeout is None else timeout, _describe)
         except ShmUnavailable as exc:
             log.warning("group %r: rank %d cannot use shared memory (%s); the group uses TCP",
                         name, self.rank, exc)
             store.set(prefix + "failed", f"rank {self.rank}: {exc}".encode())
-        store.set(prefix + f"ready/{rank}", b"1" if domain is not None else b"0")
-        keys = [prefix + f"ready/{q}" for q in range(len(ranks))]
-        store.wait(keys, timeout=self.timeout)
-        if all(store.get(key) == b"1" for key in keys):
-            return domain
-        if domain is not None:
-            domain.close()
-        return None
+            return None
 
     def named_group(self, name: str) -> Group:
         """The group registered under ``name``.

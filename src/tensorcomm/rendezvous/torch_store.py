@@ -66,7 +66,7 @@ class TorchStore(Store):
             # torch answers ``expected`` for an unset key, tensorcomm's rule b"". A key seen set
             # here stays set: tensorcomm never deletes the keys it compare-sets.
             return b""
-        return bytes(self._store.compare_set(key, expected, desired))
+        return bytes(self._store.compare_set(key, expected, desired))  # type: ignore[arg-type]
 
     def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
         seconds = self._timeout(timeout)

@@ -129,6 +129,11 @@ class Transport(abc.ABC):
         """
         return {}
 
+    def lost_peers(self) -> frozenset[int]:
+        """Peers this transport knows are gone for good (dead, departed, or their link broke);
+        a transport that cannot tell returns an empty set. ``Group.shrink`` leaves them out."""
+        return frozenset()
+
     @abc.abstractmethod
     def abort_group(self, group_id: int, error: BaseException, tell_peers: bool = True) -> None:
         """Fail every pending and future message of ``group_id`` here and (``tell_peers``) on

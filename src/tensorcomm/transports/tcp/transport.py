@@ -739,6 +739,10 @@ class TcpTransport(Transport):
 
     # -- who is where ---------------------------------------------------------------------------
 
+    def lost_peers(self) -> frozenset[int]:
+        with self._lock:
+            return frozenset(self._lost)
+
     def progress(self, group_id: int, peers: Sequence[int],
                  timeout: float) -> dict[int, tuple[int, Signature | None] | None]:
         """Ask ``peers`` which call of ``group_id`` they have reached (and its signature);
