@@ -127,3 +127,24 @@ def test_compression_leaves_other_ops_and_dtypes_exact():
         assert np.array_equal(maximum, np.max(inputs, axis=0))
         exact = np.sum([x.astype(np.float64) for x in inputs], axis=0)
         np.testing.assert_allclose(wide, exact, rtol=1e-12)
+
+
+def test_scratch_is_reused_between_calls_and_bounded(monkeypatch):
+    from tensorcomm.transports.loopback import LoopbackHub
+
+    transport = LoopbackHub(1).transport(0)
+    first = transport.scratch((1, "inbox"), 64)
+    assert np.shares_memory(first, transport.scratch((1, "inbox"), 32))  # reused, no new pages
+    assert not np.shares_memory(first, transport.scratch((2, "inbox"), 64))  # per group
+    monkeypatch.setattr(config, "SCRATCH_KEEP_BYTES", 100)
+    big = transport.scratch((1, "inbox"), 128)  # above the bound: fresh, and not kept
+    assert big.size == 128 and not np.shares_memory(big, transport.scratch((1, "inbox"), 128))
+
+
+def test_wire_dtype_variable_is_checked():
+    from tensorcomm.rendezvous.discovery import wire_dtype
+
+    assert wire_dtype({}) is None
+    assert wire_dtype({"TENSORCOMM_WIRE_DTYPE": " BFloat16 "}) == "bfloat16"
+    with pytest.raises(ValueError, match="TENSORCOMM_WIRE_DTYPE='fp8': expected one of 'bfloat16', 'float16'"):
+        wire_dtype({"TENSORCOMM_WIRE_DTYPE": "fp8"})

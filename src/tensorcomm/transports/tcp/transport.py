@@ -528,6 +528,8 @@ class TcpTransport(Transport):
 
     def _poke(self) -> None:
         """Wake the driver from ``poll`` (it re-checks what it waits for and what to write)."""
+        if self._wake_write < 0:
+            return
         try:
             os.write(self._wake_write, b"!")
         except (BlockingIOError, OSError):
@@ -825,6 +827,7 @@ class TcpTransport(Transport):
             link.sock.close()
         os.close(self._wake_read)
         os.close(self._wake_write)
+        self._wake_write = -1  # the number may name another file from now on: never write it
         self.abort(GroupAbortedError(f"rank {self.rank}'s transport is closed"))
 
 
