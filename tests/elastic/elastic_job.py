@@ -77,7 +77,8 @@ def main(out: str, plan: dict) -> None:
             step = int(done[0])
             params = history[step].copy()
             shrinks.append({"failed": type(exc).__name__, "resume": step, "ranks": list(group.ranks),
-                            "transport": group.transport_kind.name, "seconds": seconds})
+                            "transport": group.transport_kind.name, "seconds": seconds,
+                            "hierarchical": group.team.hier is not None})
             continue
         params -= LEARNING_RATE * (grad / group.size)
         step += 1
