@@ -161,3 +161,26 @@ def test_bad_arguments_and_a_failed_join(cluster):
     tcray.destroy_group([actor, other])
     for a in (actor, other):
         ray.kill(a)
+
+
+@pytest.mark.timeout(120)
+def test_ray_store_behaves_as_a_store(cluster):
+    store = tcray.RayStore.create(timeout=5)
+    store.set("a", b"1")
+    store.set("a", "two")
+    assert store.get("a") == b"two" and store.check(["a"]) and not store.check(["a", "b"])
+    assert store.add("n", 2) == 2 and store.add("n", 3) == 5 and store.get("n") == b"5"
+    with pytest.raises(ValueError, match="not a counter"):
+        store.add("a", 1)
+    with pytest.raises(tc.CommTimeoutError, match="'missing'"):
+        store.get("missing", timeout=0.2)
+    with pytest.raises(tc.CommTimeoutError, match="'b'") as caught:
+        store.wait(["a", "b"], timeout=0.2)
+    assert "'a'" not in str(caught.value)
+    with pytest.raises(TypeError):
+        store.set("c", 3)
+    assert store.delete("a") and not store.delete("a")
+    assert len(store.secret()) == 64
+    store.stop()
+    with pytest.raises(tc.RendezvousError, match="gone or not answering"):
+        store.get("n")
