@@ -447,6 +447,7 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
         RuntimeError: already initialised.
         RendezvousError: the job could not assemble within the timeout.
         AuthenticationError: a connection failed the job-secret challenge.
+        ImportError: ``backend="mpi"`` without mpi4py (the message says how to install it).
     """
     global _current, _worlds_made
     with _current_lock:

@@ -8,7 +8,7 @@ Ending a failed job: after a peer stopped answering, ``MPI_Finalize`` (which mpi
 exit) waits for it forever. So once this process saw the job fail (``failed``), and unless a
 later ``destroy()`` heard every peer's goodbye (``recovered``), it ends the job at exit with
 ``MPI_Abort`` (exit code 1, every rank killed by the launcher) and says so on stderr. Imports
-``errors`` only; mpi4py is imported on first use.
+``errors`` (and numpy); mpi4py is imported on first use.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import sys
 import time
 from types import ModuleType
 from typing import Any
+
+import numpy as np
 
 from ...errors import RendezvousError
 
@@ -108,8 +110,6 @@ def duplicate(timeout: float) -> Any:
 
 def broadcast(comm: Any, data: bytes, timeout: float, what: str) -> bytes:
     """Rank 0's ``data`` on every rank of ``comm`` (others pass anything), within ``timeout``."""
-    import numpy as np
-
     length = np.array([len(data)], np.int64)
     wait(comm.Ibcast(length, 0), timeout, what)
     buffer = bytearray(data) if comm.Get_rank() == 0 else bytearray(int(length[0]))
