@@ -73,6 +73,20 @@ def mismatch(kind: str) -> str:
     return message
 
 
+def bulk_mismatch() -> str:
+    """Ranks all_reduce arrays of different sizes, both above the eager limit (payloads on their
+    own MPI tags): both raise CollectiveMismatchError, the unmatched payloads are drained, and
+    after destroy() MPI finalizes normally."""
+    _init(timeout=30)
+    count = 100_000 * (1 + tc.get_rank() % 2)
+    try:
+        tc.all_reduce(np.ones(count, np.float32))
+    except tc.CollectiveMismatchError as exc:
+        tc.destroy()
+        return str(exc)
+    raise AssertionError("no CollectiveMismatchError for all_reduce of different sizes")
+
+
 def bad_arguments() -> None:
     _init()
     _module("multiprocess/test_errors").body_bad_arguments()
@@ -170,8 +184,8 @@ def reinit() -> list:
     return sums
 
 
-SCENARIOS = {f.__name__: f for f in (bodies, mismatch, bad_arguments, transports, stopped, late,
-                                     abort, dies, reinit)}
+SCENARIOS = {f.__name__: f for f in (bodies, mismatch, bulk_mismatch, bad_arguments, transports,
+                                     stopped, late, abort, dies, reinit)}
 
 
 def main() -> None:

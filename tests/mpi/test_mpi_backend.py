@@ -47,6 +47,12 @@ def test_mismatch_is_caught_by_every_rank(kind):
 
 
 @pytest.mark.timeout(120)
+def test_mismatched_sizes_above_the_eager_limit():
+    for message in check(mpirun(2, "bulk_mismatch", env=MPI_ONLY), 2):
+        assert "byte message where a" in message or "called" in message, message
+
+
+@pytest.mark.timeout(120)
 def test_bad_arguments_raise_on_the_calling_rank():
     check(mpirun(2, "bad_arguments", env=MPI_ONLY), 2)
 
