@@ -23,10 +23,6 @@ pytestmark = pytest.mark.timeout(180)
 
 SCRIPT = textwrap.dedent("""
     import os, pathlib, sys, time
-    import numpy as np
-    import torch, torch.distributed as dist
-    import tensorcomm as tc
-    import tensorcomm.torch  # registers the torch backend "tensorcomm"
 
     shared = pathlib.Path(sys.argv[1])
     attempt, rank = int(os.environ["TORCHELASTIC_RESTART_COUNT"]), int(os.environ["RANK"])
@@ -34,8 +30,13 @@ SCRIPT = textwrap.dedent("""
         deadline = time.monotonic() + 60
         while not (shared / "arriving0").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(3.0)
+        time.sleep(2.0)
         os._exit(7)
+    import numpy as np
+    import torch, torch.distributed as dist
+    import tensorcomm as tc
+    import tensorcomm.torch  # registers the torch backend "tensorcomm"
+
     (shared / f"arriving{rank}").write_text("")
     tc.init(timeout=30)
     x = np.full(4, rank + 1.0)
