@@ -12,7 +12,7 @@ import pytest
 
 from tensorcomm.testing import run_ranks, spawn_ranks
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]  # margins for a loaded machine
 torch = pytest.importorskip("torch")
 
 
@@ -75,7 +75,7 @@ def _both_backends(steps: int, option_sets: list[dict]) -> list[tuple[list[torch
     (3, [{"find_unused_parameters": True}]),
 ], ids=["2-ranks-plain-and-static-graph", "3-ranks-find-unused"])
 def test_ddp_on_tensorcomm_matches_gloo(world_size: int, option_sets: list[dict]) -> None:
-    per_rank = run_ranks(_both_backends, world_size, 6, option_sets, timeout=120, init=False)
+    per_rank = run_ranks(_both_backends, world_size, 6, option_sets, timeout=240, init=False)
     for case, options in enumerate(option_sets):
         reference = per_rank[0][case][1]
         for rank, runs in enumerate(per_rank):
@@ -135,7 +135,7 @@ def _lose_peer(when: str) -> list[str]:
 def test_a_peer_lost_around_backward_raises_from_backward(when: str) -> None:
     # A torch future completed with an error used to take the process down (SIGSEGV in DDP's
     # reducer): frontends/torch_work.py says why and how failures reach backward() instead.
-    outcomes = spawn_ranks(_lose_peer, 2, when, timeout=90, init=False)
+    outcomes = spawn_ranks(_lose_peer, 2, when, timeout=180, init=False)
     survivor, lost = outcomes
     assert lost.exitcode == 3, lost.output
     assert survivor.exitcode == 0, survivor.output  # not a crash (e.g. -11, SIGSEGV)

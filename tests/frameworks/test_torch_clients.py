@@ -19,7 +19,7 @@ import pytest
 
 from tensorcomm.testing import run_ranks
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]  # margins for a loaded machine
 torch = pytest.importorskip("torch")
 
 # Gloo's process group can deadlock when freed while the GIL is held (pytorch/pytorch#56297), as
