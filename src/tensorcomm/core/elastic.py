@@ -103,8 +103,8 @@ def _ranks_text(ranks: Sequence[int]) -> str:
     return ",".join(map(str, ranks))
 
 
-def _ranks_of(text: str) -> frozenset[int]:
-    return frozenset(int(r) for r in text.split(",") if r)
+def _rank_list(text: str) -> tuple[int, ...]:
+    return tuple(int(r) for r in text.split(",") if r)
 
 
 class _Shrink:
@@ -141,15 +141,18 @@ class _Shrink:
             shm = self.world.open_shared_memory(ranks, group_id, self.label,
                                                 functools.partial(self.abandon, round_, ranks),
                                                 self.timeout)
-            dropped = self.conclude(round_, ranks, shm is not None)
-            if dropped is None:
-                keep = shm is not None and all(
+            try:
+                dropped = self.conclude(round_, ranks, shm is not None)
+                keep = dropped is None and shm is not None and all(
                     store.get(f"{prefix}{round_}/ack/{r}") == b"1" for r in ranks)
-                if shm is not None and not keep:
+            except BaseException:
+                if shm is not None:
                     shm.close()
-                return Agreement(ranks, group_id, shm if keep else None)
-            if shm is not None:
+                raise
+            if shm is not None and not keep:
                 shm.close()
+            if dropped is None:
+                return Agreement(ranks, group_id, shm if keep else None)
             log.warning("group %r: ranks %s were lost during the shrink; agreeing again without them",
                         self.name, sorted(dropped))
             left_out |= (frozenset(self.members) - frozenset(ranks)) | dropped
@@ -165,9 +168,10 @@ class _Shrink:
             for r in self.members:
                 here = f"{self.prefix}here/{r}"
                 if r not in arrived and r not in left_out and store.check([here]):
-                    arrived[r] = _ranks_of(store.get(here).decode())
+                    arrived[r] = frozenset(_rank_list(store.get(here).decode()))
             lost = self.lost()
-            missing = [r for r in self.members if r not in arrived and r not in lost and r not in left_out]
+            missing = [r for r in self.members
+                       if r not in arrived and r not in lost and r not in left_out]
             if missing and time.monotonic() < deadline:
                 time.sleep(pause)
                 pause = min(2 * pause, POLL_MAX)
@@ -178,8 +182,8 @@ class _Shrink:
             ranks = choose(self.members, arrived, lost, left_out)
             store.compare_set(key, b"", f"{self.world.take_group_id()}:{_ranks_text(ranks)}".encode())
             break
-        group_id, _, ranks_text = store.get(key).decode().partition(":")
-        return int(group_id), tuple(sorted(_ranks_of(ranks_text), key=self.members.index))
+        group_id, _, members = store.get(key).decode().partition(":")
+        return int(group_id), _rank_list(members)
 
     def abandon(self, round_: int, ranks: tuple[int, ...]) -> str | None:
         """Why to stop setting up round ``round_``'s shared memory, if there is a reason."""
@@ -210,4 +214,4 @@ class _Shrink:
                 time.sleep(pause)
                 pause = min(2 * pause, POLL_MAX)
         outcome = store.get(key).decode()
-        return None if outcome == "ok" else _ranks_of(outcome.removeprefix("retry:"))
+        return None if outcome == "ok" else frozenset(_rank_list(outcome.removeprefix("retry:")))
