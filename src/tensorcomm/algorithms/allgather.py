@@ -44,7 +44,7 @@ def ring_inplace(ctx: Ctx, buf: np.ndarray, offsets: Sequence[int], shift: int =
     # With a wire dtype, blocks travel through a packed copy of the buffer and are widened into
     # ``buf`` as they arrive.
     carrier = buf if wire is None else scratch(ctx, "carrier", buf.size, wire)
-    chunk = chunk_elements(ctx, carrier.itemsize)
+    chunk = chunk_elements(carrier.itemsize)
     own = (r - shift) % n
     if wire is not None:
         carrier[offsets[own]:offsets[own + 1]] = buf[offsets[own]:offsets[own + 1]]

@@ -83,7 +83,7 @@ def _exchange(ctx: Ctx, dst: int | None, src: int, buf: np.ndarray, incoming: np
     """Send ``buf`` to ``dst`` (None: send nothing) while receiving ``src``'s into ``incoming``,
     chunk by chunk, and combine each chunk into ``buf`` as it arrives (the partner's value is the
     left operand when ``partner_first``)."""
-    pieces = spans(0, buf.size, chunk_elements(ctx, incoming.itemsize))
+    pieces = spans(0, buf.size, chunk_elements(incoming.itemsize))
     outgoing = buf
     if wire is not None and dst is not None:
         outgoing = scratch(ctx, "outgoing", buf.size, wire)

@@ -37,7 +37,7 @@ def binomial_tree(ctx: Ctx, buf: np.ndarray, root: int) -> None:
     relative = (ctx.rank - root) % n
     mask = _parent_mask(relative, n)
     parent = (relative - mask + root) % n
-    pieces = spans(0, buf.size, chunk_elements(ctx, buf.itemsize))
+    pieces = spans(0, buf.size, chunk_elements(buf.itemsize))
     receiving = [ctx.irecv(parent, buf[lo:hi], step=mask.bit_length() - 1)
                  for lo, hi in pieces] if relative else []
     children = []

@@ -39,7 +39,7 @@ def ring_reduce(ctx: Ctx, send: np.ndarray, offsets: Sequence[int], op: ReduceOp
     right, left = (r + 1) % n, (r - 1) % n
     wire = compressed(ctx, send.dtype, op)
     carried = send.dtype if wire is None else wire
-    chunk = chunk_elements(ctx, carried.itemsize)
+    chunk = chunk_elements(carried.itemsize)
     widest = max(hi - lo for lo, hi in zip(offsets, offsets[1:]))
     inbox = [scratch(ctx, f"inbox{i}", widest, carried) for i in range(min(2, n - 1))]
     # Message m carries block (r - 1 - m) % n rightwards: this rank's own block for m = 0, then

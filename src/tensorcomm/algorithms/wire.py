@@ -24,7 +24,7 @@ from ..types import ReduceOp
 _FLOAT32 = np.dtype(np.float32)
 
 
-def chunk_elements(ctx: Ctx, itemsize: int) -> int:
+def chunk_elements(itemsize: int) -> int:
     """Elements per message for a buffer of ``itemsize``-byte elements (at least one)."""
     return max(1, config.TCP_CHUNK_BYTES // max(1, itemsize))
 
@@ -67,7 +67,7 @@ def send_chunked(ctx: Ctx, peer: int, buf: np.ndarray, step: int, wire: np.dtype
     if wire is not None:
         outgoing = scratch(ctx, "outgoing", buf.size, wire)
         outgoing[...] = buf
-    pieces = spans(0, buf.size, chunk_elements(ctx, outgoing.itemsize))
+    pieces = spans(0, buf.size, chunk_elements(outgoing.itemsize))
     for request in [ctx.isend(peer, outgoing[lo:hi], step) for lo, hi in pieces]:
         ctx.wait(request)
 
@@ -75,7 +75,7 @@ def send_chunked(ctx: Ctx, peer: int, buf: np.ndarray, step: int, wire: np.dtype
 def recv_chunked(ctx: Ctx, peer: int, buf: np.ndarray, step: int, wire: np.dtype | None = None) -> None:
     """Receive ``buf`` from group rank ``peer`` as ``send_chunked`` sent it."""
     incoming = buf if wire is None else scratch(ctx, "packed", buf.size, wire)
-    pieces = spans(0, buf.size, chunk_elements(ctx, incoming.itemsize))
+    pieces = spans(0, buf.size, chunk_elements(incoming.itemsize))
     for (lo, hi), request in zip(pieces, [ctx.irecv(peer, incoming[lo:hi], step) for lo, hi in pieces]):
         ctx.wait(request)
         if wire is not None:
