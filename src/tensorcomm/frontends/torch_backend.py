@@ -106,6 +106,26 @@ def _one(tensors: Any, what: str) -> torch.Tensor:
     return tensors[0]
 
 
+class _BackendFacts:
+    """What torch's Python code asks of a group's backend object (``pg._get_backend(device)``)
+    before it picks a path. A Python process group has no C++ backend object; it answers with
+    this, truthfully: none of the optional capabilities. (torch 2.14's ``batch_isend_irecv``
+    asks ``supports_coalescing`` of every ProcessGroup and fails where there is no backend.)"""
+
+    supports_coalescing = False
+    supports_splitting = False
+    supports_shrinking = False
+    supports_time_estimate = False
+
+    def supports_tensor_alloc(self, device: Any) -> bool:
+        """No backend-allocated tensors: torch allocates them itself."""
+        return False
+
+    def name(self) -> str:
+        """``"tensorcomm"``."""
+        return BACKEND_NAME
+
+
 class ProcessGroupTensorcomm(dist.ProcessGroup):
     """A torch.distributed process group whose collectives run on a tensorcomm ``Group``.
 
@@ -144,6 +164,13 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
     def setGroupDesc(self, desc: str) -> None:  # noqa: N802
         """Keep the description torch gives the group."""
         self._group_desc = desc
+
+    def _get_backend(self, device: Any) -> _BackendFacts:
+        """What the group's backend can do on ``device`` (the CPU only)."""
+        if torch.device(device).type != "cpu":
+            raise RuntimeError(f"tensorcomm backend: no backend for device {device}; tensorcomm "
+                               f"serves CPU tensors")
+        return _BackendFacts()
 
     def _global(self, group_rank: int) -> int:
         return self._group.global_rank(group_rank)
