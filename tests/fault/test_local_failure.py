@@ -19,10 +19,12 @@ TRANSPORTS = {"tcp": {"TENSORCOMM_TRANSPORT": "tcp"}, "shm": {}}
 FAILING = 1
 
 
-def _stay_alive_until_the_others_are_done(done_dir: str, others: int) -> None:
-    """The failing rank lives on (a process that exits would be noticed by its sockets closing)."""
+def _stay_alive_until_the_others_are_done(done_dir: str, others: int, prefix: str = "done") -> None:
+    """The failing rank lives on (a process that exits would be noticed by its sockets closing)
+    until ``others`` files starting with ``prefix`` are in ``done_dir``."""
     deadline = time.monotonic() + 45
-    while len(os.listdir(done_dir)) < others and time.monotonic() < deadline:
+    while (sum(name.startswith(prefix) for name in os.listdir(done_dir)) < others
+           and time.monotonic() < deadline):
         time.sleep(0.05)
 
 
@@ -41,6 +43,12 @@ def body_fail_inside(collective: str, done_dir: str) -> dict:
     n = tc.get_world_size()
     _call(collective)  # every rank has the call's plan now
     tc.barrier()  # and has finished that call (an abort ends every call in flight)
+    # Leaving the barrier does not mean the others have left it too (they may still owe their
+    # last message): the failing rank waits until they say so, outside tensorcomm.
+    if rank == FAILING:
+        _stay_alive_until_the_others_are_done(done_dir, n - 1, "left-barrier")
+    else:
+        open(os.path.join(done_dir, f"left-barrier{rank}"), "w").close()
     if rank == FAILING:  # the next call of that shape runs out of memory inside the call
         def out_of_memory(*args, **kwargs):
             raise MemoryError("injected")
@@ -58,7 +66,7 @@ def body_fail_inside(collective: str, done_dir: str) -> dict:
     if rank == FAILING:
         _stay_alive_until_the_others_are_done(done_dir, n - 1)
     else:
-        open(os.path.join(done_dir, str(rank)), "w").close()
+        open(os.path.join(done_dir, f"done{rank}"), "w").close()
     return result
 
 
