@@ -93,7 +93,7 @@ def test_ddp_on_tensorcomm_matches_gloo(world_size: int, option_sets: list[dict]
         assert not torch.allclose(per_rank[0][case][0][0], _Net().body[0].weight.detach(), atol=1e-3)
 
 
-def _lose_peer(when: str) -> list[str]:
+def _lose_peer(wrapper: str, when: str) -> list[str]:
     import datetime
     import os
 
@@ -103,26 +103,33 @@ def _lose_peer(when: str) -> list[str]:
 
     dist.init_process_group(backend="tensorcomm", timeout=datetime.timedelta(seconds=30))
     torch.manual_seed(0)
-    # 2.6 MB of gradients in buckets of 0.25 MB (the first 1 MB): several all-reduces in flight.
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
-                                torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
-                                torch.nn.Linear(512, 4))
-    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.25)
-    _MODULES.append(ddp)
+    # 2.6 MB of gradients: DDP buckets of 0.25 MB (the first 1 MB), FSDP2 one unit per layer, so
+    # several calls are in flight when the peer goes.
+    layers = [torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+              torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 4)]
+    model = torch.nn.Sequential(*layers)
+    if wrapper == "DDP":
+        wrapped = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.25)
+    else:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in layers[::2]:
+            fully_shard(layer)
+        wrapped = fully_shard(model)
+    _MODULES.append(wrapped)
     x = torch.randn(16, 256)
-    ddp(x).sum().backward()  # one whole step first: buckets rebuilt, every path warm
-    loss = ddp(x).sum()
+    wrapped(x).sum().backward()  # one whole step first: buckets rebuilt, every path warm
     if dist.get_rank() == 1:
-        if when == "before backward":
-            os._exit(3)
-        # The first layer's gradient comes last: the later layers' buckets are under way.
-        model[0].weight.register_hook(lambda grad: os._exit(3))
+        if when == "during forward":  # FSDP2 gathers the next layers' parameters ahead
+            layers[2].register_forward_hook(lambda *args: os._exit(3))
+        else:  # the first layer's gradients come last: the later layers' calls are under way
+            layers[0].register_full_backward_pre_hook(lambda *args: os._exit(3))
     outcome = []
     try:
-        loss.backward()
-        outcome.append("backward returned")
+        wrapped(x).sum().backward()
+        outcome.append("forward and backward returned")
     except RuntimeError as exc:
-        outcome.append(f"backward raised: {exc}")
+        outcome.append(f"raised: {exc}")
     try:
         dist.all_reduce(torch.ones(2))
         outcome.append("the next call returned")
@@ -131,14 +138,15 @@ def _lose_peer(when: str) -> list[str]:
     return outcome
 
 
-@pytest.mark.parametrize("when", ["before backward", "during backward"])
-def test_a_peer_lost_around_backward_raises_from_backward(when: str) -> None:
+@pytest.mark.parametrize("wrapper, when", [("DDP", "during backward"), ("FSDP2", "during forward"),
+                                           ("FSDP2", "during backward")])
+def test_a_peer_lost_mid_step_raises_in_the_step(wrapper: str, when: str) -> None:
     # A torch future completed with an error used to take the process down (SIGSEGV in DDP's
     # reducer): frontends/torch_work.py says why and how failures reach backward() instead.
-    outcomes = spawn_ranks(_lose_peer, 2, when, timeout=180, init=False)
+    outcomes = spawn_ranks(_lose_peer, 2, wrapper, when, timeout=180, init=False)
     survivor, lost = outcomes
     assert lost.exitcode == 3, lost.output
     assert survivor.exitcode == 0, survivor.output  # not a crash (e.g. -11, SIGSEGV)
-    backward, next_call = survivor.result
-    assert backward.startswith("backward raised") and "rank 1" in backward, survivor.result
+    step, next_call = survivor.result
+    assert step.startswith("raised") and "rank 1" in step, survivor.result
     assert next_call.startswith("the next call raised"), survivor.result
