@@ -138,15 +138,19 @@ def reduce_into(op: ReduceOp, acc: np.ndarray, other: np.ndarray) -> None:
     combine(op, acc, other, acc)
 
 
-def prepare(op: ReduceOp | PremulSum, data: np.ndarray) -> tuple[ReduceOp, np.ndarray]:
-    """Return the op to run and a fresh working buffer for reducing ``data``.
+def prepare(op: ReduceOp | PremulSum, data: np.ndarray,
+            work: np.ndarray | None = None) -> tuple[ReduceOp, np.ndarray]:
+    """Return the op to run and a working buffer for reducing ``data``.
 
     The buffer is a contiguous 1-D copy in ``accumulation_dtype``, premultiplied by the factor of a
-    ``PremulSum`` (in the accumulation dtype). The copy is deliberate: the caller's array stays
-    untouched if the collective fails midway. AVG and PREMUL_SUM run as SUM; ``finish`` divides.
-    ``op`` must be defined for the dtype (``check_op_dtype``: the core checks once per call shape).
+    ``PremulSum`` (in the accumulation dtype): ``work`` when given (of that size and dtype; reused
+    memory costs no page faults), else a fresh array. The copy is deliberate: the caller's array
+    stays untouched if the collective fails midway. AVG and PREMUL_SUM run as SUM; ``finish``
+    divides. ``op`` must be defined for the dtype (``check_op_dtype``: the core checks once per
+    call shape).
     """
-    work = np.empty(data.size, dtype=accumulation_dtype(op, data.dtype))
+    if work is None:
+        work = np.empty(data.size, dtype=accumulation_dtype(op, data.dtype))
     np.copyto(work.reshape(data.shape), data)
     if isinstance(op, PremulSum):
         np.multiply(work, op.factor, out=work)

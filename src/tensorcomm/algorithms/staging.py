@@ -6,7 +6,9 @@ on those directly. The transport algorithms (``allreduce``, ``broadcast``, ...) 
 of their own instead: reductions on a copy in the accumulation dtype (``kernels.prepare``),
 broadcast receivers and every output on scratch. The wrappers here make those copies and write
 the caller's arrays only once the algorithm has succeeded, so a failed call leaves them
-untouched. Each wrapper is applied once, in ``select.ROWS``. Must not import ``core``.
+untouched. The copies live in memory the group's calls reuse (``wire.scratch``): fresh memory
+costs a page fault per page. Each wrapper is applied once, in ``select.ROWS``. Must not import
+``core``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 
 from . import kernels
 from .base import Ctx
+from .wire import scratch
 from ..types import PremulSum, ReduceOp
 
 Op = ReduceOp | PremulSum
@@ -30,10 +33,15 @@ def _named(run: Algorithm, algorithm: Algorithm) -> Algorithm:
     return run
 
 
+def _work(ctx: Ctx, op: Op, x: np.ndarray) -> np.ndarray:
+    """The reused buffer ``kernels.prepare`` copies ``x`` into."""
+    return scratch(ctx, "staged work", x.size, kernels.accumulation_dtype(op, x.dtype))
+
+
 def all_reduce(algorithm: Algorithm) -> Algorithm:
     """``algorithm(ctx, work, base_op)`` on a prepared copy of ``x``."""
     def run(ctx: Ctx, x: np.ndarray, op: Op) -> None:
-        base, work = kernels.prepare(op, x)
+        base, work = kernels.prepare(op, x, _work(ctx, op, x))
         algorithm(ctx, work, base)
         kernels.finish(op, work, x, ctx.size)
     return _named(run, algorithm)
@@ -42,8 +50,8 @@ def all_reduce(algorithm: Algorithm) -> Algorithm:
 def reduce(algorithm: Algorithm) -> Algorithm:
     """``algorithm(ctx, work, out, root, base_op)``; ``out`` scratch on the root only."""
     def run(ctx: Ctx, x: np.ndarray, root: int, op: Op) -> None:
-        base, work = kernels.prepare(op, x)
-        out = np.empty_like(work) if ctx.rank == root else None
+        base, work = kernels.prepare(op, x, _work(ctx, op, x))
+        out = scratch(ctx, "staged out", work.size, work.dtype) if ctx.rank == root else None
         algorithm(ctx, work, out, root, base)
         if out is not None:
             kernels.finish(op, out, x, ctx.size)
@@ -53,7 +61,7 @@ def reduce(algorithm: Algorithm) -> Algorithm:
 def broadcast(algorithm: Algorithm) -> Algorithm:
     """``algorithm(ctx, buf, root)``; receivers get scratch."""
     def run(ctx: Ctx, x: np.ndarray, root: int) -> None:
-        work = x if ctx.rank == root else np.empty_like(x)
+        work = x if ctx.rank == root else scratch(ctx, "staged out", x.size, x.dtype)
         algorithm(ctx, work, root)
         if ctx.rank != root:
             x[...] = work
@@ -63,28 +71,28 @@ def broadcast(algorithm: Algorithm) -> Algorithm:
 def all_gather(algorithm: Algorithm) -> Algorithm:
     """``algorithm(ctx, send, out, counts)`` with ``out`` scratch."""
     def run(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> None:
-        scratch = np.empty_like(out)
-        algorithm(ctx, send, scratch, counts)
-        out[...] = scratch
+        staged = scratch(ctx, "staged out", out.size, out.dtype)
+        algorithm(ctx, send, staged, counts)
+        out[...] = staged
     return _named(run, algorithm)
 
 
 def gather(algorithm: Algorithm) -> Algorithm:
     """``algorithm(ctx, send, out, counts, root)`` with ``out`` scratch on the root."""
     def run(ctx: Ctx, send: np.ndarray, out: np.ndarray | None, counts: Sequence[int], root: int) -> None:
-        scratch = None if out is None else np.empty_like(out)
-        algorithm(ctx, send, scratch, counts, root)
+        staged = None if out is None else scratch(ctx, "staged out", out.size, out.dtype)
+        algorithm(ctx, send, staged, counts, root)
         if out is not None:
-            out[...] = scratch
+            out[...] = staged
     return _named(run, algorithm)
 
 
 def scatter(algorithm: Algorithm) -> Algorithm:
     """``algorithm(ctx, send, out, counts, root)`` with ``out`` scratch."""
     def run(ctx: Ctx, send: np.ndarray | None, out: np.ndarray, counts: Sequence[int], root: int) -> None:
-        scratch = np.empty_like(out)
-        algorithm(ctx, send, scratch, counts, root)
-        out[...] = scratch
+        staged = scratch(ctx, "staged out", out.size, out.dtype)
+        algorithm(ctx, send, staged, counts, root)
+        out[...] = staged
     return _named(run, algorithm)
 
 
@@ -92,17 +100,17 @@ def all_to_all(algorithm: Algorithm) -> Algorithm:
     """``algorithm(ctx, send, send_counts, out, recv_counts)`` with ``out`` scratch."""
     def run(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
             recv_counts: Sequence[int]) -> None:
-        scratch = np.empty_like(out)
-        algorithm(ctx, send, send_counts, scratch, recv_counts)
-        out[...] = scratch
+        staged = scratch(ctx, "staged out", out.size, out.dtype)
+        algorithm(ctx, send, send_counts, staged, recv_counts)
+        out[...] = staged
     return _named(run, algorithm)
 
 
 def reduce_scatter(algorithm: Algorithm) -> Algorithm:
     """``algorithm(ctx, work, out, counts, base_op)`` on a prepared copy of ``send``."""
     def run(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence[int], op: Op) -> None:
-        base, work = kernels.prepare(op, send)
-        reduced = np.empty(counts[ctx.rank], dtype=work.dtype)
+        base, work = kernels.prepare(op, send, _work(ctx, op, send))
+        reduced = scratch(ctx, "staged out", counts[ctx.rank], work.dtype)
         algorithm(ctx, work, reduced, counts, base)
         kernels.finish(op, reduced, out, ctx.size)
     return _named(run, algorithm)
