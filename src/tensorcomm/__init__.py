@@ -9,7 +9,8 @@
 The public surface is exactly ``__all__`` (pinned by tests/unit/test_exports.py).
 """
 
-from .core.group import WORLD, Group
+from .core.group import Group
+from .core.world import WORLD
 from .core.work import Work
 from .errors import (ArgumentMismatchError, AuthenticationError, CollectiveMismatchError, CommError,
                      CommTimeoutError, ExcludedError, GroupAbortedError, PeerLostError,

@@ -3,8 +3,7 @@
 Each group owns an ``Engine`` (issue order and sequence numbers), a ``Team`` (what the
 algorithms see of the group: transport, ranks, and the shared-memory domain when every member
 shares this host), its ``Plan`` per call shape (a bounded dictionary: the only cache of the
-per-call path, gone with the group), and builds one ``Ctx`` per call from them. ``WORLD`` is a handle that always
-means the current world group, so it can be imported before ``init()``.
+per-call path, gone with the group), and builds one ``Ctx`` per call from them.
 """
 
 from __future__ import annotations
@@ -301,33 +300,3 @@ def _failed(ctx: Ctx, error: BaseException) -> None:
             hier.host.shm.fail(error, ctx)
         ctx.transport.abort_group(hier.cross.group_id, error)
     ctx.transport.abort_group(ctx.group_id, error)
-
-
-class _WorldHandle(Group):
-    """``tensorcomm.WORLD``: the world group of whichever ``init()`` is current."""
-
-    def __init__(self) -> None:  # no state of its own
-        pass
-
-    def _target(self) -> Group:
-        return _current_world().world_group
-
-    @property  # type: ignore[override]
-    def plans(self) -> dict[Hashable, Plan]:
-        return self._target().plans
-
-    def __repr__(self) -> str:
-        return "tensorcomm.WORLD"
-
-
-def _current_world() -> "World":
-    """``world.current_world()``; world imports group, so the function is looked up on first use
-    (an import statement inside a function costs a lookup on every call: this is per call)."""
-    global _current_world
-    from .world import current_world
-
-    _current_world = current_world  # type: ignore[assignment]
-    return current_world()
-
-
-WORLD: Group = _WorldHandle()

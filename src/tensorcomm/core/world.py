@@ -34,7 +34,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from typing import Callable, Sequence
+from typing import Callable, Hashable, Sequence
 
 from .. import config
 from ..signature import Signature
@@ -47,7 +47,7 @@ from ..transports.shm.domain import ShmDomain, ShmUnavailable, open_domain
 from ..transports.tcp.mesh import connect_mesh
 from ..transports.tcp.transport import TcpTransport
 from ..algorithms import select
-from ..algorithms.base import Hierarchy
+from ..algorithms.base import Hierarchy, Plan
 from .engine import Engine
 from .group import Group
 
@@ -513,3 +513,24 @@ def current_world() -> World:
     if world is None:
         raise RuntimeError("tensorcomm is not initialized: call tensorcomm.init() first")
     return world
+
+
+class _WorldHandle(Group):
+    """``tensorcomm.WORLD``: the world group of whichever ``init()`` is current, so it can be
+    imported before ``init()``."""
+
+    def __init__(self) -> None:  # no state of its own
+        pass
+
+    def _target(self) -> Group:
+        return current_world().world_group
+
+    @property  # type: ignore[override]
+    def plans(self) -> dict[Hashable, Plan]:
+        return self._target().plans
+
+    def __repr__(self) -> str:
+        return "tensorcomm.WORLD"
+
+
+WORLD: Group = _WorldHandle()

@@ -12,7 +12,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..core import collectives
-from ..core.group import WORLD, Group
+from ..core.group import Group
+from ..core.world import WORLD
 from . import uneven, validate
 from .objects import _Operator
 
