@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from tensorcomm.launch.cli import main
+from tensorcomm.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

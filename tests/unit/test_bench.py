@@ -18,7 +18,7 @@ from tensorcomm.bench.control import ControlClient, JobChannel, JobFailed
 from tensorcomm.bench.formulas import COLLECTIVES, algbw, busbw, element_count
 from tensorcomm.bench.peers.base import Task
 from tensorcomm.bench.results import Row, make_row, ratios
-from tensorcomm.launch import cli
+from tensorcomm import cli
 from tensorcomm.launch.env import LaunchConfigError
 
 CLI_TIMEOUT = 120  # seconds for one spawned `tensorcomm bench`; a hang fails here, not in CI

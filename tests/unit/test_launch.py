@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tensorcomm.launch import cli, env, spawner
+from tensorcomm import cli
+from tensorcomm.launch import env, run, spawner
 
 LAUNCH_TIMEOUT = 20.0  # hard limit of every launcher started here; jobs take well under 2 s
 NODE1_OF_2 = ["--nnodes", "2", "--node-rank", "1", "--master", "127.0.0.1:29999"]
@@ -103,13 +104,13 @@ def _parse(*argv: str) -> argparse.Namespace:
 def test_script_command_uses_launcher_python_and_keeps_its_options() -> None:
     args = _parse("-n", "4", "train.py", "-n", "5", "--lr", "0.1")
     assert args.nprocs == 4
-    assert cli.rank_command(args) == [sys.executable, "train.py", "-n", "5", "--lr", "0.1"]
+    assert run.rank_command(args) == [sys.executable, "train.py", "-n", "5", "--lr", "0.1"]
 
 
 def test_module_and_no_python_commands() -> None:
-    assert cli.rank_command(_parse("-m", "pkg.train", "x")) == [sys.executable, "-m", "pkg.train",
+    assert run.rank_command(_parse("-m", "pkg.train", "x")) == [sys.executable, "-m", "pkg.train",
                                                                 "x"]
-    assert cli.rank_command(_parse("--no-python", "sh", "-c", "echo")) == ["sh", "-c", "echo"]
+    assert run.rank_command(_parse("--no-python", "sh", "-c", "echo")) == ["sh", "-c", "echo"]
 
 
 def test_missing_script_is_a_usage_error() -> None:
@@ -131,21 +132,12 @@ def test_main_returns_codes_instead_of_raising(capsys: pytest.CaptureFixture[str
     assert "TARGET" in capsys.readouterr().out
 
 
-def test_register_subcommand_refuses_a_second_handler() -> None:
-    cli.register_subcommand("run", *cli.SUBCOMMANDS["run"])  # same handler: no-op
-    with pytest.raises(ValueError, match="'run' is already registered"):
-        cli.register_subcommand("run", "other", lambda p: None, lambda a: 0)
-
-
-def test_plugins_skip_only_missing_modules(tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "tc_broken_plugin.py").write_text("import tc_no_such_dependency\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(cli, "PLUGIN_MODULES", ("tc_missing_pkg.cli", "tc_missing_plugin"))
-    cli.build_parser()  # both absent: silently skipped
-    monkeypatch.setattr(cli, "PLUGIN_MODULES", ("tc_broken_plugin",))
-    with pytest.raises(ModuleNotFoundError, match="tc_no_such_dependency"):
-        cli.build_parser()
+def test_every_subcommand_is_on_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name, subcommand in cli.SUBCOMMANDS.items():
+        assert f"{name}  " in out and subcommand.HELP.split()[0] in out
+    assert set(cli.SUBCOMMANDS) == {"run", "demo", "bench"}
 
 
 # --- the environment contract ------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""``tensorcomm bench``: the subcommand's entry point (``register`` is called by launch.cli).
+"""``tensorcomm bench``: the subcommand's entry point (``HELP``, ``add_arguments`` and ``main`` are
+used by ``tensorcomm.cli``).
 
 Two ways to run, chosen from the environment:
 
@@ -132,7 +133,12 @@ def _in_process(opts: BenchOptions) -> int:
     return _finish(opts, rows, machine, peer.size) if leader else _exit_code(rows)
 
 
-def _main(args: argparse.Namespace) -> int:
+HELP = "time collectives nccl-tests style, optionally side by side with gloo, mpi and mindspore"
+add_arguments = bench_options.add_arguments
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``tensorcomm bench`` with its parsed arguments; return its exit code."""
     opts = bench_options.from_args(args)
     try:
         under_launcher = discover().world_size is not None
@@ -147,9 +153,3 @@ def _main(args: argparse.Namespace) -> int:
         # and keep the interpreter's final flush from raising again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
-
-
-def register(register_subcommand: Callable[..., None]) -> None:
-    """Add ``tensorcomm bench`` to the CLI."""
-    register_subcommand("bench", "time collectives nccl-tests style, optionally side by side "
-                        "with gloo, mpi and mindspore", bench_options.add_arguments, _main)

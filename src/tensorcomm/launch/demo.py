@@ -9,19 +9,23 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Callable
 
 from . import env as launch_env
 from . import spawner
 
 
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
+HELP = "run every collective on N local ranks and check it against numpy"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``tensorcomm demo``'s options to ``parser``."""
     parser.add_argument("-n", "--nprocs", type=int, default=4, help="number of local ranks (default 4)")
     parser.add_argument("--sizes", type=int, nargs="+", help="float32 element counts per collective")
     parser.add_argument("--iterations", type=int, help="timed calls per row")
 
 
-def _demo(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace) -> int:
+    """Run ``tensorcomm demo`` with its parsed arguments; return the job's exit code."""
     settings = launch_env.resolve_settings(os.environ, nprocs=args.nprocs, nnodes=1, node_rank=0)
     command = [sys.executable, "-m", "tensorcomm.demo"]
     if args.sizes:
@@ -29,9 +33,3 @@ def _demo(args: argparse.Namespace) -> int:
     if args.iterations:
         command += ["--iterations", str(args.iterations)]
     return spawner.launch(settings, command)
-
-
-def register(register_subcommand: Callable[..., None]) -> None:
-    """Add ``tensorcomm demo`` to the CLI."""
-    register_subcommand("demo", "run every collective on N local ranks and check it against numpy",
-                        _add_arguments, _demo)

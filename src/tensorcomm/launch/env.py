@@ -26,7 +26,7 @@ modified); every other variable of the launcher's environment is inherited uncha
 
 Everything here is a pure function of its arguments (the environment is passed in as a mapping;
 the one impurity is drawing a fresh secret), so the contract is unit-tested without processes. Reading ``os.environ`` is the caller's
-job (``launch.cli``); ``config.py`` holds the names ranks read, this module adds the launcher's own.
+job (``launch.run``); ``config.py`` holds the names ranks read, this module adds the launcher's own.
 """
 
 from __future__ import annotations

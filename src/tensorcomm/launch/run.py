@@ -1,76 +1,25 @@
-"""The ``tensorcomm`` command line: argument parsing only; the work is in ``spawner``.
+"""``tensorcomm run``: its options and what it does (the work is in ``spawner``).
 
-Subcommands live in a small registry so other parts of tensorcomm can add theirs without editing
-this file. ``run`` is registered here. Every module named in ``PLUGIN_MODULES`` is imported when
-the parser is built and must expose ``register(register_subcommand)``, for example::
-
-    # tensorcomm/launch/demo.py
-    def register(register_subcommand):
-        register_subcommand("demo", "run the demo", _add_arguments, _main)
-
-A plugin module that does not exist (yet) is skipped; any other import error is raised. A handler
-reports bad arguments by raising ``launch.env.LaunchConfigError``: ``main`` then prints the
-subcommand's usage and the message and returns 2, as argparse does for its own errors.
+``tensorcomm.cli`` builds the command line from this module's ``HELP``, ``add_arguments`` and
+``main``, as it does for ``demo`` and ``bench``. Bad arguments raise
+``launch.env.LaunchConfigError``; the command line then prints the usage and the message and
+returns 2, as argparse does for its own errors.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
-from collections.abc import Callable, Sequence
 
 from tensorcomm.launch import env as launch_env
 from tensorcomm.launch import spawner
 
-AddArguments = Callable[[argparse.ArgumentParser], None]
-Handler = Callable[[argparse.Namespace], int]
-
-# name -> (one-line help, adds the subcommand's arguments to its parser, runs it -> exit code)
-SUBCOMMANDS: dict[str, tuple[str, AddArguments, Handler]] = {}
-
-# Modules that register further subcommands (`demo`, `bench`); imported lazily, in this order.
-PLUGIN_MODULES = ("tensorcomm.launch.demo", "tensorcomm.bench.cli")
-
-USAGE_EXIT_CODE = 2  # as argparse
+HELP = "start N ranks of a script, module or program"
 
 
-def register_subcommand(name: str, help: str, add_arguments: AddArguments,
-                        handler: Handler) -> None:
-    """Add ``tensorcomm <name>``; registering the same name and handler again is a no-op.
-
-    Args:
-        name: the subcommand word.
-        help: one line for ``tensorcomm --help``.
-        add_arguments: adds the subcommand's options to the ``ArgumentParser`` it is given.
-        handler: runs the subcommand from the parsed arguments and returns its exit code.
-
-    Raises:
-        ValueError: ``name`` is already registered with a different handler.
-    """
-    existing = SUBCOMMANDS.get(name)
-    if existing is not None and existing[2] is not handler:
-        raise ValueError(f"subcommand {name!r} is already registered by "
-                         f"{existing[2].__module__}.{existing[2].__qualname__}")
-    SUBCOMMANDS[name] = (help, add_arguments, handler)
-
-
-def _load_plugins() -> None:
-    for module_name in PLUGIN_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            # Only "this module (or its package) does not exist" is expected; a missing
-            # dependency *inside* an existing plugin is a real error.
-            if exc.name is not None and (module_name == exc.name
-                                         or module_name.startswith(exc.name + ".")):
-                continue
-            raise
-        module.register(register_subcommand)
-
-
-def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``tensorcomm run``'s options and arguments to ``parser``."""
     # Written out because argparse would show TARGET as optional (see the note at "target").
     parser.usage = ("%(prog)s [-h] [-n N] [--nnodes K] [--node-rank R] [--master HOST:PORT]\n"
                     "       [--timeout S] [--keep-going] [-m | --no-python] TARGET [ARGS ...]")
@@ -126,7 +75,8 @@ def rank_command(args: argparse.Namespace) -> list[str]:
     return [sys.executable, args.target, *args.args]
 
 
-def _run(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace) -> int:
+    """Run ``tensorcomm run`` with its parsed arguments; return the job's exit code."""
     if args.target is None:
         raise launch_env.LaunchConfigError(
             "TARGET is required: a script, a module (-m) or a program (--no-python)")
@@ -134,47 +84,3 @@ def _run(args: argparse.Namespace) -> int:
         os.environ, nprocs=args.nprocs, nnodes=args.nnodes, node_rank=args.node_rank,
         master=args.master, timeout=args.timeout)
     return spawner.launch(settings, rank_command(args), keep_going=args.keep_going)
-
-
-register_subcommand("run", "start N ranks of a script, module or program", _add_run_arguments,
-                    _run)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``tensorcomm`` parser with every registered subcommand (plugins loaded first)."""
-    _load_plugins()
-    parser = argparse.ArgumentParser(
-        prog="tensorcomm", description="tensorcomm: collective communication for Python.")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (help_text, add_arguments, handler) in SUBCOMMANDS.items():
-        sub = commands.add_parser(name, help=help_text)
-        add_arguments(sub)
-        sub.set_defaults(handler=handler, usage_error=sub.error)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``tensorcomm`` with ``argv`` (default ``sys.argv[1:]``); return the exit code.
-
-    Usage errors print argparse's message and return 2 rather than raising ``SystemExit``, so
-    callers (and the console script, which calls ``sys.exit(main())``) only handle an int.
-    """
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-        if args.command is None:
-            parser.error("a command is required")
-        handler: Handler = args.handler
-        try:
-            return handler(args)
-        except launch_env.LaunchConfigError as exc:
-            args.usage_error(str(exc))  # prints the subcommand's usage, raises SystemExit(2)
-            raise  # not reached
-    except SystemExit as exc:  # from argparse (usage error, --help) or a handler's sys.exit()
-        if exc.code is None or isinstance(exc.code, int):
-            return exc.code or 0
-        print(exc.code, file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        # Ctrl-C before the ranks' signal handling is in place (e.g. while hosting the store).
-        return 130
