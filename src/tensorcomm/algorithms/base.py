@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -32,6 +32,19 @@ ACK_STEP = (1 << STEP_BITS) - 1  # the step of acknowledgements (see ``Ctx.ackno
 _NOTHING = np.empty(0, dtype=np.uint8)
 
 
+Predicate = Callable[["Team", int], bool]
+
+
+class Row(NamedTuple):
+    """One candidate algorithm (``select.ROWS``): ``fn`` runs ``collective`` when
+    ``predicate(team, nbytes)`` holds."""
+
+    collective: str
+    name: str
+    predicate: Predicate
+    fn: Callable[..., None]
+
+
 class Hierarchy:
     """A group that spans hosts, as one member sees it: its sub-teams and where members sit.
 
@@ -42,12 +55,15 @@ class Hierarchy:
         grid: for each group rank, ``host index * members per host + local index``.
         order: for each position ``local index * hosts + host index``, the group rank there (the
             order in which blocks travel between the sub-teams).
+        pick: chooses the algorithm of each step on a sub-team (``select.pick``, which lists the
+            hierarchical algorithms and so is handed in rather than imported by them).
     """
 
-    __slots__ = ("host", "cross", "grid", "order", "_seqs")
+    __slots__ = ("host", "cross", "grid", "order", "pick", "_seqs")
 
-    def __init__(self, host: "Team", cross: "Team", grid: Sequence[int]) -> None:
-        self.host, self.cross, self.grid = host, cross, tuple(grid)
+    def __init__(self, host: "Team", cross: "Team", grid: Sequence[int],
+                 pick: Callable[[str, "Team", int], Row]) -> None:
+        self.host, self.cross, self.grid, self.pick = host, cross, tuple(grid), pick
         per_host, hosts = len(host.ranks), len(cross.ranks)
         order = np.empty(len(self.grid), dtype=np.int64)
         for rank, cell in enumerate(self.grid):

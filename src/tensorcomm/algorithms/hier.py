@@ -57,9 +57,7 @@ def _step(ctx: Ctx, key: str, team: Team, collective: str, nbytes: int, sig_coun
         plans = ctx.plan.state = {}
     plan = plans.get(key)
     if plan is None:
-        from . import select  # select lists this module's algorithms
-
-        row = select.pick(collective, team, nbytes)
+        row = h.pick(collective, team, nbytes)
         plan = plans[key] = Plan(f"{ctx.name} ({key})", signature(collective, dtype, sig_count, op, root),
                                  row.name, row.fn, op)
     sub = Ctx.of(team, h.next_seq(team), plan)

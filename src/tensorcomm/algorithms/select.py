@@ -26,28 +26,15 @@ algorithms run on scratch copies through ``staging``.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
-
 from . import (allgather, allreduce, alltoall, barrier, broadcast, gather_scatter, hier, reduce,
                reduce_scatter, shm_allgather, shm_allreduce, shm_alltoall, shm_barrier, shm_broadcast,
                shm_reduce_scatter, staging)
-from .base import Team
+from .base import Row, Team
 
 # Up to this many bytes a message costs about one latency, so algorithms with fewer rounds win;
 # above it, moving fewer bytes per rank wins. A first guess for one host: the benchmark suite
 # (busbw per size, per algorithm through ``override``) is where to tune it.
 SMALL_MESSAGE_BYTES = 64 * 1024
-
-Predicate = Callable[[Team, int], bool]
-
-
-class Row(NamedTuple):
-    """One candidate: ``fn`` runs ``collective`` when ``predicate(team, nbytes)`` holds."""
-
-    collective: str
-    name: str
-    predicate: Predicate
-    fn: Callable[..., None]
 
 
 def _always(team: Team, nbytes: int) -> bool:

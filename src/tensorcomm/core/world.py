@@ -180,7 +180,7 @@ class World:
                 part._stop(GroupAbortedError(f"group {label!r} runs flat"))
             return None, []
         grid = [order.index(where) * len(mine) + members[where].index(r) for r, where in zip(ranks, hosts)]
-        return Hierarchy(host.team, cross.team, grid), [host, cross]
+        return Hierarchy(host.team, cross.team, grid, select.pick), [host, cross]
 
     def _part(self, ranks: tuple[int, ...], label: str, key: str) -> Group:
         """An internal group of a hierarchical group (not registered, used by its calls only)."""

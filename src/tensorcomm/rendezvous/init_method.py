@@ -375,9 +375,9 @@ def _env_handler(url: str, rank: int | None, world_size: int | None, timeout: fl
         # torchrun's agent already serves a (torch) store on MASTER_PORT: meet there, through
         # torch's client, which torchrun implies is installed (imported here, not at the top:
         # nothing else in the rendezvous layer needs torch).
-        from tensorcomm.rendezvous.torch_store import torchrun_rendezvous
+        from tensorcomm.rendezvous.torch_store import torchrun_store
 
-        return torchrun_rendezvous(rank, world_size, timeout, info)
+        return from_store(torchrun_store(world_size, timeout, info), rank, world_size, timeout)
     return _tcp_rendezvous("env://", info.master_addr, info.master_port, rank, world_size, timeout, info)
 
 

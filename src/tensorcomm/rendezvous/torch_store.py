@@ -3,8 +3,8 @@
 ``TorchStore`` gives a torch ``Store`` tensorcomm's ``Store`` interface, so ``init(store=...)``
 can meet on it (``rendezvous.init_method.from_store``: generations, and a generated secret that
 never enters the store). The torch backend wraps the store torch passes it; ``env://`` under
-torchrun (``torchrun_rendezvous``) wraps a client of the agent store that holds ``MASTER_PORT``,
-so a plain numpy script calling ``tensorcomm.init()`` runs under torchrun too.
+torchrun meets on ``torchrun_store``, a client of the agent store that holds ``MASTER_PORT``, so
+a plain numpy script calling ``tensorcomm.init()`` runs under torchrun too.
 
 The agent's store outlives the workers: when torchrun restarts them (``--max-restarts``) the new
 attempt finds the keys of the one that failed. Each attempt therefore meets under a namespace of
@@ -13,7 +13,7 @@ its own, ``tensorcomm/attempt_<TORCHELASTIC_RESTART_COUNT>``, as torch's own ``e
 whenever a rank of the failed attempt had died before it arrived).
 
 Imports torch, which only this module of the rendezvous layer does; ``init_method`` imports it
-only under torchrun, which implies torch is installed. Imports the rest of ``rendezvous`` and
+only under torchrun, which implies torch is installed. Imports ``store``, ``discovery`` and
 ``errors``.
 """
 
@@ -26,7 +26,6 @@ import torch.distributed as dist
 
 from tensorcomm.errors import CommTimeoutError
 from tensorcomm.rendezvous.discovery import JobInfo
-from tensorcomm.rendezvous.init_method import Rendezvous, from_store, resolve_ranks
 from tensorcomm.rendezvous.store import Store, check_key, check_keys, check_value
 
 ATTEMPT_PREFIX = "tensorcomm/attempt_"  # + TORCHELASTIC_RESTART_COUNT: one namespace per attempt
@@ -95,18 +94,11 @@ def _address_of(store: dist.Store, info: JobInfo) -> tuple[str, int]:
     return host, port or 1
 
 
-def torchrun_rendezvous(rank: int | None, world_size: int | None, timeout: float,
-                        info: JobInfo) -> Rendezvous:
-    """``env://`` under torchrun: meet on the agent's store at ``MASTER_ADDR:MASTER_PORT``, in
-    the namespace of this attempt (``TORCHELASTIC_RESTART_COUNT``).
-
-    Raises:
-        ValueError: rank or world size unknown or out of range.
-        RendezvousError: no secret can be had (see ``from_store``).
-    """
+def torchrun_store(world_size: int, timeout: float, info: JobInfo) -> TorchStore:
+    """A client of torchrun's agent store at ``MASTER_ADDR:MASTER_PORT``, in the namespace of
+    this attempt (``TORCHELASTIC_RESTART_COUNT``)."""
     assert info.master_addr is not None and info.master_port is not None  # checked by env://
-    rank, world_size = resolve_ranks("env://", rank, world_size, info)
     client = dist.TCPStore(info.master_addr, info.master_port, world_size, is_master=False,
                            timeout=datetime.timedelta(seconds=timeout))
     attempt = dist.PrefixStore(f"{ATTEMPT_PREFIX}{info.restart_count}", client)
-    return from_store(TorchStore(attempt, timeout, info), rank, world_size, timeout)
+    return TorchStore(attempt, timeout, info)

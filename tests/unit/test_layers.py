@@ -1,0 +1,132 @@
+"""The layer rules as a checked contract: which part of tensorcomm may import which.
+
+Every import in src/tensorcomm is read from the source (``ast``; imports under
+``if TYPE_CHECKING:`` are for annotations only and do not count), resolved to a module, and must
+go to the importing module's own part or to a part in a lower layer. No two modules may import
+each other, directly or around a longer loop, even from inside a function.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import tensorcomm
+
+SOURCE = Path(tensorcomm.__file__).parent
+
+# Top to bottom; a part may import its own modules and the parts of any lower layer.
+LAYERS: list[set[str]] = [
+    {"__main__"},                                   # python -m tensorcomm
+    {"cli"},                                        # the `tensorcomm` command
+    {"bench"},                                      # measures tensorcomm beside other libraries
+    {"demo", "ray"},                                # programs on the public API (ray uses torch)
+    {"launch", "testing", "torch"},                 # start ranks; test harness; torch backend
+    {"__init__", "ops", "cross_device"},            # the public API
+    {"frontends"},                                  # validation, adapters' use, API styles
+    {"core"},                                       # world, groups, engine, Work
+    {"algorithms", "adapters"},                     # collectives over a Team; framework arrays
+    {"transports"},                                 # shared memory, TCP, MPI
+    {"rendezvous"},                                 # stores, secrets, launcher discovery
+    {"signature"},
+    {"config", "errors", "types"},
+]
+LAYER_OF = {part: depth for depth, parts in enumerate(LAYERS) for part in parts}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SOURCE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(path): path for path in SOURCE.rglob("*.py")}
+
+
+def _part(module: str) -> str:
+    """``tensorcomm.core.world`` -> ``core``; the package itself -> ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _runtime_imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement, except those under ``if TYPE_CHECKING:``."""
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING",
+                                                                   "typing.TYPE_CHECKING"):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _imported(module: str) -> set[str]:
+    """The tensorcomm modules ``module`` imports at run time."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in _runtime_imports(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            # `from pkg import name`: name is a submodule or an attribute of pkg.
+            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base
+                     for alias in node.names]
+        for name in names:
+            while name and name not in MODULES:  # `import tensorcomm.x.y` where y is a name
+                name = name.rpartition(".")[0]
+            if name.startswith("tensorcomm") and name != module:
+                found.add(name)
+    return found
+
+
+GRAPH = {module: _imported(module) for module in MODULES}
+
+
+def test_every_part_has_a_layer() -> None:
+    assert {_part(module) for module in MODULES} <= set(LAYER_OF)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_go_down_the_layers(module: str) -> None:
+    part = _part(module)
+    upward = sorted(target for target in GRAPH[module]
+                    if _part(target) != part and LAYER_OF[_part(target)] <= LAYER_OF[part])
+    assert not upward, f"{module} ({part}) imports {upward}: same or higher layer"
+
+
+def test_no_import_cycles() -> None:
+    visiting: list[str] = []
+    done: set[str] = set()
+
+    def visit(module: str) -> None:
+        if module in visiting:
+            cycle = visiting[visiting.index(module):] + [module]
+            pytest.fail("import cycle: " + " -> ".join(cycle))
+        if module in done:
+            return
+        visiting.append(module)
+        for target in sorted(GRAPH[module]):
+            visit(target)
+        visiting.pop()
+        done.add(module)
+
+    for module in sorted(GRAPH):
+        visit(module)
+
+
+def test_the_contract_sees_imports() -> None:
+    # The check itself: known edges are found (relative, absolute and function-level imports).
+    assert "tensorcomm.core.world" in GRAPH["tensorcomm.frontends.objects"]
+    assert "tensorcomm.launch.run" in GRAPH["tensorcomm.cli"]
+    assert "tensorcomm.transports.mpi.transport" in GRAPH["tensorcomm.core.world"]
+    assert "tensorcomm.core.world" not in GRAPH["tensorcomm.core.group"]  # TYPE_CHECKING only
