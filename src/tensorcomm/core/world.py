@@ -22,6 +22,14 @@ with ``TENSORCOMM_TRANSPORT=tcp`` or is not on x86-64; if setting it up fails on
 
 What carries the other groups' messages is the world's *backend*: tensorcomm's TCP mesh, or MPI
 (``backend="mpi"``, ``transports/mpi``), which under mpirun also provides the rendezvous.
+
+Process-wide state: this module keeps the current world (and the count of worlds this process
+joined, and a fork hook); everything a world owns (groups and their plans, transports, shared
+memory) goes with it at ``destroy()``. Other modules keep state for the life of the process: the
+``init_method`` scheme registry (``rendezvous.init_method``), the adapter found for plain
+ndarrays (``frontends.arrays``), the MPI backend's failure note and exit hook
+(``transports.mpi.comm``) and, once imported, ``tensorcomm.torch``'s registrations with torch
+(its backend and ``env://`` handler) and the world it started for torch.
 """
 
 from __future__ import annotations
