@@ -18,8 +18,12 @@ import numpy as np
 class ReduceOp(enum.Enum):
     """Element-wise reduction applied by all_reduce, reduce and reduce_scatter.
 
-    ``AVG`` divides the sum by the group size. ``PREMUL_SUM`` multiplies every input by a factor
-    before summing; build it with :meth:`ReduceOp.premul_sum`.
+    Members: ``SUM``, ``PROD``, ``MIN``, ``MAX``, ``AVG``, ``BAND``, ``BOR``, ``BXOR`` and
+    ``PREMUL_SUM``; a member's name as a string, in any case (``"sum"``, ``"MAX"``), works too.
+    ``AVG`` divides the sum by the group size and needs a float or complex dtype. ``PREMUL_SUM``
+    multiplies every input by a factor before summing; build it with ``ReduceOp.premul_sum``.
+    Bool arrays reduce logically (``SUM``/``MAX`` are "or", ``PROD``/``MIN`` are "and"); ``MIN``,
+    ``MAX`` and ``PROD`` are not defined for complex dtypes.
     """
 
     SUM = "sum"
