@@ -1,1 +1,41 @@
-"""Shared pytest setup: every test has a hard timeout (pytest-timeout, set in pyproject.toml)."""
+"""Shared pytest setup: the test tiers and the hard timeout every test has.
+
+Tests that start processes, or talk over sockets between processes, carry the ``spawns`` marker:
+everything under the directories in ``SPAWNING_DIRS``, every test marked ``multiprocess``,
+``fault`` or ``multihost``, and the tests of ``tests/unit`` marked ``spawns`` by hand. The default
+``python -m pytest`` deselects them (``addopts`` in pyproject.toml) and runs in seconds;
+``python -m pytest -m ""`` runs the full suite. Markers are strict: a marker must be registered in
+pyproject.toml. The per-test timeout (pytest-timeout) is set there too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+SPAWNING_DIRS = ("multiprocess", "fault", "frameworks", "mpi", "ray", "elastic", "multihost")
+SPAWNING_MARKERS = ("multiprocess", "fault", "multihost")
+_HERE = Path(__file__).parent
+
+
+def _spawns(item: pytest.Item) -> bool:
+    parts = item.path.relative_to(_HERE).parts if item.path.is_relative_to(_HERE) else ()
+    if parts and parts[0] in SPAWNING_DIRS:
+        return True
+    return any(item.get_closest_marker(name) is not None for name in SPAWNING_MARKERS)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook applies -m
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("spawns") is None and _spawns(item):
+            item.add_marker(pytest.mark.spawns)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,
+                            config: pytest.Config) -> None:
+    deselected = terminalreporter.stats.get("deselected", [])
+    if config.option.markexpr == "not spawns" and deselected:
+        terminalreporter.write_line(f"{len(deselected)} tests that start processes were not run "
+                                    "(the fast tier); the full suite: python -m pytest -m \"\"")

@@ -15,11 +15,6 @@ import pytest
 from multihost_harness import MakeCluster, clusters, unsupported_reason
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "multihost: runs ranks on several hosts made of network "
-                                       "namespaces (needs root and iproute2)")
-
-
 def _skip_unless_supported() -> None:
     reason = unsupported_reason()
     if reason is not None:

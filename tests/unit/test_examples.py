@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.spawns  # every example runs under `tensorcomm run`
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TIMEOUT = 60  # seconds per example; the launcher's own --timeout stops a hung job first
 

@@ -6,6 +6,8 @@ import inspect
 import subprocess
 import sys
 
+import pytest
+
 import tensorcomm
 import tensorcomm.cross_device
 import tensorcomm.ops
@@ -50,6 +52,7 @@ def test_every_public_callable_has_a_docstring():
     assert not missing, f"public callables without a docstring: {missing}"
 
 
+@pytest.mark.spawns
 def test_import_loads_no_framework_and_prints_nothing():
     code = ("import sys, tensorcomm, tensorcomm.ops, tensorcomm.cross_device; "
             "print(sorted(m for m in ('torch', 'jax', 'mindspore', 'tensorflow') if m in sys.modules))")

@@ -113,6 +113,7 @@ def test_module_and_no_python_commands() -> None:
     assert run.rank_command(_parse("--no-python", "sh", "-c", "echo")) == ["sh", "-c", "echo"]
 
 
+@pytest.mark.spawns
 def test_missing_script_is_a_usage_error() -> None:
     result = _launch("-n", "2")
     assert result.returncode == 2
@@ -205,6 +206,7 @@ def test_bad_settings_name_the_flag(kwargs: dict[str, object], environ: dict[str
         env.resolve_settings(environ, **kwargs)  # type: ignore[arg-type]
 
 
+@pytest.mark.spawns
 def test_second_node_runs_ranks_with_global_numbers(tmp_path: Path) -> None:
     script = _script(tmp_path, """\
         import os
@@ -218,6 +220,7 @@ def test_second_node_runs_ranks_with_global_numbers(tmp_path: Path) -> None:
     assert "store at" not in result.stderr  # only node 0 hosts the store
 
 
+@pytest.mark.spawns
 def test_multi_node_without_secret_is_a_usage_error(tmp_path: Path) -> None:
     result = _launch("-n", "1", *NODE1_OF_2, _script(tmp_path, "pass\n"))
     assert result.returncode == 2 and "TENSORCOMM_SECRET" in result.stderr
@@ -225,6 +228,7 @@ def test_multi_node_without_secret_is_a_usage_error(tmp_path: Path) -> None:
 
 # --- store hosting and the secret --------------------------------------------------------------
 
+@pytest.mark.spawns
 def test_single_node_hosts_store_and_shares_one_secret(tmp_path: Path, store: None) -> None:
     script = _script(tmp_path, """\
         import os, socket
@@ -243,6 +247,7 @@ def test_single_node_hosts_store_and_shares_one_secret(tmp_path: Path, store: No
     assert _launch("-n", "1", script).stdout.split()[3] != secret  # fresh per job
 
 
+@pytest.mark.spawns
 def test_store_that_cannot_bind_fails_the_launch(tmp_path: Path, store: None) -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
@@ -251,6 +256,7 @@ def test_store_that_cannot_bind_fails_the_launch(tmp_path: Path, store: None) ->
     assert "ran" not in result.stdout
 
 
+@pytest.mark.spawns
 def test_secret_from_env_is_passed_and_launcher_environ_untouched(
         tmp_path: Path, store: None, monkeypatch: pytest.MonkeyPatch,
         capfd: pytest.CaptureFixture[str]) -> None:
@@ -267,6 +273,7 @@ def test_secret_from_env_is_passed_and_launcher_environ_untouched(
 
 # --- output ----------------------------------------------------------------------------------
 
+@pytest.mark.spawns
 def test_output_is_prefixed_per_stream_and_line(tmp_path: Path) -> None:
     script = _script(tmp_path, """\
         import os, sys
@@ -285,6 +292,7 @@ def test_output_is_prefixed_per_stream_and_line(tmp_path: Path) -> None:
     assert "err" not in result.stdout
 
 
+@pytest.mark.spawns
 def test_run_ranks_calls_cleanup_once_and_relays_to_given_streams(
         capsys: pytest.CaptureFixture[str]) -> None:
     calls: list[int] = []
@@ -300,6 +308,7 @@ def test_run_ranks_calls_cleanup_once_and_relays_to_given_streams(
 
 # --- failures and signals ----------------------------------------------------------------------
 
+@pytest.mark.spawns
 def test_exit_code_of_the_failing_rank(tmp_path: Path) -> None:
     script = _script(tmp_path, "import os, sys; sys.exit(5 if os.environ['RANK'] == '3' else 0)\n")
     result = _launch("-n", "2", *NODE1_OF_2, script, TENSORCOMM_SECRET="s")
@@ -307,6 +316,7 @@ def test_exit_code_of_the_failing_rank(tmp_path: Path) -> None:
     assert "tensorcomm: rank 3 exited with code 5" in result.stderr
 
 
+@pytest.mark.spawns
 def test_failing_rank_stops_the_others_at_once(tmp_path: Path, store: None) -> None:
     pids = tmp_path / "pids"
     pids.mkdir()
@@ -324,6 +334,7 @@ def test_failing_rank_stops_the_others_at_once(tmp_path: Path, store: None) -> N
     _assert_gone([int(p.read_text()) for p in pids.glob("*.pid")], within=0.5)
 
 
+@pytest.mark.spawns
 def test_failure_also_stops_what_an_exited_rank_left_running(tmp_path: Path) -> None:
     pid_file = tmp_path / "grandchild.pid"
     script = _script(tmp_path, f"""\
@@ -344,6 +355,7 @@ def test_failure_also_stops_what_an_exited_rank_left_running(tmp_path: Path) -> 
     _assert_gone([int(pid_file.read_text())])
 
 
+@pytest.mark.spawns
 def test_rank_killed_by_signal(tmp_path: Path) -> None:
     script = _script(tmp_path, """\
         import os, signal, time
@@ -356,18 +368,21 @@ def test_rank_killed_by_signal(tmp_path: Path) -> None:
     assert "rank 2 was killed by SIGKILL (exit code 137)" in result.stderr
 
 
+@pytest.mark.spawns
 def test_program_that_cannot_start_exits_127(tmp_path: Path) -> None:
     result = _launch("-n", "2", *NODE1_OF_2, "--no-python", str(tmp_path / "missing"),
                      TENSORCOMM_SECRET="s")
     assert result.returncode == 127 and "cannot start rank 2" in result.stderr
 
 
+@pytest.mark.spawns
 def test_job_timeout_stops_everything_with_124(tmp_path: Path) -> None:
     script = _script(tmp_path, "import time; time.sleep(60)\n")
     result = _launch("-n", "2", *NODE1_OF_2, "--timeout", "0.5", script, TENSORCOMM_SECRET="s")
     assert result.returncode == 124 and "timed out after 0.5 s" in result.stderr
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signal_to_launcher_stops_all_ranks(tmp_path: Path, signum: signal.Signals) -> None:
     pids = tmp_path / "pids"
@@ -389,6 +404,7 @@ def test_signal_to_launcher_stops_all_ranks(tmp_path: Path, signum: signal.Signa
     _assert_gone(ranks, within=0.5)
 
 
+@pytest.mark.spawns
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
 def test_ranks_die_with_a_killed_launcher(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
