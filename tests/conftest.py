@@ -3,7 +3,8 @@
 Tests that start processes, or talk over sockets between processes, carry the ``spawns`` marker:
 everything under the directories in ``SPAWNING_DIRS``, every test marked ``multiprocess``,
 ``fault`` or ``multihost``, and the tests of ``tests/unit`` marked ``spawns`` by hand. The default
-``python -m pytest`` deselects them (``addopts`` in pyproject.toml) and runs in seconds;
+``python -m pytest`` deselects them and the ``slow`` tests (``addopts`` in pyproject.toml) and
+runs in seconds;
 ``python -m pytest -m ""`` runs the full suite. Markers are strict: a marker must be registered in
 pyproject.toml. The per-test timeout (pytest-timeout) is set there too.
 """
@@ -16,6 +17,7 @@ import pytest
 
 SPAWNING_DIRS = ("multiprocess", "fault", "frameworks", "mpi", "ray", "elastic", "multihost")
 SPAWNING_MARKERS = ("multiprocess", "fault", "multihost")
+DEFAULT_MARKEXPR = "not spawns and not slow"  # addopts in pyproject.toml
 _HERE = Path(__file__).parent
 
 
@@ -24,6 +26,14 @@ def _spawns(item: pytest.Item) -> bool:
     if parts and parts[0] in SPAWNING_DIRS:
         return True
     return any(item.get_closest_marker(name) is not None for name in SPAWNING_MARKERS)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """In the default run, do not even import the modules under ``SPAWNING_DIRS``."""
+    if (config.option.markexpr == DEFAULT_MARKEXPR and collection_path.parent == _HERE
+            and collection_path.name in SPAWNING_DIRS):
+        return True
+    return None
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own hook applies -m
@@ -35,7 +45,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,
                             config: pytest.Config) -> None:
-    deselected = terminalreporter.stats.get("deselected", [])
-    if config.option.markexpr == "not spawns" and deselected:
-        terminalreporter.write_line(f"{len(deselected)} tests that start processes were not run "
-                                    "(the fast tier); the full suite: python -m pytest -m \"\"")
+    if config.option.markexpr == DEFAULT_MARKEXPR and terminalreporter.stats.get("deselected"):
+        terminalreporter.write_line('the fast tier: tests that start processes, and slow ones, were not run; '
+                                    'python -m pytest -m "" runs the full suite')

@@ -32,6 +32,9 @@ from tensorcomm.types import ReduceOp
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 SIZES = range(1, 8)
+# The costly tests run 5 to 7 ranks in the full suite only (python -m pytest -m ""); 1 to 4 cover
+# a single rank, powers of two and not.
+TIERED_SIZES = [*range(1, 5), *(pytest.param(n, marks=pytest.mark.slow) for n in range(5, 8))]
 DTYPES = [np.dtype(np.int32), np.dtype(np.float32), np.dtype(np.float64), BF16,
           np.dtype(np.bool_), np.dtype(np.complex128)]
 OPS = [ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG, ReduceOp.BAND,
@@ -135,7 +138,7 @@ ALLREDUCE = [allreduce.ring, allreduce.recursive_doubling]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("size", TIERED_SIZES)
 @pytest.mark.parametrize("algorithm", ALLREDUCE, ids=lambda f: f.__name__)
 def test_allreduce(algorithm, size, dtype):
     cases = [(count, op) for count in counts_for(size) for op in ops_for(dtype)]
@@ -215,7 +218,7 @@ def counts_cases(size: int) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("size", TIERED_SIZES)
 def test_reduce_scatter_ring(size, dtype):
     cases = [(counts, op) for counts in counts_cases(size) for op in ops_for(dtype)]
 
@@ -243,7 +246,7 @@ def test_reduce_scatter_ring(size, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("size", TIERED_SIZES)
 def test_reduce_binomial_tree(size, dtype):
     cases = [(count, op, root) for count in counts_for(size) for op in ops_for(dtype)
              for root in {0, size - 1, size // 2}]
@@ -273,7 +276,7 @@ MOVERS = [np.dtype(np.int32), BF16, np.dtype(np.bool_), np.dtype(np.complex128)]
 
 
 @pytest.mark.parametrize("dtype", MOVERS, ids=str)
-@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("size", TIERED_SIZES)
 @pytest.mark.parametrize("algorithm", [allgather.ring, allgather.bruck], ids=lambda f: f.__name__)
 def test_allgather(algorithm, size, dtype):
     cases = counts_cases(size)
@@ -297,7 +300,7 @@ def test_allgather(algorithm, size, dtype):
             assert results[index].tobytes() == expected.tobytes()
 
 
-@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("size", TIERED_SIZES)
 @pytest.mark.parametrize("algorithm", [broadcast.binomial_tree, broadcast.scatter_allgather],
                          ids=lambda f: f.__name__)
 def test_broadcast(algorithm, size):
