@@ -1,0 +1,118 @@
+"""Bad arguments raise TypeError/ValueError at once, naming the argument: checked in the test
+process, on a world of one met on an in-memory store, one case per test.
+
+What needs several ranks (a local error leaves every rank able to go on together) is in
+tests/multiprocess/test_errors.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+
+import tensorcomm as tc
+from tensorcomm.rendezvous.store import HashStore
+
+
+@pytest.fixture
+def world() -> Iterator[None]:
+    """A world of one in this process, destroyed after the test."""
+    tc.init(store=HashStore(), rank=0, world_size=1, timeout=30)
+    try:
+        yield
+    finally:
+        tc.destroy()
+
+
+def _x() -> np.ndarray:
+    return np.ones(4, np.float32)
+
+
+def _readonly() -> np.ndarray:
+    array = np.ones(3)
+    array.flags.writeable = False
+    return array
+
+
+def _gather_list_of_another_shape() -> list[np.ndarray]:
+    return [np.ones(5, np.float32)]
+
+
+def _outputs_of_another_dtype() -> list[np.ndarray]:
+    return [np.ones(4, np.float64)]
+
+
+# (id, exception, message pattern, the call); the world has one rank, so lists of 3 or 2 arrays
+# are the wrong length.
+CASES: list[tuple[str, type[Exception], str, Callable[[], object]]] = [
+    ("all_reduce-list", TypeError, "tensor: expected an array", lambda: tc.all_reduce([1.0, 2.0])),
+    ("all_reduce-int-op", TypeError, "op: expected a tensorcomm.ReduceOp",
+     lambda: tc.all_reduce(_x(), op=3)),
+    ("all_reduce-unknown-op", ValueError, "op: unknown reduction 'mean'",
+     lambda: tc.all_reduce(_x(), op="mean")),
+    ("all_reduce-max-complex", ValueError, "not defined for complex",
+     lambda: tc.all_reduce(np.ones(2, np.complex64), op="max")),
+    ("all_reduce-band-float", ValueError, "BAND is not defined for float32",
+     lambda: tc.all_reduce(_x(), op=tc.ReduceOp.BAND)),
+    ("all_reduce-async-op-int", TypeError, "async_op must be a bool",
+     lambda: tc.all_reduce(_x(), async_op=1)),
+    ("all_reduce-group-float", TypeError, "group must be", lambda: tc.all_reduce(_x(), group=3.5)),
+    ("all_reduce-unknown-group-name", ValueError, "no group is named 'nope'",
+     lambda: tc.all_reduce(_x(), group="nope")),
+    ("all_reduce-object-dtype", TypeError, "dtype object is not supported",
+     lambda: tc.all_reduce(np.array([None, 1]))),
+    ("all_reduce-read-only", ValueError, "read-only", lambda: tc.all_reduce(_readonly())),
+    ("reduce-dst-str", TypeError, "dst must be an int", lambda: tc.reduce(_x(), dst="0")),
+    ("reduce-dst-bool", TypeError, "dst must be an int", lambda: tc.reduce(_x(), dst=True)),
+    ("reduce-dst-out-of-range", ValueError, "dst=99 is out of range",
+     lambda: tc.reduce(_x(), dst=99)),
+    ("broadcast-src-negative", ValueError, "src=-1 is out of range",
+     lambda: tc.broadcast(_x(), src=-1)),
+    ("all_gather-list-length", tc.ArgumentMismatchError, "must hold 1 arrays",
+     lambda: tc.all_gather([_x()] * 3, _x())),
+    ("all_gather-not-a-list", TypeError, "tensor_list must be a list",
+     lambda: tc.all_gather(_x(), _x())),
+    ("gather-list-length", TypeError, "gather_list must hold",
+     lambda: tc.gather(_x(), [_x()] * 2, dst=0)),
+    ("gather-list-shape", TypeError,
+     r"gather_list\[0\] is float32\[5\] but the tensor is float32\[4\]: shapes",
+     lambda: tc.gather(_x(), _gather_list_of_another_shape(), dst=0)),
+    ("gather-list-dtype", ValueError, "dtypes must match",
+     lambda: tc.gather(_x(), [np.ones(4, np.float64)], dst=0)),
+    ("gather-list-missing", ValueError, "gather_list is required",
+     lambda: tc.gather(_x(), None, dst=0)),
+    ("all_gather_into_tensor-size", ValueError, "must hold group size",
+     lambda: tc.all_gather_into_tensor(np.ones(3), np.ones(2))),
+    ("isend-negative-tag", ValueError, "tag must be in", lambda: tc.isend(_x(), 0, tag=-1)),
+    ("all_to_all-output-dtype", ValueError, r"output_tensor_list\[0\] is float64\[4\]",
+     lambda: tc.all_to_all(_outputs_of_another_dtype(), [_x()])),
+    ("new_group-repeated-rank", ValueError, "ranks must be unique", lambda: tc.new_group([0, 0])),
+    ("new_group-str-rank", TypeError, r"ranks\[0\] must be an int", lambda: tc.new_group(["a"])),
+    ("all_to_all_single-splits", ValueError, "input_split_sizes must be non-negative and sum",
+     lambda: tc.all_to_all_single(np.ones((1, 2)), np.ones((1, 2)), None, [2])),
+]
+
+
+@pytest.mark.parametrize(("exception", "match", "call"), [case[1:] for case in CASES],
+                         ids=[case[0] for case in CASES])
+def test_bad_argument_raises_naming_it(world: None, exception: type[Exception], match: str,
+                                       call: Callable[[], object]) -> None:
+    with pytest.raises(exception, match=match):
+        call()
+
+
+def test_calls_go_on_after_every_bad_argument(world: None) -> None:
+    for _, exception, _, call in CASES:
+        with pytest.raises(exception):
+            call()
+    x = _x()
+    tc.all_reduce(x)  # nothing was half-issued
+    assert (x == 1).all()
+
+
+def test_calls_before_init_say_so() -> None:
+    with pytest.raises(RuntimeError, match="not initialized"):
+        tc.all_reduce(np.ones(2))
+    assert not tc.is_initialized()
