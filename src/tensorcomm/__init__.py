@@ -10,19 +10,57 @@ The public surface is exactly ``__all__`` (pinned by tests/unit/test_exports.py)
 """
 
 from .core.group import Group
-from .core.world import WORLD
 from .core.work import Work
-from .errors import (ArgumentMismatchError, AuthenticationError, CollectiveMismatchError, CommError,
-                     CommTimeoutError, ExcludedError, GroupAbortedError, PeerLostError,
-                     RendezvousError)
-from .frontends.functional import (all_gather, all_gather_into_tensor, all_reduce, all_to_all,
-                                   all_to_all_single, barrier, broadcast, gather, irecv, isend, recv,
-                                   reduce, reduce_scatter, reduce_scatter_tensor, scatter, send)
-from .frontends.object_collectives import (all_gather_object, broadcast_object_list, gather_object,
-                                           scatter_object_list)
-from .frontends.process_group import (create_group, destroy, destroy_process_group, get_global_rank,
-                                      get_group_rank, get_local_rank, get_rank, get_world_size, init,
-                                      init_process_group, is_initialized, new_group)
+from .core.world import WORLD
+from .errors import (
+    ArgumentMismatchError,
+    AuthenticationError,
+    CollectiveMismatchError,
+    CommError,
+    CommTimeoutError,
+    ExcludedError,
+    GroupAbortedError,
+    PeerLostError,
+    RendezvousError,
+)
+from .frontends.functional import (
+    all_gather,
+    all_gather_into_tensor,
+    all_reduce,
+    all_to_all,
+    all_to_all_single,
+    barrier,
+    broadcast,
+    gather,
+    irecv,
+    isend,
+    recv,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_tensor,
+    scatter,
+    send,
+)
+from .frontends.object_collectives import (
+    all_gather_object,
+    broadcast_object_list,
+    gather_object,
+    scatter_object_list,
+)
+from .frontends.process_group import (
+    create_group,
+    destroy,
+    destroy_process_group,
+    get_global_rank,
+    get_group_rank,
+    get_local_rank,
+    get_rank,
+    get_world_size,
+    init,
+    init_process_group,
+    is_initialized,
+    new_group,
+)
 from .frontends.uneven import all_gather_v, all_to_all_v, gather_v, scatter_v
 from .types import PremulSum, ReduceOp, TransportKind
 

@@ -11,8 +11,13 @@ those (the others get ``None``). The implementation lives in ``tensorcomm.fronte
 (the strategies) and ``tensorcomm.frontends.packing`` (the pack layouts).
 """
 
-from .frontends.cross_device import (AllReduceCrossDeviceOps, CollectiveAllReduce, CrossDeviceOps,
-                                     ReduceOp, ReductionToOneDevice)
+from .frontends.cross_device import (
+    AllReduceCrossDeviceOps,
+    CollectiveAllReduce,
+    CrossDeviceOps,
+    ReduceOp,
+    ReductionToOneDevice,
+)
 
 __all__ = ["CrossDeviceOps", "ReductionToOneDevice", "AllReduceCrossDeviceOps",
            "CollectiveAllReduce", "ReduceOp"]

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..types import ReduceOp
 from .allgather import bounds, even_counts, ring_inplace
 from .base import Ctx
 from .kernels import combine
 from .reduce_scatter import ring_reduce
 from .wire import chunk_elements, compressed, recv_chunked, round_to, scratch, send_chunked, spans
-from ..types import ReduceOp
 
 
 def ring(ctx: Ctx, buf: np.ndarray, op: ReduceOp) -> None:

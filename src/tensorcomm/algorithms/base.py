@@ -16,9 +16,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from ..errors import CollectiveMismatchError, CommError, CommTimeoutError
-from ..transports.base import (STEP_BITS, Request, Transport, as_bytes, collective_tag,  # noqa: F401
-                               p2p_tag)
 from ..signature import NO_SIGNATURE, Signature
+from ..transports.base import STEP_BITS, Request, Transport, as_bytes, collective_tag, p2p_tag  # noqa: F401
 
 _new = object.__new__
 _monotonic = time.monotonic

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..types import ReduceOp
 from .base import Ctx
 from .kernels import combine
-from ..types import ReduceOp
 
 
 def binomial_tree(ctx: Ctx, send: np.ndarray, out: np.ndarray | None, root: int,

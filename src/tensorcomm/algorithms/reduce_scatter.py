@@ -11,11 +11,11 @@ from typing import Sequence
 
 import numpy as np
 
+from ..types import ReduceOp
 from .allgather import bounds
 from .base import Ctx, Request
 from .kernels import combine
 from .wire import chunk_elements, compressed, scratch, spans
-from ..types import ReduceOp
 
 
 def ring_reduce(ctx: Ctx, send: np.ndarray, offsets: Sequence[int], op: ReduceOp,

@@ -26,9 +26,24 @@ algorithms run on scratch copies through ``staging``.
 
 from __future__ import annotations
 
-from . import (allgather, allreduce, alltoall, barrier, broadcast, gather_scatter, hier, reduce,
-               reduce_scatter, shm_allgather, shm_allreduce, shm_alltoall, shm_barrier, shm_broadcast,
-               shm_reduce_scatter, staging)
+from . import (
+    allgather,
+    allreduce,
+    alltoall,
+    barrier,
+    broadcast,
+    gather_scatter,
+    hier,
+    reduce,
+    reduce_scatter,
+    shm_allgather,
+    shm_allreduce,
+    shm_alltoall,
+    shm_barrier,
+    shm_broadcast,
+    shm_reduce_scatter,
+    staging,
+)
 from .base import Row, Team
 
 # Up to this many bytes a message costs about one latency, so algorithms with fewer rounds win;

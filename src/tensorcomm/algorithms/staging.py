@@ -17,10 +17,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..types import PremulSum, ReduceOp
 from . import kernels
 from .base import Ctx
 from .wire import scratch
-from ..types import PremulSum, ReduceOp
 
 Op = ReduceOp | PremulSum
 Algorithm = Callable[..., None]

@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import config
-from .base import Ctx
 from ..types import ReduceOp
+from .base import Ctx
 
 _FLOAT32 = np.dtype(np.float32)
 

@@ -45,17 +45,17 @@ from collections import Counter
 from typing import Callable, Hashable, Sequence
 
 from .. import config
-from ..signature import Signature
+from ..algorithms import select
+from ..algorithms.base import Hierarchy, Plan
 from ..errors import AuthenticationError, CommTimeoutError, GroupAbortedError, RendezvousError
 from ..rendezvous.init_method import Rendezvous, from_store, rendezvous
 from ..rendezvous.store import PrefixStore, Store
+from ..signature import Signature
 from ..transports.base import Transport
 from ..transports.shm import slots as shm_slots
 from ..transports.shm.domain import ShmDomain, ShmUnavailable, open_domain
 from ..transports.tcp.mesh import connect_mesh
 from ..transports.tcp.transport import TcpTransport
-from ..algorithms import select
-from ..algorithms.base import Hierarchy, Plan
 from .engine import Engine
 from .group import Group
 

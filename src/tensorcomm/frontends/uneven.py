@@ -21,8 +21,8 @@ import numpy as np
 from ..core import collectives
 from ..core.group import Group
 from ..errors import CollectiveMismatchError
-from . import validate
 from ..types import SUPPORTED_DTYPES
+from . import validate
 from .arrays import Staged
 
 _CHECKED = 2  # leading header fields every member must agree on: dtype index, shape fingerprint

@@ -13,7 +13,6 @@ import sys
 from . import env as launch_env
 from . import spawner
 
-
 HELP = "run every collective on N local ranks and check it against numpy"
 
 

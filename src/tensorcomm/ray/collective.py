@@ -15,9 +15,8 @@ from ray.util.collective import types
 from ray.util.collective.backend_registry import register_collective_backend
 from ray.util.collective.collective_group.base_collective_group import BaseGroup
 
-from .. import config
+from .. import all_gather, all_reduce, barrier, broadcast, config, recv, reduce, reduce_scatter, send
 from ..core import world as core_world
-from .. import all_gather, all_reduce, barrier, broadcast, recv, reduce, reduce_scatter, send
 from ..types import ReduceOp
 from .store import RayStore
 

@@ -18,8 +18,15 @@ import ray
 
 from ..errors import RendezvousError
 from ..rendezvous.auth import generate_secret
-from ..rendezvous.store import (Store, add_to_counter, check_key, check_keys, check_value,
-                                compare_and_set, timeout_error)
+from ..rendezvous.store import (
+    Store,
+    add_to_counter,
+    check_key,
+    check_keys,
+    check_value,
+    compare_and_set,
+    timeout_error,
+)
 
 CALL_MARGIN = 30.0  # seconds a store call may take beyond its own timeout before Ray is blamed
 

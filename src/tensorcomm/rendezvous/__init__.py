@@ -3,7 +3,13 @@
 Layer rule: imports ``config`` and ``errors`` only; ``core`` and ``launch`` import this package.
 """
 
-from tensorcomm.rendezvous.auth import generate_secret, handshake_client, handshake_server, recv_exact, secret_bytes
+from tensorcomm.rendezvous.auth import (
+    generate_secret,
+    handshake_client,
+    handshake_server,
+    recv_exact,
+    secret_bytes,
+)
 from tensorcomm.rendezvous.discovery import JobInfo, discover
 from tensorcomm.rendezvous.init_method import Rendezvous, register_scheme, rendezvous
 from tensorcomm.rendezvous.store import FileStore, HashStore, PrefixStore, Store

@@ -62,11 +62,27 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tensorcomm.config import (ENV_HOST_ID, ENV_LOCAL_RANK, ENV_LOCAL_WORLD_SIZE, ENV_MASTER_ADDR,
-                               ENV_MASTER_PORT, ENV_RANK, ENV_SECRET, ENV_SECRET_DIR, ENV_STORE_HOSTED,
-                               ENV_TIMEOUT, ENV_TRANSPORT, ENV_WORLD_SIZE, MAX_TIMEOUT, ENV_BACKEND,
-                               ENV_ALGORITHMS, ENV_HIERARCHY,
-                               BACKENDS, ENV_WIRE_DTYPE, WIRE_DTYPES)
+from tensorcomm.config import (
+    BACKENDS,
+    ENV_ALGORITHMS,
+    ENV_BACKEND,
+    ENV_HIERARCHY,
+    ENV_HOST_ID,
+    ENV_LOCAL_RANK,
+    ENV_LOCAL_WORLD_SIZE,
+    ENV_MASTER_ADDR,
+    ENV_MASTER_PORT,
+    ENV_RANK,
+    ENV_SECRET,
+    ENV_SECRET_DIR,
+    ENV_STORE_HOSTED,
+    ENV_TIMEOUT,
+    ENV_TRANSPORT,
+    ENV_WIRE_DTYPE,
+    ENV_WORLD_SIZE,
+    MAX_TIMEOUT,
+    WIRE_DTYPES,
+)
 
 # Names of other launchers' variables (tensorcomm's own are in config.py).
 OMPI_RANK, OMPI_SIZE = "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"

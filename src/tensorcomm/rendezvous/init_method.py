@@ -37,8 +37,13 @@ from tensorcomm.config import ENV_SECRET, ENV_SECRET_DIR, ENV_STORE_HOSTED, MAX_
 from tensorcomm.errors import AuthenticationError, RendezvousError
 from tensorcomm.rendezvous.auth import generate_secret, secret_bytes
 from tensorcomm.rendezvous.discovery import JobInfo, discover
-from tensorcomm.rendezvous.private import (SecretDir, SecretFile, job_secret_name, store_secret_name,
-                                           valid_job_secret_name)
+from tensorcomm.rendezvous.private import (
+    SecretDir,
+    SecretFile,
+    job_secret_name,
+    store_secret_name,
+    valid_job_secret_name,
+)
 from tensorcomm.rendezvous.store import FileStore, PrefixStore, Store
 from tensorcomm.rendezvous.tcp_store import TCPStore, TCPStoreServer
 

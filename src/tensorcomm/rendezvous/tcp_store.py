@@ -34,15 +34,28 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from tensorcomm.config import (CONNECT_RETRY_INTERVAL, HANDSHAKE_TIMEOUT, MAX_STORE_CLIENTS,
-                               MAX_TIMEOUT)
+from tensorcomm.config import CONNECT_RETRY_INTERVAL, HANDSHAKE_TIMEOUT, MAX_STORE_CLIENTS, MAX_TIMEOUT
 from tensorcomm.errors import AuthenticationError, CommTimeoutError, RendezvousError
-from tensorcomm.rendezvous.auth import (HandshakeRefused, handshake_client, handshake_server,
-                                        recv_exact, secret_bytes)
+from tensorcomm.rendezvous.auth import (
+    HandshakeRefused,
+    handshake_client,
+    handshake_server,
+    recv_exact,
+    secret_bytes,
+)
 from tensorcomm.rendezvous.gate import Gate, describe_error, out_of_descriptors
-from tensorcomm.rendezvous.store import (MAX_KEY_BYTES, MAX_VALUE_BYTES, Store, add_to_counter,
-                                         check_amount, check_key, check_keys, check_value,
-                                         compare_and_set, timeout_error)
+from tensorcomm.rendezvous.store import (
+    MAX_KEY_BYTES,
+    MAX_VALUE_BYTES,
+    Store,
+    add_to_counter,
+    check_amount,
+    check_key,
+    check_keys,
+    check_value,
+    compare_and_set,
+    timeout_error,
+)
 
 logger = logging.getLogger("tensorcomm.store")
 

@@ -14,8 +14,8 @@ from typing import Hashable, Protocol, Sequence
 import numpy as np
 
 from .. import config
-from ..signature import Signature
 from ..errors import CollectiveMismatchError
+from ..signature import Signature
 
 ANY_SOURCE = -1
 

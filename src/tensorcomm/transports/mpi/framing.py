@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import struct
 
-from ...errors import (CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError,
-                       PeerLostError)
+from ...errors import CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError, PeerLostError
 from ...signature import Signature
 
 # kind, collective, op, has signature, dtype, (pad), root, bulk MPI tag, tag, nbytes, count

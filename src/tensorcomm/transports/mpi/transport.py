@@ -33,8 +33,7 @@ import time
 from collections import OrderedDict, deque
 from typing import Any, NamedTuple, Sequence
 
-from ...errors import (CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError,
-                       PeerLostError)
+from ...errors import CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError, PeerLostError
 from ...signature import Signature
 from ..base import ANY_SOURCE, Transport, call_of_tag, group_of_tag, signature_mismatch
 from . import comm as mpi_comm

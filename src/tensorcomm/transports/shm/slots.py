@@ -52,8 +52,7 @@ import struct
 import time
 from typing import Callable, Protocol, Sequence
 
-from ...errors import (CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError,
-                       PeerLostError)
+from ...errors import CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError, PeerLostError
 
 log = logging.getLogger("tensorcomm.shm")
 

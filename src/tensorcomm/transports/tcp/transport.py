@@ -35,10 +35,9 @@ import ml_dtypes
 import numpy as np
 
 from ... import config
+from ...errors import CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError, PeerLostError
 from ...rendezvous import discovery
 from ...signature import Signature
-from ...errors import (CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError,
-                       PeerLostError)
 from ..base import ANY_SOURCE, Transport, call_of_tag, group_of_tag, signature_mismatch
 from . import framing
 
