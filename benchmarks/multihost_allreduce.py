@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "multihost"))
-from multihost_harness import clusters, unsupported_reason  # noqa: E402
+from multihost_harness import clusters, unsupported_reason
 
 GLOO_PORT = 29600  # on host 0, beside tensorcomm's store at multihost_harness.MASTER_PORT
 SIZES = {"64K": 64 << 10, "1M": 1 << 20, "16M": 16 << 20, "256M": 256 << 20}

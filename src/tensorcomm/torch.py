@@ -30,7 +30,8 @@ from __future__ import annotations
 import datetime
 import importlib
 import urllib.parse
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch.distributed as dist
 

@@ -37,7 +37,7 @@ class ReduceOp(enum.Enum):
     PREMUL_SUM = "premul_sum"
 
     @staticmethod
-    def premul_sum(factor: float) -> "PremulSum":
+    def premul_sum(factor: float) -> PremulSum:
         """Return a SUM that first multiplies each rank's input by ``factor``.
 
         Raises:
@@ -48,7 +48,7 @@ class ReduceOp(enum.Enum):
         return PremulSum(float(factor))
 
     @classmethod
-    def parse(cls, op: "ReduceOpLike", argument: str = "op") -> "ReduceOp | PremulSum":
+    def parse(cls, op: ReduceOpLike, argument: str = "op") -> ReduceOp | PremulSum:
         """Normalise a ``ReduceOp``, ``PremulSum`` or name such as ``"sum"``/``"MAX"``.
 
         Raises:

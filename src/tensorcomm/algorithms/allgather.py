@@ -7,8 +7,8 @@ allreduce and broadcast reuse. Algorithms talk through ``Ctx`` only; this module
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import accumulate
-from typing import Sequence
 
 import numpy as np
 

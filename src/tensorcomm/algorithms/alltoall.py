@@ -6,7 +6,7 @@ C-contiguous numpy arrays; sizes are in elements.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

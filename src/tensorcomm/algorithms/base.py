@@ -9,9 +9,10 @@ collectives (or two groups) never mix.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -60,8 +61,8 @@ class Hierarchy:
 
     __slots__ = ("host", "cross", "grid", "order", "pick", "_seqs")
 
-    def __init__(self, host: "Team", cross: "Team", grid: Sequence[int],
-                 pick: Callable[[str, "Team", int], Row]) -> None:
+    def __init__(self, host: Team, cross: Team, grid: Sequence[int],
+                 pick: Callable[[str, Team, int], Row]) -> None:
         self.host, self.cross, self.grid, self.pick = host, cross, tuple(grid), pick
         per_host, hosts = len(host.ranks), len(cross.ranks)
         order = np.empty(len(self.grid), dtype=np.int64)
@@ -70,7 +71,7 @@ class Hierarchy:
         self.order = order
         self._seqs = [0, 0]  # the next call's sequence number on host, cross
 
-    def next_seq(self, team: "Team") -> int:
+    def next_seq(self, team: Team) -> int:
         """The sequence number of the next call on ``team`` (host or cross): the sub-teams run
         only this group's calls, which every member makes in the same order."""
         which = 0 if team is self.host else 1
@@ -165,7 +166,7 @@ class Ctx:
         self.deadline = time.monotonic() + timeout
 
     @classmethod
-    def of(cls, team: Team, seq: int, plan: Plan) -> "Ctx":
+    def of(cls, team: Team, seq: int, plan: Plan) -> Ctx:
         """A call's context on ``team``; its deadline starts now."""
         ctx = _new(cls)
         ctx.team = team

@@ -7,7 +7,7 @@ this module must not import ``core``. Buffers are 1-D, C-contiguous numpy arrays
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -12,7 +12,8 @@ written (no journal: see ``shm_common.Journal``). This module must not import ``
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

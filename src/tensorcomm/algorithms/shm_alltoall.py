@@ -11,7 +11,8 @@ partly written. This module must not import ``core``.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -10,7 +10,7 @@ only, so a failed multi-round scatter may leave it partly written. This module m
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

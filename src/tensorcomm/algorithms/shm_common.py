@@ -26,7 +26,8 @@ Rounds are counted by the domain (``ShmDomain.next_round``), nowhere else.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -160,7 +161,7 @@ class Stream(NamedTuple):
     nbytes: int
 
     @staticmethod
-    def of(arrays: Sequence[np.ndarray], start: int = 0, skip: int | None = None) -> "Stream":
+    def of(arrays: Sequence[np.ndarray], start: int = 0, skip: int | None = None) -> Stream:
         """``arrays`` (1-D) back to back from byte ``start``; array ``skip`` keeps its place but
         is not sent (nobody reads it)."""
         pieces, offset = [], start

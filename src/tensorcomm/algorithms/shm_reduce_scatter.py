@@ -9,7 +9,7 @@ leave it partly written). This module must not import ``core``.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

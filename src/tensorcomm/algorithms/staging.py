@@ -13,7 +13,7 @@ costs a page fault per page. Each wrapper is applied once, in ``select.ROWS``. M
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

@@ -16,7 +16,8 @@ shared-memory call larger than one slot (see ``algorithms/shm_common.py``).
 from __future__ import annotations
 
 import logging
-from typing import Any, Hashable, Sequence
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 import numpy as np
 

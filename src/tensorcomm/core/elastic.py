@@ -42,8 +42,9 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from ..errors import ExcludedError, RendezvousError
 
@@ -63,7 +64,7 @@ class Agreement:
 
     ranks: tuple[int, ...]
     group_id: int
-    shm: "ShmDomain | None"
+    shm: ShmDomain | None
 
 
 def choose(members: Sequence[int], arrived: Mapping[int, frozenset[int]], lost: frozenset[int],
@@ -81,7 +82,7 @@ def choose(members: Sequence[int], arrived: Mapping[int, frozenset[int]], lost: 
     return tuple(kept)
 
 
-def agree(world: "World", group_id: int, n: int, members: Sequence[int], name: str,
+def agree(world: World, group_id: int, n: int, members: Sequence[int], name: str,
           timeout: float) -> Agreement:
     """Run the n-th shrink of group ``group_id`` (of ``members``, named ``name``) on this rank.
 
@@ -110,7 +111,7 @@ def _rank_list(text: str) -> tuple[int, ...]:
 class _Shrink:
     """One member's side of one shrink (see the module docstring)."""
 
-    def __init__(self, world: "World", group_id: int, n: int, members: tuple[int, ...], name: str,
+    def __init__(self, world: World, group_id: int, n: int, members: tuple[int, ...], name: str,
                  timeout: float) -> None:
         self.world = world
         self.store = world.store

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from threading import get_ident
-from typing import Any, Callable
+from typing import Any
 
 from .work import Work
 
@@ -49,7 +50,7 @@ class Engine:
         self._queued = 0  # calls submitted and not yet finished; guarded by _mutex
 
     @classmethod
-    def refusing(cls, name: str, error: BaseException) -> "Engine":
+    def refusing(cls, name: str, error: BaseException) -> Engine:
         """An engine that refuses every call with ``error``."""
         engine = cls(name)
         engine._stopped = error

@@ -8,7 +8,8 @@ per-call path, gone with the group), and builds one ``Ctx`` per call from them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Hashable, Sequence
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..algorithms.base import Ctx, Hierarchy, Plan, Team
 from ..config import MAX_TIMEOUT
@@ -32,9 +33,9 @@ class Group:
     is not a member holds a ``Group`` too (``is_member`` is False); using it raises ValueError.
     """
 
-    def __init__(self, name: str, ranks: Sequence[int], group_id: int, world: "World",
-                 shm: "ShmDomain | None" = None, hier: Hierarchy | None = None,
-                 parts: Sequence["Group"] = ()) -> None:
+    def __init__(self, name: str, ranks: Sequence[int], group_id: int, world: World,
+                 shm: ShmDomain | None = None, hier: Hierarchy | None = None,
+                 parts: Sequence[Group] = ()) -> None:
         self._name = name
         self._ranks = tuple(ranks)
         self._group_id = group_id
@@ -52,7 +53,7 @@ class Group:
         self._shrinks = 0  # calls of shrink() so far: the members match them by this count
 
     # The WORLD handle overrides this to follow whichever world is current.
-    def _target(self) -> "Group":
+    def _target(self) -> Group:
         return self
 
     @property
@@ -127,7 +128,7 @@ class Group:
     # -- used by the core's collectives ---------------------------------------------------------
 
     @property
-    def world(self) -> "World":
+    def world(self) -> World:
         return self._target()._world
 
     @property
@@ -227,7 +228,7 @@ class Group:
                 group._shm.abort(error)
         target._engine.stop(error)
 
-    def shrink(self, timeout: float | None = None) -> "Group":
+    def shrink(self, timeout: float | None = None) -> Group:
         """Agree with the other live members on who is left, and return a new group of them.
 
         ULFM's ``MPIX_Comm_shrink``: a collective of the members that are still alive, called

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import CommTimeoutError
 
@@ -74,7 +75,7 @@ class Work:
         if self._error is None:
             callback()
 
-    def on_done(self, hook: Callable[["Work"], None]) -> None:
+    def on_done(self, hook: Callable[[Work], None]) -> None:
         """Run ``hook(work)`` once the call has finished, successfully or not, before ``wait``
         returns (at once, on this thread, if it has finished already).
 

@@ -42,7 +42,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from typing import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from .. import config
 from ..algorithms import select
@@ -67,7 +67,7 @@ ARRIVALS_KEY = "tensorcomm/arrivals"  # counts inits, across generations
 SERVER_KEY = "tensorcomm/server"  # on a store rank 0 hosts: the generation it was made for
 DESTROY_LINGER = 2.0  # seconds destroy() waits for the peers' goodbyes (see TcpTransport.close)
 
-_current: "World | None" = None
+_current: World | None = None
 _current_lock = threading.Lock()
 _worlds_made = 0  # worlds this process joined; rank 0 marks its stores with it
 

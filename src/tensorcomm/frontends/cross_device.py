@@ -24,8 +24,9 @@ are not every process, as TF's all-reduce strategies do.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -46,7 +47,7 @@ class ReduceOp(enum.Enum):
     MEAN = "MEAN"
 
     @classmethod
-    def parse(cls, value: Any, argument: str = "reduce_op") -> "ReduceOp":
+    def parse(cls, value: Any, argument: str = "reduce_op") -> ReduceOp:
         """Normalise a ``ReduceOp``, ``"sum"``/``"mean"`` (any case) or ``tensorcomm.ReduceOp.SUM/AVG``.
 
         Raises:

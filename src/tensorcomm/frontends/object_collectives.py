@@ -15,7 +15,8 @@ bounded whatever the object's size, so objects past 2 GiB work on every transpor
 from __future__ import annotations
 
 import pickle
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 

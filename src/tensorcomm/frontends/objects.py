@@ -10,7 +10,8 @@ member of the group calls the operator with matching arguments, as every collect
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -7,7 +7,8 @@ counts per member; a member that exchanges nothing with another sends an empty b
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

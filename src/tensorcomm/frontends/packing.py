@@ -18,8 +18,8 @@ message. Every rank derives the same layout from the same shapes and dtypes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

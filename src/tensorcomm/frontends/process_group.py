@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..core.group import Group
 from ..core.world import current_world, destroy, init, is_initialized
@@ -40,7 +41,7 @@ def _ranks(ranks: Any, fn: str) -> list[int]:
     world = current_world()
     if ranks is None:
         return list(range(world.size))
-    if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence) and not hasattr(ranks, "__iter__"):
+    if isinstance(ranks, (str, bytes)) or (not isinstance(ranks, Sequence) and not hasattr(ranks, "__iter__")):
         raise TypeError(f"{fn}: ranks must be a list of ints, got {type(ranks).__name__}")
     checked = [validate.integer(r, f"ranks[{i}]", fn) for i, r in enumerate(ranks)]
     if not checked:

@@ -24,7 +24,8 @@ Imports torch; only ``tensorcomm.torch`` imports this module.
 from __future__ import annotations
 
 import datetime
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist

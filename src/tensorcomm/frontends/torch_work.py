@@ -27,7 +27,8 @@ Imports torch; only the torch backend imports this module.
 from __future__ import annotations
 
 import datetime
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist

@@ -14,7 +14,8 @@ instead of garbling the data.
 from __future__ import annotations
 
 import zlib
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -4,7 +4,8 @@ function, the argument, what was expected and what was given."""
 from __future__ import annotations
 
 import numbers
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

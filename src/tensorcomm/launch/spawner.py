@@ -240,7 +240,7 @@ class _Job:
         running = list(self._ranks)
         failed: list[tuple[int, int]] = []  # (rank, return code) of the ranks that failed
         serving = False  # this node's ranks ended; other nodes' ranks still use the store
-        while running or self._store_users is not None and self._store_users():
+        while running or (self._store_users is not None and self._store_users()):
             if not running and not serving:
                 serving = True
                 self.say("this node's ranks ended; serving the store while ranks of other nodes "

@@ -119,7 +119,7 @@ class RayStore(Store):
         self.host = str(self._call(server.host.remote(), 0.0))
 
     @classmethod
-    def create(cls, timeout: float = 300.0, name: str | None = None) -> "RayStore":
+    def create(cls, timeout: float = 300.0, name: str | None = None) -> RayStore:
         """Start a ``StoreServer`` (or, with ``name``, join the named one or start it) and
         connect to it; the server lives as long as the process that started it."""
         options: dict[str, Any] = {} if name is None else {"name": name, "get_if_exists": True}

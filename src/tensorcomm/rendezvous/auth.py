@@ -97,7 +97,7 @@ def recv_exact(sock: socket.socket, n: int, timeout: float | None) -> bytes:
                 sock.settimeout(None)
             try:
                 count = sock.recv_into(view[got:])
-            except socket.timeout:
+            except TimeoutError:
                 continue  # a slice ended; the deadline decides
             if count == 0:
                 raise ConnectionError(f"connection closed after {got} of {n} bytes")
@@ -190,7 +190,7 @@ def _send(sock: socket.socket, data: bytes, deadline: float) -> None:
     sock.settimeout(_remaining(deadline))
     try:
         sock.sendall(data)
-    except socket.timeout:
+    except TimeoutError:
         raise CommTimeoutError("timed out sending") from None
     finally:
         sock.settimeout(saved)

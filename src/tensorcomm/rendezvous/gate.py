@@ -23,13 +23,12 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Optional
 
 from tensorcomm import config
 
 LOG_INTERVAL = 5.0  # seconds between two warnings about refused connections of one listener
 
-Handshake = Callable[[socket.socket, str], Optional[Callable[[], None]]]
+Handshake = Callable[[socket.socket, str], Callable[[], None] | None]
 """``handshake(conn, peer)`` authenticates ``conn``; it may return the work to do afterwards
 (serving the connection), which runs in the same thread once the pending slot is given back."""
 

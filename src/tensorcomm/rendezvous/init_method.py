@@ -85,7 +85,7 @@ class Rendezvous:
         if self.server is not None:
             self.server.close()
 
-    def __enter__(self) -> "Rendezvous":
+    def __enter__(self) -> Rendezvous:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

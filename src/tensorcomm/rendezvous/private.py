@@ -64,7 +64,7 @@ def open_nofollow(path: str, flags: int, mode: int = 0o600, dir_fd: int | None =
 class SecretFile:
     """A generated job secret as written by :meth:`SecretDir.write`; its writer removes it."""
 
-    directory: "SecretDir"
+    directory: SecretDir
     name: str
     secret: bytes
 

@@ -102,7 +102,7 @@ class Store(abc.ABC):
     def _timeout(self, timeout: float | None) -> float:
         return self.timeout if timeout is None else check_timeout(timeout, "timeout")
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -183,7 +183,7 @@ class TCPStoreServer:
         with self._lock:
             return len(self._conns)
 
-    def __enter__(self) -> "TCPStoreServer":
+    def __enter__(self) -> TCPStoreServer:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

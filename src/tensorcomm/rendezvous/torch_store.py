@@ -20,7 +20,7 @@ only under torchrun, which implies torch is installed. Imports ``store``, ``disc
 from __future__ import annotations
 
 import datetime
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch.distributed as dist
 

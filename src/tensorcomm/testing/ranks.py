@@ -15,9 +15,10 @@ import signal
 import tempfile
 import time
 import traceback
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ..rendezvous.auth import generate_secret, secret_bytes
 from ..rendezvous.tcp_store import TCPStoreServer

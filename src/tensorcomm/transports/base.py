@@ -9,7 +9,8 @@ partial or overflowing write.
 from __future__ import annotations
 
 import abc
-from typing import Hashable, Protocol, Sequence
+from collections.abc import Hashable, Sequence
+from typing import Protocol
 
 import numpy as np
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from ..errors import CollectiveMismatchError, CommTimeoutError, GroupAbortedError, PeerLostError
 from ..signature import Signature

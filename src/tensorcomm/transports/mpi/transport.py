@@ -31,7 +31,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict, deque
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from ...errors import CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError, PeerLostError
 from ...signature import Signature
@@ -52,7 +53,7 @@ class MpiRequest:
 
     __slots__ = ("peer", "tag", "out", "signature", "source", "_done", "_error", "_transport")
 
-    def __init__(self, transport: "MpiTransport", peer: int, tag: int, out: memoryview | None = None,
+    def __init__(self, transport: MpiTransport, peer: int, tag: int, out: memoryview | None = None,
                  signature: Signature | None = None) -> None:
         self.peer = peer
         self.tag = tag
@@ -127,7 +128,7 @@ class MpiTransport(Transport):
         self._closed = False
 
     @classmethod
-    def open(cls, rank: int, size: int, timeout: float) -> "MpiTransport":
+    def open(cls, rank: int, size: int, timeout: float) -> MpiTransport:
         """The transport of this MPI rank, on a fresh duplicate of ``MPI_COMM_WORLD``.
 
         Raises:

@@ -48,7 +48,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from ...config import HANDSHAKE_TIMEOUT
 from ...errors import AuthenticationError

@@ -30,7 +30,8 @@ from __future__ import annotations
 import ctypes
 import logging
 import mmap
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 

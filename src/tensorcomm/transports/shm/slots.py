@@ -50,7 +50,8 @@ import platform
 import select
 import struct
 import time
-from typing import Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from ...errors import CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError, PeerLostError
 
@@ -218,7 +219,7 @@ class Slots:
 
     # -- the per-call protocol -----------------------------------------------------------------
 
-    def start(self, ctx: "CallInfo", extent: int | None = None) -> None:
+    def start(self, ctx: CallInfo, extent: int | None = None) -> None:
         """Begin a call, as every algorithm does first: announce it with this rank's first post,
         wait for every peer's first post of it, and check that they announced the same call.
 
@@ -271,7 +272,7 @@ class Slots:
         if words[self._my_sleepers]:
             self._wake_sleepers()
 
-    def wait(self, ranks: Sequence[int], target: int, ctx: "CallInfo") -> None:
+    def wait(self, ranks: Sequence[int], target: int, ctx: CallInfo) -> None:
         """Return once every rank of ``ranks`` has made ``target`` posts.
 
         Raises:
@@ -285,11 +286,11 @@ class Slots:
                 self._block(ranks, target, ctx)
                 return
 
-    def extent(self, rank: int, ctx: "CallInfo") -> int:
+    def extent(self, rank: int, ctx: CallInfo) -> int:
         """The extent ``rank`` announced for this call (valid after ``start``)."""
         return self.words[self._entry[rank][ctx.seq & 1] + 2]
 
-    def extents(self, ctx: "CallInfo") -> list[int]:
+    def extents(self, ctx: CallInfo) -> list[int]:
         """Every member's announced extent for this call, in group-rank order."""
         words, parity = self.words, ctx.seq & 1
         return [words[entry[parity] + 2] for entry in self._entry]
@@ -301,7 +302,7 @@ class Slots:
         self.words[self._my_sleepers] = 0
         _futex_wake(self.address + self._my_counter * 8)
 
-    def _mismatch(self, token_word: int, ctx: "CallInfo") -> CollectiveMismatchError:
+    def _mismatch(self, token_word: int, ctx: CallInfo) -> CollectiveMismatchError:
         q = next(q for q in self.peers if token_word - 1 in self._entry[q])
         seq, parity = ctx.seq, ctx.seq & 1
         theirs_seq = self.words[token_word - 1]
@@ -317,7 +318,7 @@ class Slots:
 
     # -- blocking --------------------------------------------------------------------------------
 
-    def _block(self, ranks: Sequence[int], target: int, ctx: "CallInfo") -> None:
+    def _block(self, ranks: Sequence[int], target: int, ctx: CallInfo) -> None:
         """Wait until every rank of ``ranks`` has made ``target`` posts (see the module docstring)."""
         words, counters = self.words, self.counter_word
         for q in ranks:  # spin a little on each peer still behind, in turn
@@ -365,7 +366,7 @@ class Slots:
             if q in ranks and self.words[self.counter_word[q]] < target:
                 raise PeerLostError(self.global_ranks[q], "its process exited")
 
-    def _timeout(self, ranks: Sequence[int], target: int, ctx: "CallInfo") -> CommTimeoutError:
+    def _timeout(self, ranks: Sequence[int], target: int, ctx: CallInfo) -> CommTimeoutError:
         missing = [self.global_ranks[q] for q in ranks if self.words[self.counter_word[q]] < target]
         who = f"rank {missing[0]} did" if len(missing) == 1 else \
             f"ranks {', '.join(map(str, missing))} did"

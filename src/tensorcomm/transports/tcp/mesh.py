@@ -172,7 +172,7 @@ class _Acceptor:
             self._listener.settimeout(min(remaining, _ACCEPT_POLL))
             try:
                 sock, addr = self._listener.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError as exc:
                 if out_of_descriptors(exc):

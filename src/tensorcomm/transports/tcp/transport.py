@@ -29,7 +29,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict, deque
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -66,7 +66,7 @@ class TcpRequest:
 
     __slots__ = ("peer", "tag", "out", "signature", "source", "_done", "_error", "_transport")
 
-    def __init__(self, transport: "TcpTransport | None", peer: int, tag: int,
+    def __init__(self, transport: TcpTransport | None, peer: int, tag: int,
                  out: memoryview | None = None, signature: Signature | None = None) -> None:
         self.peer = peer
         self.tag = tag
@@ -515,7 +515,7 @@ class TcpTransport(Transport):
                 self._yield = False
             try:
                 self._drive(lambda: self._yield or self._closing, _NO_DEADLINE)
-            except BaseException:  # noqa: BLE001 - a bug here must not end progress for good
+            except BaseException:  # logged: a bug here must not end progress for good
                 log.exception("rank %d: the TCP progress thread failed", self.rank)
             finally:
                 with self._cv:
