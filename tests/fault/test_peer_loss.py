@@ -1,5 +1,10 @@
-"""A rank that dies makes every survivor fail with PeerLostError naming it within 5 s; a rank
-that stops responding makes calls fail at the timeout with CommTimeoutError; no survivor hangs."""
+"""A rank that dies makes every survivor fail with PeerLostError naming it within seconds; a rank
+that stops responding makes calls fail at the timeout with CommTimeoutError; no survivor hangs.
+
+The time bounds hold on a loaded machine: a job may take minutes there (``JOB_TIMEOUT`` only stops
+a hang), and each bound is far above what it takes on a quiet one (well under a second) yet far
+below the communication timeout the failure would otherwise have waited for.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +19,9 @@ import pytest
 import tensorcomm as tc
 from tensorcomm.testing import run_ranks, spawn_ranks
 
-pytestmark = pytest.mark.fault
+JOB_TIMEOUT = 150.0  # seconds; also the ranks' communication timeout unless a test sets its own
+DETECTION_BUDGET = 30.0  # seconds from a death to the survivors' PeerLostError
+pytestmark = [pytest.mark.fault, pytest.mark.timeout(JOB_TIMEOUT + 60)]
 
 TRANSPORTS = {"tcp": {"TENSORCOMM_TRANSPORT": "tcp"}, "default": {}}
 VICTIM = 1
@@ -46,8 +53,8 @@ def body_die_mid_all_reduce(how: str, stamp_dir: str) -> dict:
 @pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("world_size", [2, 3, 5])
 def test_killed_rank_is_named_on_every_survivor(world_size, transport, tmp_path):
-    outcomes = spawn_ranks(body_die_mid_all_reduce, world_size, "sigkill", str(tmp_path), timeout=60,
-                           env=TRANSPORTS[transport])
+    outcomes = spawn_ranks(body_die_mid_all_reduce, world_size, "sigkill", str(tmp_path),
+                           timeout=JOB_TIMEOUT, env=TRANSPORTS[transport])
     death = float((tmp_path / "death").read_text())
     for outcome in outcomes:
         if outcome.rank == VICTIM:
@@ -55,18 +62,20 @@ def test_killed_rank_is_named_on_every_survivor(world_size, transport, tmp_path)
             continue
         assert outcome.ok, outcome.output
         assert outcome.result["rank"] == VICTIM, outcome.result
-        assert outcome.result["at"] - death < 5.0, outcome.result
+        assert outcome.result["at"] - death < DETECTION_BUDGET, outcome.result
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_exited_rank_is_named(transport, tmp_path):
-    outcomes = spawn_ranks(body_die_mid_all_reduce, 3, "exit", str(tmp_path), timeout=60,
+    outcomes = spawn_ranks(body_die_mid_all_reduce, 3, "exit", str(tmp_path), timeout=JOB_TIMEOUT,
                            env=TRANSPORTS[transport])
+    death = float((tmp_path / "death").read_text())
     assert outcomes[VICTIM].exitcode == 3
     for outcome in outcomes:
         if outcome.rank != VICTIM:
             assert outcome.ok, outcome.output
             assert outcome.result["rank"] == VICTIM
+            assert outcome.result["at"] - death < DETECTION_BUDGET, outcome.result
 
 
 def body_raise_on_victim() -> str:
@@ -81,7 +90,7 @@ def body_raise_on_victim() -> str:
 
 
 def test_uncaught_exception_is_a_lost_peer():
-    outcomes = spawn_ranks(body_raise_on_victim, 2, timeout=60)
+    outcomes = spawn_ranks(body_raise_on_victim, 2, timeout=JOB_TIMEOUT)
     assert outcomes[VICTIM].exitcode == 1
     assert f"peer rank {VICTIM} was lost" in outcomes[0].result
 
@@ -106,15 +115,18 @@ def body_stop_mid_all_reduce(stamp_dir: str) -> dict:
     raise AssertionError("no CommTimeoutError")
 
 
+STOP_TIMEOUT = 10.0  # the ranks' communication timeout: it bounds init too, so not too short
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_stopped_rank_times_out_naming_the_call(transport, tmp_path):
-    outcomes = spawn_ranks(body_stop_mid_all_reduce, 3, str(tmp_path), timeout=60, comm_timeout=3,
-                           env=TRANSPORTS[transport])
+    outcomes = spawn_ranks(body_stop_mid_all_reduce, 3, str(tmp_path), timeout=JOB_TIMEOUT,
+                           comm_timeout=STOP_TIMEOUT, env=TRANSPORTS[transport])
     survivors = [o for o in outcomes if o.rank != VICTIM]
     for outcome in survivors:
         assert outcome.ok, outcome.output
         assert "all_reduce" in outcome.result["message"], outcome.result
-        assert outcome.result["elapsed"] < 10, outcome.result
+        assert outcome.result["elapsed"] < STOP_TIMEOUT + DETECTION_BUDGET, outcome.result
     assert any(f"rank {VICTIM}" in o.result["message"] for o in survivors), [o.result for o in survivors]
 
 
@@ -133,7 +145,7 @@ def body_group_stays_failed() -> list[str]:
 
 
 def test_calls_after_a_loss_fail_fast():
-    outcomes = spawn_ranks(body_group_stays_failed, 2, timeout=60)
+    outcomes = spawn_ranks(body_group_stays_failed, 2, timeout=JOB_TIMEOUT)
     errors = outcomes[0].result
     assert len(errors) == 3 and all(e.startswith("PeerLostError") for e in errors), errors
 
@@ -144,17 +156,17 @@ def body_missing_rank() -> str:
     if int(os.environ["RANK"]) == 2:
         return "absent"  # never joins
     try:
-        tc.init(timeout=2)
+        tc.init(timeout=5)  # long enough for ranks 0 and 1 to start on a busy machine
     except tc.RendezvousError as exc:
         return str(exc)
     raise AssertionError("init completed without rank 2")
 
 
 def test_init_with_a_rank_missing_names_who_came():
-    outcomes = spawn_ranks(body_missing_rank, 3, timeout=60, init=False)
+    outcomes = spawn_ranks(body_missing_rank, 3, timeout=JOB_TIMEOUT, init=False)
     for outcome in outcomes[:2]:
         assert outcome.ok, outcome.output
-        assert "ranks [2] of 3 did not join within 2 s (arrived: [0, 1])" in outcome.result
+        assert "ranks [2] of 3 did not join within 5 s (arrived: [0, 1])" in outcome.result
 
 
 def body_abort_from_another_thread() -> dict:
@@ -177,8 +189,8 @@ def body_abort_from_another_thread() -> dict:
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_group_abort_ends_pending_and_later_calls_on_every_member(transport):
-    results = run_ranks(body_abort_from_another_thread, 3, timeout=60, env=TRANSPORTS[transport])
-    for result in results:
+    results = run_ranks(body_abort_from_another_thread, 3, timeout=JOB_TIMEOUT,
+                        env=TRANSPORTS[transport])
+    for result in results:  # the abort ends the calls, not the communication timeout
         assert "aborted by rank 0: the user pressed stop" in result["message"], result
-        assert result["elapsed"] < 5, result
-    assert results[2]["elapsed"] < 0.5, results[2]
+        assert result["elapsed"] < DETECTION_BUDGET, result
