@@ -26,11 +26,14 @@ UNCHECKED = -1  # a count that may legitimately differ between ranks (uneven all
 
 
 class Signature(NamedTuple):
-    """``(collective, dtype, count, op, root)`` codes; equal on every rank of a matching call."""
+    """``(collective, dtype, elements, op, root)`` codes; equal on every rank of a matching call.
+
+    ``elements`` is the call's element count (``count`` would hide ``tuple.count``).
+    """
 
     collective: int
     dtype: int
-    count: int
+    elements: int
     op: int
     root: int
 
@@ -38,7 +41,7 @@ class Signature(NamedTuple):
         """Readable form, e.g. ``all_reduce(float32[4], op=sum)``."""
         name = COLLECTIVES[self.collective] if 0 <= self.collective < len(COLLECTIVES) else "?"
         dtype = SUPPORTED_DTYPES[self.dtype - 1].name if 0 < self.dtype <= len(SUPPORTED_DTYPES) else "?"
-        shape = "" if self.count == UNCHECKED else f"[{self.count}]"
+        shape = "" if self.elements == UNCHECKED else f"[{self.elements}]"
         parts = [f"{dtype}{shape}"] if self.dtype else []
         if self.op:
             parts.append(f"op={_OPS[self.op].value if 0 < self.op < len(_OPS) else '?'}")

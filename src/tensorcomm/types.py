@@ -9,7 +9,6 @@ from __future__ import annotations
 import enum
 import numbers
 from dataclasses import dataclass
-from typing import Union
 
 import ml_dtypes
 import numpy as np
@@ -80,7 +79,7 @@ class PremulSum:
         return f"premul_sum({self.factor})"
 
 
-ReduceOpLike = Union[ReduceOp, PremulSum, str]
+ReduceOpLike = ReduceOp | PremulSum | str
 
 # Every dtype tensorcomm moves and reduces; bfloat16 comes from ml_dtypes.
 SUPPORTED_DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in (

@@ -131,9 +131,13 @@ class Plan:
         self.label = label
         self.signature = signature
         self.algorithm = algorithm
-        self.run = run
+        self.run: Callable[..., Any] = _no_algorithm if run is None else run
         self.op = op
         self.state: Any = None
+
+
+def _no_algorithm(ctx: Ctx, *args: Any) -> None:
+    raise RuntimeError(f"{ctx.name}: this plan was made without an algorithm (a test's one-off Ctx)")
 
 
 class Ctx:

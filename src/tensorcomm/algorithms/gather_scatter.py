@@ -30,6 +30,7 @@ def gather(ctx: Ctx, send: np.ndarray, out: np.ndarray | None, counts: Sequence[
         ctx.send(root, send)
         ctx.acknowledged([root])  # received nothing: the root confirms it made this call
         return
+    assert out is not None  # the frontends give the root an output
     offsets = bounds(counts)
     peers = [peer for peer in range(ctx.size) if peer != root]
     pending = [ctx.irecv(peer, out[offsets[peer]:offsets[peer + 1]]) for peer in peers]
@@ -55,6 +56,7 @@ def scatter(ctx: Ctx, send: np.ndarray | None, out: np.ndarray, counts: Sequence
         ctx.recv(root, out)
         ctx.acknowledge(root)
         return
+    assert send is not None  # the frontends give the root an input
     offsets = bounds(counts)
     peers = [peer for peer in range(ctx.size) if peer != root]
     pending = [ctx.isend(peer, send[offsets[peer]:offsets[peer + 1]]) for peer in peers]

@@ -45,6 +45,14 @@ Op = ReduceOp | PremulSum
 SMALL_BYTES = 64 << 10  # up to this, fewer steps beat spreading the traffic over every link
 
 
+def _hierarchy(ctx: Ctx) -> Hierarchy:
+    h = ctx.team.hier
+    if h is None:  # select.py picks these algorithms only for groups that have one
+        raise RuntimeError(f"{ctx.name}: a hierarchical algorithm ran on group {ctx.team.group_name!r}, "
+                           "which has no hierarchy")
+    return h
+
+
 def _step(ctx: Ctx, key: str, team: Team, collective: str, nbytes: int, sig_count: int,
           dtype: np.dtype | None, op: Any, root: int, *args: Any) -> None:
     """Run ``collective`` on one sub-team as step ``key`` of this call.
@@ -52,7 +60,7 @@ def _step(ctx: Ctx, key: str, team: Team, collective: str, nbytes: int, sig_coun
     The step's signature carries the whole call's root (``root``, a group rank, or -1), so
     members that called with different roots disagree at the first step they share.
     """
-    h: Hierarchy = ctx.team.hier
+    h = _hierarchy(ctx)
     plans = ctx.plan.state
     if plans is None:
         plans = ctx.plan.state = {}
@@ -63,12 +71,12 @@ def _step(ctx: Ctx, key: str, team: Team, collective: str, nbytes: int, sig_coun
                                  row.name, row.fn, op)
     sub = Ctx.of(team, h.next_seq(team), plan)
     sub.deadline = ctx.deadline
-    plan.run(sub, *args)  # type: ignore[misc]
+    plan.run(sub, *args)
 
 
 def all_reduce(ctx: Ctx, x: np.ndarray, op: Op) -> None:
     """Reduce ``x`` across the group, in place on every member."""
-    h: Hierarchy = ctx.team.hier
+    h = _hierarchy(ctx)
     base, work = kernels.prepare(op, x)
     acc = work.dtype
     if work.nbytes <= SMALL_BYTES:
@@ -87,7 +95,7 @@ def all_reduce(ctx: Ctx, x: np.ndarray, op: Op) -> None:
 
 def broadcast(ctx: Ctx, x: np.ndarray, root: int) -> None:
     """Copy group rank ``root``'s ``x`` into every member's ``x``."""
-    h: Hierarchy = ctx.team.hier
+    h = _hierarchy(ctx)
     root_host, root_local = divmod(h.grid[root], len(h.host.ranks))
     mine = ctx.rank == root
     if x.nbytes <= SMALL_BYTES:
@@ -112,7 +120,7 @@ def broadcast(ctx: Ctx, x: np.ndarray, root: int) -> None:
 
 def all_gather(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> None:
     """Every member's ``send`` lands in its block of ``out`` on every member."""
-    h: Hierarchy = ctx.team.hier
+    h = _hierarchy(ctx)
     order, hosts = h.order, len(h.cross.ranks)
     mine = [counts[order[h.host.rank * hosts + q]] for q in range(hosts)]  # my cross team's sends
     gathered = np.empty(sum(mine), dtype=send.dtype)
@@ -141,7 +149,7 @@ def _put(travelled: np.ndarray, out: np.ndarray, counts: Sequence[int], order: n
 
 def reduce_scatter(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence[int], op: Op) -> None:
     """Block ``q`` of ``send``, reduced across members, lands in member ``q``'s ``out``."""
-    h: Hierarchy = ctx.team.hier
+    h = _hierarchy(ctx)
     order, hosts, per_host = h.order, len(h.cross.ranks), len(h.host.ranks)
     base, work = kernels.prepare(op, send)
     if len(set(counts)) == 1:
@@ -162,7 +170,7 @@ def reduce_scatter(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence
 
 def barrier(ctx: Ctx) -> None:
     """Return once every member has entered the barrier."""
-    h: Hierarchy = ctx.team.hier
+    h = _hierarchy(ctx)
     _step(ctx, "host enter", h.host, "barrier", 0, 0, None, None, -1)
     _step(ctx, "cross", h.cross, "barrier", 0, 0, None, None, -1)
     _step(ctx, "host leave", h.host, "barrier", 0, 0, None, None, -1)

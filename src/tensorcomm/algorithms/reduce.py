@@ -45,6 +45,7 @@ def binomial_tree(ctx: Ctx, send: np.ndarray, out: np.ndarray | None, root: int,
                 incoming = np.empty_like(send)
                 if relative:
                     target = np.empty_like(send)
+            assert target is not None  # the root's ``out``, or the scratch made above
             child = (relative + mask + root) % n
             ctx.recv(child, incoming, step=mask.bit_length() - 1)
             if mask == 1 or relative + mask + 1 >= n:  # a leaf: it has no child of its own
@@ -52,5 +53,6 @@ def binomial_tree(ctx: Ctx, send: np.ndarray, out: np.ndarray | None, root: int,
             combine(op, partial, incoming, target)
             partial = target
         mask *= 2
+    assert out is not None  # only the root gets here
     if partial is not out:  # a root with nothing to receive: size 1
         out[...] = send

@@ -76,8 +76,12 @@ def reduction(op: Op, dtype: np.dtype) -> Reduction:
     """How to reduce ``dtype`` arrays with ``op`` (checked against the dtype by the core); the
     algorithms keep it in their per-shape state."""
     acc = kernels.accumulation_dtype(op, dtype)
-    factor = op.factor if isinstance(op, PremulSum) else None
-    base = ReduceOp.SUM if factor is not None or op is ReduceOp.AVG else op
+    if isinstance(op, PremulSum):
+        factor: float | None = op.factor
+        base = ReduceOp.SUM
+    else:
+        factor = None
+        base = ReduceOp.SUM if op is ReduceOp.AVG else op
     ufunc = kernels.ufunc(base)
     return Reduction(base, ufunc, acc, factor, op is ReduceOp.AVG, acc == dtype and factor is None,
                      acc == dtype, ufunc is not np.maximum and ufunc is not np.minimum)

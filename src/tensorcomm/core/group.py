@@ -85,8 +85,7 @@ class Group:
             ValueError: this process is not a member.
         """
         target = self._target()
-        if target._team is None:
-            target.rank  # raises the non-member error
+        target._member_team()
         return TransportKind.TCP if target._shm is None else TransportKind.SHM
 
     @property
@@ -109,8 +108,22 @@ class Group:
         try:
             return target._index[global_rank]
         except (KeyError, TypeError):
-            raise ValueError(f"global rank {global_rank!r} is not a member of group "
-                             f"{target._name!r} (ranks {list(target._ranks)})") from None
+            raise target._not_member(global_rank) from None
+
+    def _not_member(self, global_rank: object) -> ValueError:
+        return ValueError(f"global rank {global_rank!r} is not a member of group "
+                          f"{self._name!r} (ranks {list(self._ranks)})")
+
+    def _member_team(self) -> Team:
+        """This process's ``Team`` in the group (``self`` is resolved: ``_target()``).
+
+        Raises:
+            ValueError: this process is not a member.
+        """
+        team = self._team
+        if team is None:
+            raise self._not_member(self._world.rank)
+        return team
 
     def global_rank(self, group_rank: int) -> int:
         """Translate a rank of this group to the global rank.
@@ -138,10 +151,7 @@ class Group:
     @property
     def team(self) -> Team:
         """What the algorithms see of the group (members only)."""
-        target = self._target()
-        if target._team is None:
-            target.rank  # raises the non-member error
-        return target._team  # type: ignore[return-value]
+        return self._target()._member_team()
 
     def keep_plan(self, key: Hashable, plan: Plan) -> Plan:
         """Keep ``plan`` for the call shape ``key`` (``plans``), forgetting the oldest beyond
@@ -160,14 +170,14 @@ class Group:
         target = self if type(self) is Group else self._target()  # frontends pass resolved groups
         team = target._team
         if team is None:
-            target.rank  # raises the non-member error
+            raise target._not_member(target._world.rank)
         engine = target._engine
         if not async_op:  # the common case, inline on this thread: no closure, no extra frame
             seq = engine.enter()
             if seq is not None:
                 ctx = Ctx.of(team, seq, plan)
                 try:
-                    return plan.run(ctx, *args)  # type: ignore[misc]
+                    return plan.run(ctx, *args)
                 except BaseException as exc:
                     _failed(ctx, exc)
                     raise
@@ -175,9 +185,9 @@ class Group:
                     engine.leave()
 
         def body(seq: int) -> Any:
-            ctx = Ctx.of(team, seq, plan)  # type: ignore[arg-type]
+            ctx = Ctx.of(team, seq, plan)
             try:
-                return plan.run(ctx, *args)  # type: ignore[misc]
+                return plan.run(ctx, *args)
             except BaseException as exc:
                 _failed(ctx, exc)
                 raise
@@ -200,7 +210,7 @@ class Group:
         """
         target = self._target()
         world = target._world
-        target.rank  # raises for non-members
+        target._member_team()
         if target is world.world_group:
             raise ValueError("destroy: the world group ends with tensorcomm.destroy()")
         error = GroupAbortedError(f"group {target._name!r} was destroyed on rank {world.rank}")
@@ -220,7 +230,7 @@ class Group:
         """
         target = self._target()
         world = target._world
-        target.rank  # raises for non-members
+        target._member_team()
         error = GroupAbortedError(f"group {target._name!r} was aborted by rank {world.rank}: {reason}")
         for group in (target, *target._parts):
             world.transport.abort_group(group._group_id, error)
@@ -252,7 +262,7 @@ class Group:
         """
         target = self._target()
         world = target._world
-        target.rank  # raises for non-members
+        target._member_team()
         if world.forked is not None:
             raise world.forked
         if timeout is None:

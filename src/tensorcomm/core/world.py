@@ -43,6 +43,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING
 
 from .. import config
 from ..algorithms import select
@@ -51,13 +52,15 @@ from ..errors import AuthenticationError, CommTimeoutError, GroupAbortedError, R
 from ..rendezvous.init_method import Rendezvous, from_store, rendezvous
 from ..rendezvous.store import PrefixStore, Store
 from ..signature import Signature
-from ..transports.base import Transport
 from ..transports.shm import slots as shm_slots
 from ..transports.shm.domain import ShmDomain, ShmUnavailable, open_domain
 from ..transports.tcp.mesh import connect_mesh
 from ..transports.tcp.transport import TcpTransport
 from .engine import Engine
 from .group import Group
+
+if TYPE_CHECKING:
+    from ..transports.mpi.transport import MpiTransport
 
 log = logging.getLogger("tensorcomm.shm")
 
@@ -94,7 +97,7 @@ class World:
         joined = [entry.decode() for entry in _await_everyone(store, self.rank, self.size, timeout)]
         self._hosts = tuple(entry[1:] for entry in joined)
         self._shm_allowed = tuple(entry[0] == "1" for entry in joined)
-        self.transport: Transport = _connect(backend, rdzv, store, timeout)
+        self.transport = _connect(backend, rdzv, store, timeout)
         self._groups: list[Group] = []
         self._made: Counter[tuple[int, ...]] = Counter()  # groups made per member list, ever
         try:
@@ -125,7 +128,8 @@ class World:
             occurrence = self._made[tuple(ranks)]
             self._made[tuple(ranks)] += 1
             label = name or f"group{sum(self._made.values())}"
-            group_id, shm, hier, parts = -1, None, None, []
+            group_id, shm, hier = -1, None, None
+            parts: list[Group] = []
             if self.rank in ranks:
                 group_id = self._agree_group_id(tuple(ranks), occurrence, name)
                 shm = self._shared_memory(tuple(ranks), group_id, label)
@@ -297,7 +301,8 @@ class World:
             group._engine = Engine.refusing(group.name, self.forked)
 
 
-def _connect(backend: str, rdzv: Rendezvous, store: Store, timeout: float) -> Transport:
+def _connect(backend: str, rdzv: Rendezvous, store: Store,
+             timeout: float) -> TcpTransport | MpiTransport:
     """The transport between all ranks: tensorcomm's TCP mesh, or MPI's point-to-point."""
     if backend == "mpi":
         from ..transports.mpi.transport import MpiTransport
@@ -533,8 +538,10 @@ class _WorldHandle(Group):
     def _target(self) -> Group:
         return current_world().world_group
 
-    @property  # type: ignore[override]
-    def plans(self) -> dict[Hashable, Plan]:
+    # Group.plans is a plain attribute (read on every call) that is never reassigned; the
+    # handle reads the current world group's.
+    @property
+    def plans(self) -> dict[Hashable, Plan]:  # type: ignore[override]
         return self._target().plans
 
     def __repr__(self) -> str:

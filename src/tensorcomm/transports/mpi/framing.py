@@ -38,7 +38,7 @@ def frame(kind: int, tag: int, payload: memoryview | bytes = b"", signature: Sig
     s = signature
     HEADER.pack_into(out, 0, kind, s.collective if s else 0, s.op if s else 0, s is not None,
                      s.dtype if s else 0, s.root if s else 0, bulk, tag,
-                     len(payload) if nbytes is None else nbytes, s.count if s else 0)
+                     len(payload) if nbytes is None else nbytes, s.elements if s else 0)
     if kind != BULK and payload:
         out[HEADER.size:] = payload
     return out

@@ -110,6 +110,7 @@ class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
+_syscall: Callable[..., int] | None
 try:
     _syscall = ctypes.CDLL(None, use_errno=True).syscall
 except (OSError, AttributeError):  # pragma: no cover - every Linux libc has syscall()
@@ -465,6 +466,10 @@ class CallInfo(Protocol):
     seq: int
     timeout: float
     deadline: float
+
+    @property
+    def signature(self) -> Sequence[int]:
+        """The call's ``tensorcomm.signature.Signature`` (peers compare it with theirs)."""
 
 
 def _copy(error: BaseException) -> BaseException:
