@@ -72,7 +72,7 @@ class Group:
         close_all(self.domains)
 
 
-SIZES = [1, 2, 3, 5]
+SIZES = [1, 2, 3, pytest.param(5, marks=pytest.mark.slow)]  # 5 ranks: the full suite only
 
 
 @pytest.fixture(params=SIZES, ids=lambda n: f"{n}ranks")

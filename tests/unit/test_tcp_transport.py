@@ -178,6 +178,7 @@ def test_ranks_retry_while_strangers_fill_the_listener(monkeypatch, caplog):
             sock.close()
 
 
+@pytest.mark.slow  # waits out the 3 s connect timeout
 def test_wrong_secret_is_refused():
     store = HashStore()
     good, bad = b"right-secret", b"wrong-secret"
