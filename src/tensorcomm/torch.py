@@ -45,6 +45,11 @@ from .rendezvous.torch_store import TorchStore
 __all__ = ["BACKEND_NAME", "ProcessGroupTensorcomm", "TensorcommWork"]
 
 
+def _bytes(value: bytes | str) -> bytes:
+    """torch hands a store str or bytes; tensorcomm's stores keep bytes (str as UTF-8)."""
+    return value.encode() if isinstance(value, str) else value
+
+
 class _TorchOverTcStore(dist.Store):
     """A torch ``Store`` over tensorcomm's launcher-hosted store (``store``, a namespace of a
     ``TCPStore`` client listening at ``host:port``)."""
@@ -55,7 +60,7 @@ class _TorchOverTcStore(dist.Store):
         self.host, self.port = host, port
 
     def set(self, key: str, value: bytes | str) -> None:
-        self._store.set(key, value)
+        self._store.set(key, _bytes(value))
 
     def get(self, key: str) -> bytes:
         return self._store.get(key)
@@ -73,7 +78,7 @@ class _TorchOverTcStore(dist.Store):
         return self._store.delete(key)
 
     def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
-        return self._store.compare_set(key, expected, desired)  # type: ignore[arg-type]
+        return self._store.compare_set(key, _bytes(expected), _bytes(desired))
 
     def num_keys(self) -> int:
         raise RuntimeError("tensorcomm's store does not count its keys")

@@ -17,8 +17,6 @@ import numpy as np
 from tensorcomm.testing.reference import reduce_reference
 from tensorcomm.types import ReduceOp
 
-from .formulas import COLLECTIVES
-
 PERIOD = 8  # length of every rank's repeating pattern
 ROOT = 0  # the root of rooted collectives
 
@@ -99,12 +97,10 @@ def count_wrong(collective: str, op: str, dtype: np.dtype, count: int, ranks: in
     block = count // ranks
     tol = _tolerance(op, dtype)
     patterns = [_pattern(r, dtype, op) for r in range(ranks)]
-    reduced = (reduce_reference(ReduceOp.parse(op), patterns)
-               if COLLECTIVES[collective].reduces else None)
     if collective == "all_reduce" or (collective == "reduce" and rank == ROOT):
-        return _mismatches(result, reduced, 0, tol)
+        return _mismatches(result, reduce_reference(ReduceOp.parse(op), patterns), 0, tol)
     if collective == "reduce_scatter":
-        return _mismatches(result, reduced, rank * block, tol)
+        return _mismatches(result, reduce_reference(ReduceOp.parse(op), patterns), rank * block, tol)
     if collective == "broadcast":
         return _mismatches(result, patterns[ROOT], 0, 0)
     if collective == "scatter":

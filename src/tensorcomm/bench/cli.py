@@ -43,7 +43,8 @@ def _footer(rows: Sequence[Row]) -> list[str]:
     for library in dict.fromkeys(r.library for r in rows):
         mine = [r for r in rows if r.library == library and r.busbw is not None]
         wrong = sum(r.wrong or 0 for r in mine)
-        average = statistics.fmean(r.busbw for r in mine) if mine else 0.0
+        busbws = [r.busbw for r in mine if r.busbw is not None]
+        average = statistics.fmean(busbws) if busbws else 0.0
         lines.append(f"# {library}: wrong elements {wrong} ({'OK' if wrong == 0 else 'WRONG'}),"
                      f" average busbw {average:.3f} GB/s over {len(mine)} sizes")
     return lines

@@ -40,8 +40,8 @@ class Case(Protocol):
     def reset(self) -> None:
         """Write fresh input data (the pattern of ``check.fill_input``)."""
 
-    def run(self) -> None:
-        """Make one call of the collective."""
+    def run(self) -> object:
+        """Make one call of the collective (what it returns is not used)."""
 
     def finish(self) -> None:
         """Wait until every call made so far has completed (for libraries that queue calls)."""

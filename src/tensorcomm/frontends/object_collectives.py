@@ -37,7 +37,7 @@ def _dumps(obj: Any, argument: str, fn: str) -> np.ndarray:
 
 
 def _loads(data: np.ndarray) -> Any:
-    return pickle.loads(memoryview(data))  # the unpickling the module docstring warns about
+    return pickle.loads(data.data)  # the unpickling the module docstring warns about
 
 
 def _list(value: Any, argument: str, fn: str, length: int | None) -> list:

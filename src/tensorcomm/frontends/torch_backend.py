@@ -38,10 +38,10 @@ from .torch_work import TensorcommWork
 BACKEND_NAME = "tensorcomm"
 
 _OPS = {
-    dist.ReduceOp.RedOpType.SUM: ReduceOp.SUM, dist.ReduceOp.RedOpType.AVG: ReduceOp.AVG,
-    dist.ReduceOp.RedOpType.PRODUCT: ReduceOp.PROD, dist.ReduceOp.RedOpType.MIN: ReduceOp.MIN,
-    dist.ReduceOp.RedOpType.MAX: ReduceOp.MAX, dist.ReduceOp.RedOpType.BAND: ReduceOp.BAND,
-    dist.ReduceOp.RedOpType.BOR: ReduceOp.BOR, dist.ReduceOp.RedOpType.BXOR: ReduceOp.BXOR,
+    dist.ReduceOp.SUM: ReduceOp.SUM, dist.ReduceOp.AVG: ReduceOp.AVG,
+    dist.ReduceOp.PRODUCT: ReduceOp.PROD, dist.ReduceOp.MIN: ReduceOp.MIN,
+    dist.ReduceOp.MAX: ReduceOp.MAX, dist.ReduceOp.BAND: ReduceOp.BAND,
+    dist.ReduceOp.BOR: ReduceOp.BOR, dist.ReduceOp.BXOR: ReduceOp.BXOR,
 }
 
 
@@ -50,7 +50,7 @@ def _reduce_op(op: Any) -> ReduceOpLike:
     if op is None:
         return ReduceOp.SUM
     kind = op if isinstance(op, dist.ReduceOp.RedOpType) else op.op
-    if kind == dist.ReduceOp.RedOpType.PREMUL_SUM:
+    if kind == dist.ReduceOp.PREMUL_SUM:
         factor = op.factor
         if isinstance(factor, torch.Tensor):
             factor = factor.item()
@@ -99,12 +99,17 @@ def _one(tensors: Any, what: str) -> torch.Tensor:
     """The single tensor of a call (a tensor, or a list holding exactly one)."""
     if isinstance(tensors, torch.Tensor):
         return tensors
+    return _single(tensors, what)
+
+
+def _single(items: Any, what: str) -> Any:
+    """The single item of torch's per-process list: a tensor, or a list of tensors."""
     # Several tensors per process come from torch's multi-GPU-per-process mode, gone since
     # torch 2.0 from the torch.distributed functions; a CPU backend has no use for it.
-    if len(tensors) != 1:
+    if len(items) != 1:
         raise ValueError(f"tensorcomm backend: {what} takes exactly one tensor per process, "
-                         f"got a list of {len(tensors)}")
-    return tensors[0]
+                         f"got a list of {len(items)}")
+    return items[0]
 
 
 class _BackendFacts:
@@ -137,7 +142,8 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
     """
 
     def __init__(self, group: Group, on_shutdown: Any = None) -> None:
-        super().__init__(group.rank, group.size)
+        # torch's stub lists only __init__(store, rank, size); the binding has (rank, size) too.
+        super().__init__(group.rank, group.size)  # type: ignore[call-arg]
         self._group = group
         self._on_shutdown = on_shutdown
         self._group_name = ""
@@ -234,7 +240,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         options, run_async = _options(opts)
         output = _one(output_tensors, "reduce_scatter")
         inputs = input_tensors if isinstance(output_tensors, torch.Tensor) else \
-            _one(input_tensors, "reduce_scatter")
+            _single(input_tensors, "reduce_scatter")
         reduce_op = _op_of(opts, op)
         if all(t.shape == output.shape for t in inputs):
             work = F.reduce_scatter(output, list(inputs), reduce_op, self._group, run_async)
@@ -279,7 +285,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         work = F.reduce_scatter_tensor(output, input, _op_of(options, None), self._group, run_async)
         return self._work(work, [output])
 
-    _reduce_scatter_base = reduce_scatter_single
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]  # see the module's mypy override
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> TensorcommWork:
@@ -291,7 +297,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
             work = F.reduce_scatter_tensor(output, tensor, op, self._group, run_async)
         return self._work(work, outputs)  # calls run in order: the last ends after the others
 
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]  # see the module's mypy override
 
     # -- data movement ----------------------------------------------------------------------
 
@@ -313,7 +319,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         if isinstance(input_tensors, torch.Tensor):
             outputs, tensor = list(output_tensors), input_tensors
         else:
-            outputs, tensor = _one(output_tensors, "allgather"), _one(input_tensors, "allgather")
+            outputs, tensor = _single(output_tensors, "allgather"), _one(input_tensors, "allgather")
         work = F.all_gather(outputs, tensor, self._group, run_async)
         return self._work(work, outputs)
 
@@ -360,7 +366,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
             work = F.all_gather_into_tensor(output, tensor, self._group, run_async)
         return self._work(work, outputs)  # calls run in order: the last ends after the others
 
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
+    allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]  # see the module's mypy override
 
     def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None,
                *, root: int | None = None) -> TensorcommWork:
@@ -375,7 +381,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
             tensor, outputs = input_tensors, list(output_tensors)
         else:
             tensor = _one(input_tensors, "gather")
-            outputs = _one(output_tensors, "gather") if self._group.rank == group_root else []
+            outputs = _single(output_tensors, "gather") if self._group.rank == group_root else []
         gather_list = outputs if self._group.rank == group_root else None
         work = F.gather(tensor, gather_list, self._global(group_root), self._group, run_async)
         return self._work(work, outputs)
@@ -395,7 +401,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         elif isinstance(output_tensors, torch.Tensor):
             inputs = list(input_tensors)
         else:
-            inputs = _one(input_tensors, "scatter")
+            inputs = _single(input_tensors, "scatter")
         work = F.scatter(tensor, inputs, self._global(group_root), self._group, run_async)
         return self._work(work, [tensor])
 
@@ -408,7 +414,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
                                    list(input_split_sizes) or None, self._group, run_async)
         return self._work(work, [output])
 
-    alltoall_base = all_to_all_single
+    alltoall_base = all_to_all_single  # type: ignore[assignment]  # see the module's mypy override
 
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
                  opts: Any = None) -> TensorcommWork:

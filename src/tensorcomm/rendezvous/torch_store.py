@@ -50,7 +50,8 @@ class TorchStore(Store):
         self.host, self.port = _address_of(store, info)
 
     def set(self, key: str, value: bytes) -> None:
-        self._store.set(check_key(key), check_value(value))
+        # torch's stub says str; the binding takes bytes (a std::string) as well.
+        self._store.set(check_key(key), check_value(value))  # type: ignore[arg-type]
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
         self.wait([key], timeout)
@@ -65,7 +66,7 @@ class TorchStore(Store):
             # torch answers ``expected`` for an unset key, tensorcomm's rule b"". A key seen set
             # here stays set: tensorcomm never deletes the keys it compare-sets.
             return b""
-        return bytes(self._store.compare_set(key, expected, desired))  # type: ignore[arg-type]
+        return bytes(self._store.compare_set(key, expected, desired))  # type: ignore[arg-type]  # as in set
 
     def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
         seconds = self._timeout(timeout)

@@ -11,11 +11,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
-import signal
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,13 +105,13 @@ def spawn_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: fl
             for rank, proc in enumerate(procs):
                 if proc.is_alive():
                     killed.add(rank)
-                    os.kill(proc.pid, signal.SIGKILL)
+                    proc.kill()  # SIGKILL
                 proc.join()
             server.close()
         return [_outcome(rank, proc, Path(workdir), rank in killed) for rank, proc in enumerate(procs)]
 
 
-def _join(procs: list[multiprocessing.process.BaseProcess], deadline: float) -> None:
+def _join(procs: Sequence[multiprocessing.process.BaseProcess], deadline: float) -> None:
     """Wait for every rank; once one fails, give the others a moment to fail too, then stop."""
     grace_end: float | None = None
     while time.monotonic() < deadline:

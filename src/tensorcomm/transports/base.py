@@ -162,4 +162,4 @@ def as_bytes(array: np.ndarray) -> memoryview:
     """A writable-if-possible, zero-copy byte view of a C-contiguous array of any dtype."""
     if not array.flags.c_contiguous:
         raise ValueError("transport buffers must be C-contiguous")
-    return memoryview(array.reshape(-1).view(np.uint8))
+    return array.reshape(-1).view(np.uint8).data

@@ -32,7 +32,7 @@ def _call(task: Task, case: ArrayCase) -> Callable[[], Any]:
     op = tc.ReduceOp.parse(task.op)
     x, out, rank, size = case.input, case.output, case.rank, case.ranks
     if task.collective == "gather":
-        pieces = list(out.reshape(size, -1)) if rank == ROOT else None
+        pieces = list(out.reshape(size, -1)) if rank == ROOT and out is not None else None
         return lambda: tc.gather(x, pieces, dst=ROOT)
     if task.collective == "scatter":
         pieces = list(x.reshape(size, -1)) if rank == ROOT else None

@@ -39,6 +39,9 @@ class GlooPeer(Peer):
         from tensorcomm.rendezvous.discovery import discover
 
         info = discover()  # the launcher's RANK / WORLD_SIZE
+        if info.rank is None or info.world_size is None:
+            raise RuntimeError("gloo peer: RANK and WORLD_SIZE are not set; run it under the bench "
+                               "launcher")
         dist.init_process_group("gloo", init_method=init_method, rank=info.rank,
                                 world_size=info.world_size)
         self.torch, self.dist = torch, dist
@@ -74,7 +77,7 @@ class GlooPeer(Peer):
             "all_to_all": lambda: dist.all_to_all_single(out, x),
         }
         if task.collective == "gather":
-            pieces = list(out.reshape(self.size, -1)) if root else None
+            pieces = list(out.reshape(self.size, -1)) if root and out is not None else None
             calls["gather"] = lambda: dist.gather(x, pieces, ROOT)
         if task.collective == "scatter":
             pieces = list(x.reshape(self.size, -1)) if root else None
