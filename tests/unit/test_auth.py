@@ -137,7 +137,7 @@ def test_silent_peer_times_out_on_both_roles() -> None:
             start = time.monotonic()
             with pytest.raises(AuthenticationError, match="timed out"):
                 side(a, KEY, 0.1, b"store")
-            assert time.monotonic() - start < 1
+            assert time.monotonic() - start < 3  # timed out, not hung (margin for load)
 
 
 def test_client_sees_a_silent_rejection_as_authentication_error() -> None:
