@@ -34,7 +34,7 @@ def resnet_gradients(count: int = GRADIENTS) -> list[np.ndarray]:
         wide = 16 << stage
         shapes += [(3, 3, channels, wide), (wide,), (wide,), (3, 3, wide, wide), (wide,), (wide,)]
         channels = wide
-    shapes = shapes[:count - 2] + [(channels, 10), (10,)]
+    shapes = [*shapes[:count - 2], (channels, 10), (10,)]
     rng = np.random.default_rng(0)
     return [rng.standard_normal(s).astype(np.float32) for s in shapes]
 
@@ -55,7 +55,7 @@ def _messages(name: str, strategy: cd.CrossDeviceOps, grads: list[np.ndarray]) -
         layouts = packing.by_bytes_per_pack(grads, strategy.bytes_per_pack)
     else:
         layouts = packing.by_num_packs(grads, getattr(strategy, "num_packs", 0))
-    return sum(len(l.bounds) - 1 for l in layouts) + (1 if "MEAN" in name else 0)
+    return sum(len(layout.bounds) - 1 for layout in layouts) + (1 if "MEAN" in name else 0)
 
 
 def body(iterations: int) -> dict[str, float]:

@@ -57,7 +57,8 @@ RANK_SCRIPT = textwrap.dedent('''
     import torch.distributed as dist
     import tensorcomm as tc
 
-    sizes, rounds, budget, timeout = json.loads(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+    sizes, rounds = json.loads(sys.argv[1]), int(sys.argv[2])
+    budget, timeout = float(sys.argv[3]), float(sys.argv[4])
     variants = json.loads(sys.argv[5])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", init_method=os.environ["BENCH_GLOO_INIT"], rank=rank,
@@ -128,7 +129,8 @@ def run_configuration(make, hosts: int, per_host: int, rate: str, sizes: list[in
     secret = secrets.token_hex(32)
     gloo_init = f"tcp://{cluster.hosts[0].address}:{GLOO_PORT}"
     jobs = [cluster.launch(host, script, json.dumps(sizes), str(rounds), str(budget), str(timeout),
-                           json.dumps(variants), nprocs=per_host, secret=secret, timeout=timeout * 4 * len(variants),
+                           json.dumps(variants), nprocs=per_host, secret=secret,
+                           timeout=timeout * 4 * len(variants),
                            env={"BENCH_GLOO_INIT": gloo_init, "GLOO_SOCKET_IFNAME": host.ifname,
                                 "OMP_NUM_THREADS": "1"})
             for host in cluster.hosts]
@@ -149,26 +151,31 @@ def _bits_per_second(rate: str) -> float:
     raise ValueError(f"rates: {rate!r} is not a tc rate such as '1gbit'")
 
 
+def _measured(records: list[dict], key: tuple[int, int, str, int], library: str,
+              variant: str | None) -> dict:
+    """Median time and busbw of ``library`` at ``key`` (hosts, per_host, rate, bytes), over the
+    phases of ``variant`` (None: every phase)."""
+    hosts, per_host, _, nbytes = key
+    ranks = hosts * per_host
+    mine = [r for r in records if (r["hosts"], r["per_host"], r["rate"], r["bytes"]) == key
+            and r["library"] == library and variant in (None, r["variant"])]
+    seconds = statistics.median(t for r in mine for t in r["times"])
+    return {"seconds": seconds, "busbw": nbytes * 2 * (ranks - 1) / ranks / seconds / 1e9,
+            "wrong": sum(r["wrong"] for r in mine), "calls": sum(len(r["times"]) for r in mine)}
+
+
 def summarise(records: list[dict], variants: list[str]) -> tuple[str, list[dict]]:
     """A markdown table: busbw of each tensorcomm column and of Gloo (median over every phase),
     and each column's speed over the Gloo measured beside it; with its rows."""
     rows, keys = [], sorted({(r["hosts"], r["per_host"], r["rate"], r["bytes"]) for r in records},
                             key=lambda k: (k[0], k[1], _bits_per_second(k[2]), k[3]))
-    for hosts, per_host, rate, nbytes in keys:
-        ranks = hosts * per_host
+    for key in keys:
+        hosts, per_host, rate, nbytes = key
         row: dict = {"hosts": hosts, "per_host": per_host, "rate": rate, "bytes": nbytes}
-
-        def measured(library: str, variant: str | None) -> dict:
-            mine = [r for r in records if (r["hosts"], r["per_host"], r["rate"], r["bytes"], r["library"])
-                    == (hosts, per_host, rate, nbytes, library) and variant in (None, r["variant"])]
-            seconds = statistics.median(t for r in mine for t in r["times"])
-            return {"seconds": seconds, "busbw": nbytes * 2 * (ranks - 1) / ranks / seconds / 1e9,
-                    "wrong": sum(r["wrong"] for r in mine), "calls": sum(len(r["times"]) for r in mine)}
-
         for variant in variants:
-            row[variant] = measured("tensorcomm", variant)
-            row[variant]["gloo"] = measured("gloo", variant)
-        row["gloo"] = measured("gloo", None)
+            row[variant] = _measured(records, key, "tensorcomm", variant)
+            row[variant]["gloo"] = _measured(records, key, "gloo", variant)
+        row["gloo"] = _measured(records, key, "gloo", None)
         rows.append(row)
     head = (["hosts x ranks", "link", "size"] + [f"{v} busbw (GB/s)" for v in variants]
             + ["Gloo busbw (GB/s)"] + [f"{v}/Gloo" for v in variants] + ["wrong"])

@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
                          "identical": len({r["digest"] for r in results}) == 1,
                          "max_relative": max(r["max_relative"] for r in results),
                          "rms_relative": max(r["rms_relative"] for r in results)})
-    lines = ["| ranks | on the wire | max error / sum of magnitudes | RMS error / RMS of sum | "
-             "same bits on every rank |", "| --- | --- | --- | --- | --- |"]
+    lines = [("| ranks | on the wire | max error / sum of magnitudes | RMS error / RMS of sum | "
+              "same bits on every rank |"), "| --- | --- | --- | --- | --- |"]
     lines += [f"| {r['ranks']} | {r['wire']} | {r['max_relative']:.2e} | {r['rms_relative']:.2e} | "
               f"{'yes' if r['identical'] else 'NO'} |" for r in rows]
     table = "\n".join(lines)

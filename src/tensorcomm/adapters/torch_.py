@@ -47,7 +47,7 @@ class TorchAdapter:
         tensor = obj.detach() if obj.requires_grad else obj  # DLPack refuses autograd tensors
         if tensor.is_conj() or tensor.is_neg():
             tensor = tensor.resolve_conj().resolve_neg()
-        if writable and any(s == 0 and n > 1 for s, n in zip(tensor.stride(), tensor.shape)):
+        if writable and any(s == 0 and n > 1 for s, n in zip(tensor.stride(), tensor.shape, strict=True)):
             raise ValueError("an output tensor must not be an expanded view (zero stride): its "
                              "elements share memory; pass .contiguous() and copy the result back")
         if tensor.dtype == torch.bfloat16:

@@ -58,7 +58,7 @@ def ring_inplace(ctx: Ctx, buf: np.ndarray, offsets: Sequence[int], shift: int =
                  for m in range(n - 1)]
     sending = [ctx.isend(right, carrier[lo:hi], step_base) for lo, hi in pieces(own)]
     for m in range(n - 1):
-        for (lo, hi), request in zip(pieces((own - m - 1) % n), receiving[m]):
+        for (lo, hi), request in zip(pieces((own - m - 1) % n), receiving[m], strict=True):
             ctx.wait(request)
             if m < n - 2:
                 sending.append(ctx.isend(right, carrier[lo:hi], step_base + m + 1))

@@ -92,7 +92,7 @@ def _exchange(ctx: Ctx, dst: int | None, src: int, buf: np.ndarray, incoming: np
     receiving = [ctx.irecv(src, incoming[lo:hi], step) for lo, hi in pieces]
     sending = [] if dst is None else [ctx.isend(dst, outgoing[lo:hi], step) for lo, hi in pieces]
     widened = None if wire is None else scratch(ctx, "widened", pieces[0][1], buf.dtype)
-    for index, ((lo, hi), request) in enumerate(zip(pieces, receiving)):
+    for index, ((lo, hi), request) in enumerate(zip(pieces, receiving, strict=True)):
         ctx.wait(request)
         if sending and outgoing is buf:
             ctx.wait(sending[index])  # buf[lo:hi] changes next: its send must be out

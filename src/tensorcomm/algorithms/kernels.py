@@ -9,7 +9,8 @@ Accumulation rule: float16 and bfloat16 SUM, AVG, PREMUL_SUM and PROD accumulate
 float32, and ``finish`` rounds once at the end, so a half-precision reduction is never less
 accurate than a float32 accumulation of the same inputs (summing in float16 instead rounds every
 partial to 11 bits: 1000 ranks adding float16(0.1) one after another reach 105.2, not 99.98). The
-price is twice the bytes on the wire for half-precision reductions. MIN and MAX are exact in any dtype and stay in half precision.
+price is twice the bytes on the wire for half-precision reductions. MIN and MAX are exact in any
+dtype and stay in half precision.
 
 bool follows numpy's own ufunc semantics: SUM is logical or, PROD logical and, MIN and, MAX or;
 BAND/BOR/BXOR are the logical and/or/xor. Integer SUM and PROD wrap around on overflow, as numpy

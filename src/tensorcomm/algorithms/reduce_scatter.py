@@ -8,6 +8,7 @@ in elements.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 
 import numpy as np
 
@@ -40,11 +41,12 @@ def ring_reduce(ctx: Ctx, send: np.ndarray, offsets: Sequence[int], op: ReduceOp
     wire = compressed(ctx, send.dtype, op)
     carried = send.dtype if wire is None else wire
     chunk = chunk_elements(carried.itemsize)
-    widest = max(hi - lo for lo, hi in zip(offsets, offsets[1:]))
+    widest = max(hi - lo for lo, hi in pairwise(offsets))
     inbox = [scratch(ctx, f"inbox{i}", widest, carried) for i in range(min(2, n - 1))]
     # Message m carries block (r - 1 - m) % n rightwards: this rank's own block for m = 0, then
     # the partial made from the left neighbour's message m - 1, kept in outbox[m % 2].
-    outbox = [scratch(ctx, f"outbox{i}", widest, carried) for i in range(2 if n > 2 else int(wire is not None))]
+    outboxes = 2 if n > 2 else int(wire is not None)
+    outbox = [scratch(ctx, f"outbox{i}", widest, carried) for i in range(outboxes)]
     widened = None if wire is None else scratch(ctx, "widened", min(chunk, widest), send.dtype)
 
     def pieces(block: int) -> list[tuple[int, int]]:
@@ -60,7 +62,8 @@ def ring_reduce(ctx: Ctx, send: np.ndarray, offsets: Sequence[int], op: ReduceOp
         outbox[0][:mine.size] = mine
         mine = outbox[0][:mine.size]
     receiving = post(0)
-    sending: list[list[Request]] = [[ctx.isend(right, mine[lo:hi], step_base) for lo, hi in pieces(first)], []]
+    sending: list[list[Request]] = [[ctx.isend(right, mine[lo:hi], step_base)
+                                     for lo, hi in pieces(first)], []]
     for m in range(n - 1):
         last = m == n - 2
         upcoming = [] if last else post(m + 1)
@@ -70,7 +73,7 @@ def ring_reduce(ctx: Ctx, send: np.ndarray, offsets: Sequence[int], op: ReduceOp
             for request in sending[(m + 1) % 2]:  # message m - 1 still owns that outbox
                 ctx.wait(request)
             sending[(m + 1) % 2] = []
-        for (lo, hi), request in zip(pieces(block), receiving):
+        for (lo, hi), request in zip(pieces(block), receiving, strict=True):
             ctx.wait(request)
             theirs = inbox[m % 2][lo:hi]
             target = out[lo:hi] if last else outbox[(m + 1) % 2][lo:hi]

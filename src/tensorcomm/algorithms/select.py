@@ -124,7 +124,8 @@ ROWS: tuple[Row, ...] = (
     Row("reduce_scatter", "ring", _always, staging.reduce_scatter(reduce_scatter.ring)),
     Row("broadcast", "shm_rounds", _shm, shm_broadcast.broadcast),
     Row("broadcast", "hierarchical", _hierarchical, hier.broadcast),
-    Row("broadcast", "scatter_allgather", _large_and_three_or_more, staging.broadcast(broadcast.scatter_allgather)),
+    Row("broadcast", "scatter_allgather", _large_and_three_or_more,
+        staging.broadcast(broadcast.scatter_allgather)),
     Row("broadcast", "binomial_tree", _always, staging.broadcast(broadcast.binomial_tree)),
     Row("reduce", "shm_direct", _shm_direct, shm_allreduce.reduce_direct),
     Row("reduce", "shm_split", _shm_one_slot, shm_allreduce.reduce_split),
@@ -142,7 +143,7 @@ ROWS: tuple[Row, ...] = (
 )
 _BY_COLLECTIVE: dict[str, tuple[Row, ...]] = {}
 for _row in ROWS:
-    _BY_COLLECTIVE[_row.collective] = _BY_COLLECTIVE.get(_row.collective, ()) + (_row,)
+    _BY_COLLECTIVE[_row.collective] = (*_BY_COLLECTIVE.get(_row.collective, ()), _row)
 
 
 def _rows(collective: str) -> tuple[Row, ...]:

@@ -22,7 +22,8 @@ from .base import Ctx
 from .shm_common import Journal, Stream, no_domain, run_rounds
 
 
-def _state(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int]) -> tuple[Any, ...]:
+def _state(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int],
+           recv_counts: Sequence[int]) -> tuple[Any, ...]:
     """Per call shape: this member's header; per slot parity every member's header as one
     ``(members, members + 1)`` array; the block sizes to expect; and, when this member gets
     blocks of one size, per slot parity its block of every slot as one array, at the offset where

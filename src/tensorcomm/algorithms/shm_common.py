@@ -1,19 +1,18 @@
 """What the same-host algorithms share: failure handling, reductions, rounds, the undo journal.
 
 The shared-memory algorithms (``shm_*.py``) read their peers' slots in place through the group's
-``ShmDomain`` (``ctx.team.shm``) instead of sending messages. They take the caller's arrays and
-the caller's op (``PremulSum``, ``AVG``, half precision included) and write results straight
-into the caller's arrays. What they work out once per call shape (views of the slots, bounds)
-they keep in the call's ``Plan`` (``ctx.plan.state``), which the group owns. They reduce every
-member's terms with one numpy call over a strided view of all the slots (``reduce_rows``), so
-their per-call Python work does not grow with the number of members. Arrays a collective updates in place (all-reduce,
+``ShmDomain`` (``ctx.team.shm``) instead of sending messages. They take the caller's arrays and the
+caller's op (``PremulSum``, ``AVG``, half precision included) and write results straight into the
+caller's arrays. What they work out once per call shape (views of the slots, bounds) they keep in
+the call's ``Plan`` (``ctx.plan.state``), which the group owns. They reduce every member's terms
+with one numpy call over a strided view of all the slots (``reduce_rows``), so their per-call Python
+work does not grow with the number of members. Arrays a collective updates in place (all-reduce,
 reduce's root, broadcast's receivers) are left untouched or complete by a failed call (see
-``Journal``); arrays that are outputs only (all-gather, gather, scatter, reduce-scatter,
-all-to-all) may be left partly written by a call that fails after its first round, as MPI and
-NCCL leave them: saving them would cost a copy of every output. A call that raises leaves the members'
-post counts out of step: whoever runs the algorithm must then call ``ShmDomain.fail`` (the core's
-``Group.run`` does), which refuses later calls and tells the peers. This module must not import
-``core``.
+``Journal``); arrays that are outputs only (all-gather, gather, scatter, reduce-scatter, all-to-all)
+may be left partly written by a call that fails after its first round, as MPI and NCCL leave them:
+saving them would cost a copy of every output. A call that raises leaves the members' post counts
+out of step: whoever runs the algorithm must then call ``ShmDomain.fail`` (the core's ``Group.run``
+does), which refuses later calls and tells the peers. This module must not import ``core``.
 
 A *round*: every member writes its part of the round into its IN slot ``round & 1``, posts, waits
 for every peer's post of the round, then reads. Because every member waits for every peer in each

@@ -76,7 +76,8 @@ def recv_chunked(ctx: Ctx, peer: int, buf: np.ndarray, step: int, wire: np.dtype
     """Receive ``buf`` from group rank ``peer`` as ``send_chunked`` sent it."""
     incoming = buf if wire is None else scratch(ctx, "packed", buf.size, wire)
     pieces = spans(0, buf.size, chunk_elements(incoming.itemsize))
-    for (lo, hi), request in zip(pieces, [ctx.irecv(peer, incoming[lo:hi], step) for lo, hi in pieces]):
+    receiving = [ctx.irecv(peer, incoming[lo:hi], step) for lo, hi in pieces]
+    for (lo, hi), request in zip(pieces, receiving, strict=True):
         ctx.wait(request)
         if wire is not None:
             buf[lo:hi] = incoming[lo:hi]

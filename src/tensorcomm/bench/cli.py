@@ -33,6 +33,10 @@ from .results import TENSORCOMM, Row
 DEFAULT_RANKS = 2
 
 
+def _discard(rows: list[Row]) -> None:
+    """The table of a rank that prints none."""
+
+
 def _say(message: str) -> None:
     print(f"tensorcomm bench: {message}", file=sys.stderr, flush=True)
 
@@ -120,7 +124,7 @@ def _in_process(opts: BenchOptions) -> int:
         _say("--compare needs bench to start the ranks (-n); measuring tensorcomm only")
     peer = tensorcomm_.open()
     leader = peer.rank == 0
-    emit: Callable[[list[Row]], None] = lambda rows: None
+    emit: Callable[[list[Row]], None] = _discard
     try:
         machine = report.machine_info(os.environ, {TENSORCOMM: peer.version})
         if leader:

@@ -145,7 +145,7 @@ class JobChannel:
             if kinds == {"reduce"}:
                 op = max if replies[0]["reduce"] == "max" else sum
                 self.send_all({"values": [op(column) for column in
-                                          zip(*(reply["values"] for reply in replies))]})
+                                          zip(*(reply["values"] for reply in replies), strict=True)]})
             elif len(kinds) == 1 and kinds <= {"done", "unsupported"}:
                 return replies[0]
             else:
@@ -166,7 +166,7 @@ class JobChannel:
                 reply = replies[i]
                 if reply is not None and "error" in reply:
                     raise JobFailed(str(reply["error"]))
-            waiting = [rank.sock for rank, reply in zip(ranks, replies) if reply is None]
+            waiting = [rank.sock for rank, reply in zip(ranks, replies, strict=True) if reply is None]
             if not waiting:
                 return [reply for reply in replies if reply is not None]
             ready, _, _ = select.select(waiting, [], [], POLL_SECONDS)

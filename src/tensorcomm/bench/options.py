@@ -100,7 +100,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Time collectives nccl-tests style: per size, the median time per call (with min and "
         "max across batches), algbw, busbw and the number of wrong result elements. With -n it "
         "starts the ranks itself; without -n under a launcher tensorcomm.init() reads "
-        "(tensorcomm run, mpirun) it runs in that job's ranks. --compare runs other libraries on the same sizes, interleaved.")
+        "(tensorcomm run, mpirun) it runs in that job's ranks. --compare runs other libraries on "
+        "the same sizes, interleaved.")
     parser.add_argument("collectives", nargs="*", metavar="COLLECTIVE",
                         help=f"what to time (default all_reduce): {', '.join(COLLECTIVES)}, "
                              "or all")

@@ -40,7 +40,7 @@ def plot(rows: Sequence[Row], path: str, title: str) -> None:
     collectives = list(dict.fromkeys(r.collective for r in rows))
     figure, axes = plt.subplots(len(collectives), 2, figsize=(12, 4 * len(collectives)),
                                 squeeze=False)
-    for (bw_axis, time_axis), collective in zip(axes, collectives):
+    for (bw_axis, time_axis), collective in zip(axes, collectives, strict=True):
         for library in dict.fromkeys(r.library for r in rows):
             mine = sorted((r for r in measured if r.collective == collective
                            and r.library == library), key=lambda r: r.size)

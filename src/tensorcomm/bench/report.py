@@ -96,8 +96,8 @@ def header(options: BenchOptions, ranks: int, machine: Mapping[str, Any]) -> lis
     timing = (f"{options.iters} timed calls" if options.iters else
               f"{options.budget:g} s of timed calls")
     return [
-        f"# tensorcomm bench: {', '.join(options.collectives)}; {ranks} ranks; {options.dtype}; "
-        f"op {options.op}; check {'on' if options.check else 'off'}",
+        (f"# tensorcomm bench: {', '.join(options.collectives)}; {ranks} ranks; {options.dtype}; "
+         f"op {options.op}; check {'on' if options.check else 'off'}"),
         f"# machine: {machine['cpu']}, {machine['cores']} cores ({machine['usable_cores']} usable)"
         + (f", {memory:.1f} GiB" if memory else "") + f"; {machine['system']}",
         f"# software: Python {machine['python']}, numpy {machine['numpy']}; "
@@ -105,9 +105,9 @@ def header(options: BenchOptions, ranks: int, machine: Mapping[str, Any]) -> lis
         + (f"; tensorcomm from git {machine['tensorcomm_git']}" if machine["tensorcomm_git"]
            else ""),
         f"# env: {env}",
-        f"# timing: per size and library, {timing}, in batches after a barrier; time = median "
-        f"of the batches' slowest rank (min, max beside it); {options.rounds} round(s), "
-        "libraries interleaved per size",
+        (f"# timing: per size and library, {timing}, in batches after a barrier; time = median "
+         f"of the batches' slowest rank (min, max beside it); {options.rounds} round(s), "
+         "libraries interleaved per size"),
     ]
 
 
@@ -123,14 +123,14 @@ def _cells(row: Row, ratio: float | None, reduces: bool) -> list[str]:
     base = [str(row.size), str(row.count), row.dtype, row.op if reduces else "none",
             row.library]
     if row.time_us is None:
-        return base + [row.note]
-    return base + [num(row.time_us, 1), num(row.min_us, 1), num(row.max_us, 1), num(row.algbw),
-                   num(row.busbw), "n/a" if row.wrong is None else str(row.wrong),
-                   "" if ratio is None else f"{ratio:.2f}x"]
+        return [*base, row.note]
+    return [*base, num(row.time_us, 1), num(row.min_us, 1), num(row.max_us, 1), num(row.algbw),
+            num(row.busbw), "n/a" if row.wrong is None else str(row.wrong),
+            "" if ratio is None else f"{ratio:.2f}x"]
 
 
 def _line(cells: Sequence[str]) -> str:
-    parts = [f"{cell:{fmt}}" for cell, (_, fmt) in zip(cells, _COLUMNS)]
+    parts = [f"{cell:{fmt}}" for cell, (_, fmt) in zip(cells, _COLUMNS, strict=False)]  # a row may stop early
     parts += cells[len(_COLUMNS):]  # a note past the last column
     return " ".join(parts).rstrip()
 

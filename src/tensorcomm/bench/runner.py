@@ -45,7 +45,7 @@ class PeerJob:
         self._stopped = False
         self._tail = ""
         self.channel = JobChannel()
-        self._log = tempfile.TemporaryFile()
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - the job's output; closed by stop()
         worker = [sys.executable, "-m", "tensorcomm.bench.worker", "--peer", name,
                   "--control", f"{peers.LOOPBACK}:{self.channel.port}"]
         commands = peers.load(name).commands(ranks, worker, {**env, TOKEN_ENV: self.channel.token})

@@ -134,4 +134,5 @@ def measure(case: Case, barrier: Callable[[], None], coordinator: Coordinator, p
     for _ in range(count):
         barrier()
         mine.append(_timed(case, calls, clock) / calls)
-    return Measurement(batch_times=coordinator.reduce(mine, "max"), iters=count * calls, warmup=warm, wrong=wrong)
+    return Measurement(batch_times=coordinator.reduce(mine, "max"), iters=count * calls, warmup=warm,
+                       wrong=wrong)

@@ -136,7 +136,7 @@ class Engine:
                 self._seq = seq + 1
                 try:
                     work._complete(result=body(seq))
-                except BaseException as exc:  # delivered to whoever waits on the Work
+                except BaseException as exc:  # noqa: BLE001 - delivered to whoever waits on the Work
                     work._complete(error=exc)
                 with self._mutex:
                     self._queued -= 1

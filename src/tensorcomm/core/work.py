@@ -98,7 +98,7 @@ class Work:
                 try:
                     for callback in callbacks:
                         callback()
-                except BaseException as exc:  # surfaced by wait(), like the call's own errors
+                except BaseException as exc:  # noqa: BLE001 - surfaced by wait(), as the call's errors are
                     error = exc
             self._result = result
             self._error = error

@@ -102,7 +102,8 @@ class World:
         self._made: Counter[tuple[int, ...]] = Counter()  # groups made per member list, ever
         try:
             everyone = tuple(range(self.size))
-            self.world_group = Group(WORLD_NAME, everyone, 0, self, self._shared_memory(everyone, 0, WORLD_NAME),
+            self.world_group = Group(WORLD_NAME, everyone, 0, self,
+                                     self._shared_memory(everyone, 0, WORLD_NAME),
                                      *self._hierarchy(everyone, 0, WORLD_NAME))
         except BaseException:
             self.transport.close()
@@ -166,7 +167,8 @@ class World:
             self._groups.append(group)
         return group
 
-    def _hierarchy(self, ranks: tuple[int, ...], group_id: int, label: str) -> tuple[Hierarchy | None, list[Group]]:
+    def _hierarchy(self, ranks: tuple[int, ...], group_id: int,
+                   label: str) -> tuple[Hierarchy | None, list[Group]]:
         """The host and cross sub-teams of a group that spans hosts (``algorithms/hier.py``),
         made by every member together; ``(None, [])`` (the group runs flat) when it is on one
         host, hierarchy is off (``TENSORCOMM_HIERARCHY``), hosts hold different numbers of
@@ -174,7 +176,8 @@ class World:
         """
         hosts = self.hosts_of(ranks)
         order = list(dict.fromkeys(hosts))
-        members = {host: [r for r, where in zip(ranks, hosts) if where == host] for host in order}
+        members = {host: [r for r, where in zip(ranks, hosts, strict=True) if where == host]
+                   for host in order}
         per_host = {len(m) for m in members.values()}
         if not self.hierarchy or len(order) < 2 or len(per_host) != 1 or per_host == {1}:
             return None, []
@@ -191,7 +194,8 @@ class World:
             for part in (host, cross):
                 part._stop(GroupAbortedError(f"group {label!r} runs flat"))
             return None, []
-        grid = [order.index(where) * len(mine) + members[where].index(r) for r, where in zip(ranks, hosts)]
+        grid = [order.index(where) * len(mine) + members[where].index(r)
+                for r, where in zip(ranks, hosts, strict=True)]
         return Hierarchy(host.team, cross.team, grid, select.pick), [host, cross]
 
     def _part(self, ranks: tuple[int, ...], label: str, key: str) -> Group:
@@ -474,7 +478,7 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
         if store is not None:
             if init_method is not None:
                 raise ValueError("init: pass either init_method or store, not both")
-            rdzv = from_store(store, rank, world_size, seconds, secret)  # type: ignore[arg-type]
+            rdzv = from_store(store, rank, world_size, seconds, secret)
         elif secret is not None:
             raise ValueError("init: secret= goes with store=; otherwise set TENSORCOMM_SECRET")
         elif chosen == "mpi" and init_method is None:

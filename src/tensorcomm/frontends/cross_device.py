@@ -196,10 +196,10 @@ class CrossDeviceOps:
         totals = _replica_totals(group, values) if op is ReduceOp.MEAN else None
         reduced = self._reduce_batch(group, values, targets)
         if totals is not None:
-            for array, total in zip(reduced, totals):
+            for array, total in zip(reduced, totals, strict=True):
                 if array is not None:
                     _mean(array, int(total))
-        return [v.result(r) for v, r in zip(values, reduced)]
+        return [v.result(r) for v, r in zip(values, reduced, strict=True)]
 
     def broadcast(self, tensor: Any, destinations: Destinations = None, src: int = 0) -> Any:
         """Copy global rank ``src``'s ``tensor`` to the destination processes.
@@ -268,7 +268,7 @@ class ReductionToOneDevice(CrossDeviceOps):
         else:
             root = validate.rank(self.reduce_to_rank, "reduce_to_rank", type(self).__name__, group)
             roots = [root] * len(values)
-        return [_reduce_to_one(group, v, t, r) for v, t, r in zip(values, targets, roots)]
+        return [_reduce_to_one(group, v, t, r) for v, t, r in zip(values, targets, roots, strict=True)]
 
 
 class _PackedAllReduce(CrossDeviceOps):
@@ -282,7 +282,7 @@ class _PackedAllReduce(CrossDeviceOps):
         if any(t is not None for t in targets):
             # As TF: a batch that is not all all-reduces is reduced value by value.
             return [self._all_reduce(group, [v])[0] if t is None else _reduce_to_one(group, v, t, t[0])
-                    for v, t in zip(values, targets)]
+                    for v, t in zip(values, targets, strict=True)]
         return self._all_reduce(group, values)
 
     def _all_reduce(self, group: Group, values: list[_Value]) -> list[np.ndarray | None]:

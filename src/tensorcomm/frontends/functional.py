@@ -251,7 +251,8 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
                          "beyond dim 0")
     row = int(source.buf[:1].size) if source.array.shape[0] else int(
         out.buf.size // max(out.array.shape[0], 1))
-    send_rows = validate.split_sizes(input_split_sizes, "input_split_sizes", fn, g.size, source.array.shape[0])
+    send_rows = validate.split_sizes(input_split_sizes, "input_split_sizes", fn, g.size,
+                                     source.array.shape[0])
     recv_rows = validate.split_sizes(output_split_sizes, "output_split_sizes", fn, g.size, out.array.shape[0])
     if send_rows[g.rank] != recv_rows[g.rank]:
         raise ValueError(f"{fn}: input_split_sizes[{g.rank}] ({send_rows[g.rank]}) and output_split_sizes"

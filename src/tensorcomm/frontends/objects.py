@@ -121,7 +121,7 @@ class AllGather(_Operator):
         group = self._resolve()
         staged = self._input(input_x)
         rows = _rows(staged, self._fn)
-        out = np.empty((group.size * rows,) + staged.array.shape[1:], staged.array.dtype)
+        out = np.empty((group.size * rows, *staged.array.shape[1:]), staged.array.dtype)
         collectives.all_gather(group, np.ascontiguousarray(staged.array), out,
                                [out.size // group.size] * group.size, False)
         return self._new(staged, out)
@@ -153,7 +153,7 @@ class ReduceScatter(_Operator):
             raise ValueError(f"{self._fn}: dim 0 of input_x ({staged.signature}) is not divisible "
                              f"by the group size ({group.size})")
         x = np.ascontiguousarray(staged.array)
-        out = np.empty((rows // group.size,) + staged.array.shape[1:], staged.array.dtype)
+        out = np.empty((rows // group.size, *staged.array.shape[1:]), staged.array.dtype)
         collectives.reduce_scatter(group, x, out, [out.size] * group.size, self.op, False)
         return self._new(staged, out)
 
@@ -190,7 +190,7 @@ class Broadcast(_Operator):
         outputs = [_copy(s) for s in staged]
         for out in outputs:
             collectives.broadcast(group, out, root, False)
-        return tuple(self._new(s, o) for s, o in zip(staged, outputs))
+        return tuple(self._new(s, o) for s, o in zip(staged, outputs, strict=True))
 
 
 class AlltoAll(_Operator):
@@ -237,12 +237,12 @@ class AlltoAll(_Operator):
         if x.shape[split] % n:
             raise ValueError(f"{self._fn}: input_x.shape[{self.split_dim}] ({x.shape[split]}) is not "
                              f"divisible by split_count ({n})")
-        block = x.shape[:split] + (x.shape[split] // n,) + x.shape[split + 1:]
+        block = (*x.shape[:split], x.shape[split] // n, *x.shape[split + 1:])
         # Block i = x[..., i*b:(i+1)*b, ...] along split: expose it as a leading axis of n blocks.
-        send = np.ascontiguousarray(np.moveaxis(x.reshape(block[:split] + (n,) + block[split:]), split, 0))
+        send = np.ascontiguousarray(np.moveaxis(x.reshape((*block[:split], n, *block[split:])), split, 0))
         recv = np.empty_like(send)
         counts = [int(np.prod(block))] * n
         collectives.all_to_all(group, send, counts, recv, counts, False)
         # Put the source axis just before concat_dim and merge the two: concatenation in rank order.
-        out_shape = block[:concat] + (n * block[concat],) + block[concat + 1:]
+        out_shape = (*block[:concat], n * block[concat], *block[concat + 1:])
         return self._new(staged, np.moveaxis(recv, 0, concat).reshape(out_shape))

@@ -134,9 +134,9 @@ class NeighborExchange(_Operator):
         dests = [validate.rank(r, "send_rank_ids", fn, group) for r in self.send_rank_ids]
         sources = [validate.rank(r, "recv_rank_ids", fn, group) for r in self.recv_rank_ids]
         send_counts, recv_counts = [0] * group.size, [0] * group.size
-        for dest, s in zip(dests, staged):
+        for dest, s in zip(dests, staged, strict=True):
             send_counts[dest] = s.array.size
-        for source, shape in zip(sources, self.recv_shapes):
+        for source, shape in zip(sources, self.recv_shapes, strict=True):
             recv_counts[source] = int(np.prod(shape))
         # The all-to-all wants blocks in destination order; ``sorted`` pairs each with its tensor.
         order = sorted(range(len(dests)), key=dests.__getitem__)
@@ -146,7 +146,7 @@ class NeighborExchange(_Operator):
         offsets = np.concatenate(([0], np.cumsum(recv_counts)))
         like = staged[0] if staged else None
         results = [out[offsets[s]:offsets[s + 1]].reshape(shape)
-                   for s, shape in zip(sources, self.recv_shapes)]
+                   for s, shape in zip(sources, self.recv_shapes, strict=True)]
         return tuple(self._new(like, r) if like else r for r in results)
 
 

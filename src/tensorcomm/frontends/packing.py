@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 
@@ -49,7 +50,7 @@ class Layout:
 
     def packs(self, buffer: np.ndarray) -> list[np.ndarray]:
         """The packs of ``buffer``, as contiguous views (reducing them in place fills ``buffer``)."""
-        return [buffer[start:stop] for start, stop in zip(self.bounds[:-1], self.bounds[1:])]
+        return [buffer[start:stop] for start, stop in pairwise(self.bounds)]
 
     def unpack(self, buffer: np.ndarray, shapes: Sequence[tuple[int, ...]]) -> dict[int, np.ndarray]:
         """Batch position -> that value's part of ``buffer``, reshaped to ``shapes[position]``."""

@@ -41,7 +41,8 @@ def _ranks(ranks: Any, fn: str) -> list[int]:
     world = current_world()
     if ranks is None:
         return list(range(world.size))
-    if isinstance(ranks, (str, bytes)) or (not isinstance(ranks, Sequence) and not hasattr(ranks, "__iter__")):
+    if isinstance(ranks, (str, bytes)) or (not isinstance(ranks, Sequence)
+                                           and not hasattr(ranks, "__iter__")):
         raise TypeError(f"{fn}: ranks must be a list of ints, got {type(ranks).__name__}")
     checked = [validate.integer(r, f"ranks[{i}]", fn) for i, r in enumerate(ranks)]
     if not checked:
@@ -72,7 +73,8 @@ def create_group(name: str, ranks: Sequence[int]) -> Group:
 
 def get_group_rank(group: Group, global_rank: int) -> int:
     """Translate a global rank to its rank in ``group`` (ValueError if not a member)."""
-    return validate.group(group, "get_group_rank").group_rank(validate.integer(global_rank, "global_rank", "get_group_rank"))
+    rank = validate.integer(global_rank, "global_rank", "get_group_rank")
+    return validate.group(group, "get_group_rank").group_rank(rank)
 
 
 def get_global_rank(group: Group, group_rank: int) -> int:

@@ -112,6 +112,15 @@ def _single(items: Any, what: str) -> Any:
     return items[0]
 
 
+def _pairs(outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+           what: str) -> zip[tuple[torch.Tensor, torch.Tensor]]:
+    """The (output, input) pairs of a coalesced call, which must hold as many of each."""
+    if len(outputs) != len(inputs):
+        raise ValueError(f"tensorcomm backend: {what} takes as many outputs as inputs, got "
+                         f"{len(outputs)} outputs and {len(inputs)} inputs")
+    return zip(outputs, inputs, strict=True)
+
+
 class _BackendFacts:
     """What torch's Python code asks of a group's backend object (``pg._get_backend(device)``)
     before it picks a path. A Python process group has no C++ backend object; it answers with
@@ -190,7 +199,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
     def allreduce(self, tensors: Any, opts: Any = None, timeout: Any = None, *,
                   op: Any = None) -> TensorcommWork:
         """Reduce one tensor in place across the group (also ``allreduce(tensor, op)``)."""
-        options, run_async = _options(opts)
+        _, run_async = _options(opts)
         tensor = _one(tensors, "allreduce")
         work = F.all_reduce(tensor, _op_of(opts, op), self._group, run_async)
         return self._work(work, [tensor])
@@ -207,7 +216,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
 
         def unpack() -> None:
             with torch.no_grad():
-                for tensor, part in zip(tensors, flat.split([t.numel() for t in tensors])):
+                for tensor, part in zip(tensors, flat.split([t.numel() for t in tensors]), strict=True):
                     tensor.copy_(part.view_as(tensor))
 
         work = F.all_reduce(flat, _op_of(options, None), self._group, run_async)
@@ -237,7 +246,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         Members' outputs may differ in size (``inputs[i]`` has member ``i``'s output's size), as
         on Gloo. Also ``reduce_scatter(output, inputs, op)``.
         """
-        options, run_async = _options(opts)
+        _, run_async = _options(opts)
         output = _one(output_tensors, "reduce_scatter")
         inputs = input_tensors if isinstance(output_tensors, torch.Tensor) else \
             _single(input_tensors, "reduce_scatter")
@@ -285,7 +294,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         work = F.reduce_scatter_tensor(output, input, _op_of(options, None), self._group, run_async)
         return self._work(work, [output])
 
-    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]  # see the module's mypy override
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]  # torch's stub: other names
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> TensorcommWork:
@@ -293,18 +302,18 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         options, run_async = _options(opts)
         op = _op_of(options, None)
         work = None
-        for output, tensor in zip(outputs, inputs):
+        for output, tensor in _pairs(outputs, inputs, "reduce_scatter_tensor_coalesced"):
             work = F.reduce_scatter_tensor(output, tensor, op, self._group, run_async)
         return self._work(work, outputs)  # calls run in order: the last ends after the others
 
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]  # see the module's mypy override
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]  # torch's stub: other names
 
     # -- data movement ----------------------------------------------------------------------
 
     def broadcast(self, tensors: Any, opts: Any = None, timeout: Any = None, *,
                   root: int | None = None) -> TensorcommWork:
         """Copy the root's tensor into everyone's (also ``broadcast(tensor, root)``)."""
-        options, run_async = _options(opts)
+        _, run_async = _options(opts)
         tensor = _one(tensors, "broadcast")
         src = self._global(_root_of(opts, root, "broadcast"))
         work = F.broadcast(tensor, src, self._group, run_async)
@@ -315,7 +324,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
 
         torch's form is ``allgather([outputs], [tensor], opts)``; also ``allgather(outputs, tensor)``.
         """
-        options, run_async = _options(opts)
+        _, run_async = _options(opts)
         if isinstance(input_tensors, torch.Tensor):
             outputs, tensor = list(output_tensors), input_tensors
         else:
@@ -326,7 +335,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                           opts: Any = None) -> TensorcommWork:
         """Concatenate everyone's tensor along dim 0 into ``output``."""
-        options, run_async = _options(opts)
+        _, run_async = _options(opts)
         work = F.all_gather_into_tensor(output, input, self._group, run_async)
         return self._work(work, [output])
 
@@ -336,7 +345,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
                             input_tensors: list[torch.Tensor], opts: Any = None) -> TensorcommWork:
         """Gather several tensors at once: ``output_lists[r][i]`` gets member ``r``'s
         ``input_tensors[i]``, as one message."""
-        options, run_async = _options(opts)
+        _, run_async = _options(opts)
         size = self._group.size
         if len(output_lists) != size or any(len(outputs) != len(input_tensors) for outputs in output_lists):
             raise ValueError(f"tensorcomm backend: allgather_coalesced needs output_lists of {size} "
@@ -350,8 +359,8 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
 
         def unpack() -> None:
             with torch.no_grad():
-                for outputs, block in zip(output_lists, joined.split(flat.numel())):
-                    for output, part in zip(outputs, block.split(sizes)):
+                for outputs, block in zip(output_lists, joined.split(flat.numel()), strict=True):
+                    for output, part in zip(outputs, block.split(sizes), strict=True):
                         output.copy_(part.view_as(output))
 
         work = F.all_gather_into_tensor(joined, flat, self._group, run_async)
@@ -360,13 +369,13 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                     opts: Any = None) -> TensorcommWork:
         """``all_gather_single`` of several output/input pairs."""
-        options, run_async = _options(opts)
+        _, run_async = _options(opts)
         work = None
-        for output, tensor in zip(outputs, inputs):
+        for output, tensor in _pairs(outputs, inputs, "allgather_into_tensor_coalesced"):
             work = F.all_gather_into_tensor(output, tensor, self._group, run_async)
         return self._work(work, outputs)  # calls run in order: the last ends after the others
 
-    allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]  # see the module's mypy override
+    allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]  # torch's stub: other names
 
     def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None,
                *, root: int | None = None) -> TensorcommWork:
@@ -375,7 +384,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         torch's form is ``gather([outputs] on the root else [], [tensor], opts)``; also
         ``gather(outputs, tensor, root)``.
         """
-        options, run_async = _options(opts)
+        _, run_async = _options(opts)
         group_root = _root_of(opts, root, "gather")
         if isinstance(input_tensors, torch.Tensor):
             tensor, outputs = input_tensors, list(output_tensors)
@@ -393,7 +402,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         torch's form is ``scatter([tensor], [inputs] on the root else [], opts)``; also
         ``scatter(tensor, inputs, root)``.
         """
-        options, run_async = _options(opts)
+        _, run_async = _options(opts)
         group_root = _root_of(opts, root, "scatter")
         tensor = _one(output_tensors, "scatter")
         if self._group.rank != group_root:
@@ -409,23 +418,23 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
                           output_split_sizes: list[int], input_split_sizes: list[int],
                           opts: Any = None) -> TensorcommWork:
         """Block ``i`` of ``input`` (dim 0) goes to member ``i``; torch's ``[]`` means equal splits."""
-        options, run_async = _options(opts)
+        _, run_async = _options(opts)
         work = F.all_to_all_single(output, input, list(output_split_sizes) or None,
                                    list(input_split_sizes) or None, self._group, run_async)
         return self._work(work, [output])
 
-    alltoall_base = all_to_all_single  # type: ignore[assignment]  # see the module's mypy override
+    alltoall_base = all_to_all_single  # type: ignore[assignment]  # torch's stub: other names
 
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
                  opts: Any = None) -> TensorcommWork:
         """``input_tensors[j]`` goes to member ``j``'s ``output_tensors[my rank]``."""
-        options, run_async = _options(opts)
+        _, run_async = _options(opts)
         work = F.all_to_all(output_tensors, input_tensors, self._group, run_async)
         return self._work(work, output_tensors)
 
     def barrier(self, opts: Any = None, timeout: Any = None) -> TensorcommWork:
         """Return once every member has entered the barrier (the Work, when asynchronous)."""
-        options, run_async = _options(opts)
+        _, run_async = _options(opts)
         return self._work(F.barrier(self._group, run_async), [])
 
     # -- point to point ---------------------------------------------------------------------

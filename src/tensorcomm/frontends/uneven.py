@@ -72,7 +72,7 @@ def exchange(group: Group, x: np.ndarray, send_rows: Sequence[int], fn: str) -> 
     table = _headers(group, x, send_rows, fn)
     recv_rows = table[:, _CHECKED + group.rank]
     row = _row_size(x)
-    out = np.empty((int(recv_rows.sum()),) + x.shape[1:], dtype=x.dtype)
+    out = np.empty((int(recv_rows.sum()), *x.shape[1:]), dtype=x.dtype)
     collectives.all_to_all(group, np.ascontiguousarray(x), [r * row for r in send_rows], out,
                            (recv_rows * row).tolist(), False)
     return out, recv_rows.tolist()
@@ -118,7 +118,7 @@ def all_gather_v(tensor: Any, group: Any = None) -> tuple[Any, list[int]]:
     staged = validate.array(tensor, "tensor", fn)
     x = staged.array
     sizes = _headers(g, x, [_rows(staged, fn)], fn)[:, _CHECKED]
-    out = np.empty((int(sizes.sum()),) + x.shape[1:], dtype=x.dtype)
+    out = np.empty((int(sizes.sum()), *x.shape[1:]), dtype=x.dtype)
     collectives.all_gather(g, np.ascontiguousarray(x), out, (sizes * _row_size(x)).tolist(), False)
     return staged.adapter.new_like(staged.obj, out), sizes.tolist()
 
@@ -139,7 +139,7 @@ def gather_v(tensor: Any, dst: int = 0, group: Any = None) -> tuple[Any, list[in
     staged = validate.array(tensor, "tensor", fn)
     x = staged.array
     sizes = _headers(g, x, [_rows(staged, fn)], fn)[:, _CHECKED]
-    out = np.empty((int(sizes.sum()),) + x.shape[1:], dtype=x.dtype) if g.rank == root else None
+    out = np.empty((int(sizes.sum()), *x.shape[1:]), dtype=x.dtype) if g.rank == root else None
     collectives.gather(g, np.ascontiguousarray(x), out, (sizes * _row_size(x)).tolist(), root, False)
     return None if out is None else (staged.adapter.new_like(staged.obj, out), sizes.tolist())
 
@@ -178,7 +178,7 @@ def scatter_v(tensor: Any = None, splits: Sequence[int] | None = None, src: int 
         layout = np.empty(int(kind[1]) + g.size, dtype=np.int64)
     collectives.broadcast(g, layout, root, False)
     dtype, shape, rows = SUPPORTED_DTYPES[int(kind[0])], tuple(layout[:kind[1]].tolist()), layout[kind[1]:]
-    out = np.empty((int(rows[g.rank]),) + shape[1:], dtype=dtype)
+    out = np.empty((int(rows[g.rank]), *shape[1:]), dtype=dtype)
     row = int(np.prod(shape[1:], dtype=np.int64))
     collectives.scatter(g, x, out, (rows * row).tolist(), root, False)
     return out if staged is None else staged.adapter.new_like(staged.obj, out)

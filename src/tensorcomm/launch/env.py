@@ -24,9 +24,10 @@ modified); every other variable of the launcher's environment is inherited uncha
 - ``TENSORCOMM_STORE_HOSTED``: ``1``: a launcher of this job serves the store; ranks only connect.
 - ``PYTHONUNBUFFERED``: ``1``, so output reaches the rank-prefixed stream as it is printed.
 
-Everything here is a pure function of its arguments (the environment is passed in as a mapping;
-the one impurity is drawing a fresh secret), so the contract is unit-tested without processes. Reading ``os.environ`` is the caller's
-job (``launch.run``); ``config.py`` holds the names ranks read, this module adds the launcher's own.
+Everything here is a pure function of its arguments (the environment is passed in as a mapping; the
+one impurity is drawing a fresh secret), so the contract is unit-tested without processes. Reading
+``os.environ`` is the caller's job (``launch.run``); ``config.py`` holds the names ranks read, this
+module adds the launcher's own.
 """
 
 from __future__ import annotations

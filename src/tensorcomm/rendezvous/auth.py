@@ -208,5 +208,6 @@ def _expect(sock: socket.socket, kind: bytes, body_bytes: int, deadline: float) 
         raise AuthenticationError(f"handshake version mismatch: peer speaks {header[len(MAGIC)]}, "
                                   f"we speak {VERSION}")
     if header[len(_HEADER):] != kind:
-        raise AuthenticationError(f"unexpected handshake message {header[len(_HEADER):]!r}, expected {kind!r}")
+        raise AuthenticationError(f"unexpected handshake message {header[len(_HEADER):]!r}, "
+                                  f"expected {kind!r}")
     return recv_exact(sock, body_bytes, _remaining(deadline)) if body_bytes else b""

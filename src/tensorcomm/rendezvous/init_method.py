@@ -109,7 +109,8 @@ def register_scheme(scheme: str, handler: SchemeHandler) -> None:
         TypeError: ``handler`` is not callable.
         ValueError: ``scheme`` is malformed or already registered.
     """
-    if not isinstance(scheme, str) or not scheme.isascii() or not scheme.isidentifier() or not scheme.islower():
+    if (not isinstance(scheme, str) or not scheme.isascii() or not scheme.isidentifier()
+            or not scheme.islower()):
         raise ValueError(f"scheme: expected a lower-case name such as 'etcd', got {scheme!r}")
     if not callable(handler):
         raise TypeError(f"handler: expected a callable, got {type(handler).__name__}")
@@ -155,8 +156,8 @@ def rendezvous(init_method: str | None, rank: int | None, world_size: int | None
     return handler(url, rank, world_size, float(timeout), discover(environ))
 
 
-def from_store(store: Store, rank: int, world_size: int, timeout: float, secret: str | bytes | None = None,
-               environ: Mapping[str, str] | None = None) -> Rendezvous:
+def from_store(store: Store, rank: int | None, world_size: int | None, timeout: float,
+               secret: str | bytes | None = None, environ: Mapping[str, str] | None = None) -> Rendezvous:
     """Meet on a store the caller already holds (``init(store=...)``), as torch's
     ``init_process_group(store=...)`` does.
 
@@ -204,7 +205,8 @@ def resolve_ranks(scheme: str, rank: int | None, world_size: int | None, info: J
     if world_size < 1:
         raise ValueError(f"{scheme}: world_size must be at least 1, got {world_size}")
     if not 0 <= rank < world_size:
-        raise ValueError(f"{scheme}: rank must be in 0..{world_size - 1} for world_size {world_size}, got {rank}")
+        raise ValueError(f"{scheme}: rank must be in 0..{world_size - 1} for world_size {world_size}, "
+                         f"got {rank}")
     return rank, world_size
 
 
@@ -334,15 +336,16 @@ def secret_via_store(scheme: str, store: Store, host: str, rank: int, info: JobI
         secret = secret_bytes(generate_secret())
         secret_file = directory.write(job_secret_name(), secret)
         try:
-            store.set(ANNOUNCE_KEY, "\n".join([secret_file.name, _fingerprint(secret), info.host_id]).encode())
+            announcement = "\n".join([secret_file.name, _fingerprint(secret), info.host_id])
+            store.set(ANNOUNCE_KEY, announcement.encode())
         except BaseException:
             secret_file.remove()
             raise
         return secret, secret_file
     deadline = time.monotonic() + timeout
     while True:  # the announcement is read again each time: a re-init replaces the previous one
-        name, fingerprint, origin = (store.get(ANNOUNCE_KEY, max(0.0, deadline - time.monotonic()))
-                                     .decode("utf-8", "replace").split("\n", 2) + ["", ""])[:3]
+        announced = store.get(ANNOUNCE_KEY, max(0.0, deadline - time.monotonic()))
+        name, fingerprint, origin = [*announced.decode("utf-8", "replace").split("\n", 2), "", ""][:3]
         if not valid_job_secret_name(name):
             raise RendezvousError(f"{scheme}: the store announces the secret file {name[:80]!r}, not a "
                                   f"name rank 0 makes; refusing it")

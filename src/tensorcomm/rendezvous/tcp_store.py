@@ -412,7 +412,8 @@ class TCPStore(Store):
                 reply = recv_exact(sock, length, self.timeout)
             except OSError as exc:  # EOF, reset, timeout: the stream may be mid-frame, so drop it
                 self._drop()
-                raise RendezvousError(f"lost the store at {self.host}:{self.port} during {name}: {exc}") from exc
+                raise RendezvousError(f"lost the store at {self.host}:{self.port} during {name}: "
+                                      f"{exc}") from exc
         if status == OK:
             return reply
         if status == TIMEOUT and waiting:

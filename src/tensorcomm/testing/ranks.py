@@ -68,7 +68,7 @@ def _child(fn: Callable[..., Any], args: tuple, rank: int, world_size: int, port
         result = fn(*args)
         if init:
             tensorcomm.destroy()
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - printed; the parent reads the exit code
         traceback.print_exc()
         os._exit(1)
     with open(os.path.join(workdir, f"rank{rank}.result"), "wb") as f:

@@ -60,7 +60,8 @@ def parse_launcher(program: str, version_text: str, root: bool) -> Launcher:
     if "Open MPI" in version_text or "OpenRTE" in version_text:
         major = int(version.split(".")[0]) if version else 4
         # Open MPI 5 renamed its shared-memory transport from "vader" to "sm".
-        flags = ["--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,vader" if major < 5 else "self,sm"]
+        flags = ["--oversubscribe", "--bind-to", "none",
+                 "--mca", "btl", "self,vader" if major < 5 else "self,sm"]
         if root:
             flags.append("--allow-run-as-root")
         return Launcher(program, "Open MPI", version, tuple(flags))

@@ -188,7 +188,8 @@ class MpiTransport(Transport):
             except ValueError as exc:
                 self._peer_gone(source, PeerLostError(source, str(exc)))
                 continue
-            self._on_header(source, kind, tag, nbytes, bulk, signature, memoryview(buffer)[framing.HEADER.size:])
+            self._on_header(source, kind, tag, nbytes, bulk, signature,
+                            memoryview(buffer)[framing.HEADER.size:])
 
     def _on_header(self, source: int, kind: int, tag: int, nbytes: int, bulk: int,
                    signature: Signature | None, payload: memoryview) -> None:
@@ -456,7 +457,7 @@ class MpiTransport(Transport):
             backoff.pause(now)
         with self._lock:
             self._closed = True
-            for pending, flight in zip(self._pending, self._flights):
+            for pending, flight in zip(self._pending, self._flights, strict=True):
                 if flight.receive:
                     pending.Cancel()
             clean = others <= self._goodbyes and not any(not f.receive for f in self._flights)

@@ -85,7 +85,8 @@ class ShmDomain:
         del anchor
         whole = memoryview(mm)
         control = slots_mod.control_bytes(size)
-        self.slots = Slots(whole[:control], address, rank, size, arena.pids, global_ranks, group_name, describe)
+        self.slots = Slots(whole[:control], address, rank, size, arena.pids, global_ranks, group_name,
+                           describe)
         whole.release()
         _check_header(self.slots.words, size, arena.nbytes, slot_bytes, out_bytes)
         self._member = member = 2 * slot_bytes + out_bytes

@@ -432,7 +432,8 @@ class Slots:
                 return CommTimeoutError(text)
             if kind == FAULT_ABORTED:
                 return GroupAbortedError(text)
-            return GroupAbortedError(f"group {self.group_name!r} failed on rank {self.global_ranks[q]}: {text}")
+            return GroupAbortedError(f"group {self.group_name!r} failed on rank "
+                                     f"{self.global_ranks[q]}: {text}")
         return GroupAbortedError(f"group {self.group_name!r} failed")
 
     def refusal(self) -> BaseException:

@@ -146,7 +146,8 @@ class _Acceptor:
                 raise self._error
             missing = sorted(self._expected - set(self._accepted))
             if missing:
-                raise RendezvousError(f"rank {self._rank}: ranks {missing} did not connect within {timeout:g} s")
+                raise RendezvousError(f"rank {self._rank}: ranks {missing} did not connect within "
+                                      f"{timeout:g} s")
             return dict(self._accepted)
 
     def close(self) -> None:
@@ -198,7 +199,8 @@ class _Acceptor:
             elif rank not in self._expected or rank in self._accepted:
                 sock.close()
                 if self._error is None:
-                    self._error = RendezvousError(f"rank {self._rank}: unexpected connection claiming rank {rank}")
+                    self._error = RendezvousError(f"rank {self._rank}: unexpected connection claiming "
+                                                  f"rank {rank}")
                 self._done.set()
             else:
                 sock.settimeout(None)
