@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import CollectiveMismatchError
 from .allgather import bounds
 from .base import Ctx
-from .shm_common import Journal, Stream, no_domain, run_rounds
+from .shm_common import Journal, Read, Stream, no_domain, run_rounds
 
 
 def _check_sizes(ctx: Ctx, counts: Sequence[int], itemsize: int, senders: Sequence[int],
@@ -51,7 +51,7 @@ def _state(ctx: Ctx, dtype: np.dtype, counts: Sequence[int]) -> tuple[Any, ...]:
         tuple(d.inbox[q][p][:counts[q] * itemsize].view(dtype) for q in range(d.size)) for p in (0, 1))
 
 
-def _copy_rounds(ctx: Ctx, out: np.ndarray, offsets: Sequence[int], senders: Sequence[int]):  # type: ignore[no-untyped-def]
+def _copy_rounds(ctx: Ctx, out: np.ndarray, offsets: Sequence[int], senders: Sequence[int]) -> Read:
     d = ctx.team.shm
     raw = out.view(np.uint8)
     starts = [o * out.itemsize for o in offsets]

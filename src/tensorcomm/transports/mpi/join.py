@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
+from typing import Any
 
 from ...errors import RendezvousError
 from ...rendezvous.auth import generate_secret, secret_bytes
@@ -99,9 +100,9 @@ def _meet(comm: object, rank: int, size: int, timeout: float) -> Rendezvous:
     return Rendezvous(store, rank, size, info.local_rank, info.host_id, secret, server)
 
 
-def _gather_hosts(comm: object, digest: bytes, size: int, timeout: float) -> list[bytes]:
-    """Every rank's host-identity digest, in rank order."""
+def _gather_hosts(comm: Any, digest: bytes, size: int, timeout: float) -> list[bytes]:
+    """Every rank's host-identity digest, in rank order (``comm``: an mpi4py communicator)."""
     gathered = bytearray(len(digest) * size)
-    mpi_comm.wait(comm.Iallgather(bytearray(digest), gathered), timeout,  # type: ignore[attr-defined]
+    mpi_comm.wait(comm.Iallgather(bytearray(digest), gathered), timeout,
                   "gathering the ranks' hosts")
     return [bytes(gathered[i * len(digest):(i + 1) * len(digest)]) for i in range(size)]
