@@ -40,7 +40,7 @@ def _loads(data: np.ndarray) -> Any:
     return pickle.loads(data.data)  # the unpickling the module docstring warns about
 
 
-def _list(value: Any, argument: str, fn: str, length: int | None) -> list:
+def _list(value: Any, argument: str, fn: str, length: int | None) -> list[Any]:
     if not isinstance(value, list):
         raise TypeError(f"{fn}: {argument} must be a list, got {type(value).__name__}")
     if length is not None and len(value) != length:
@@ -71,7 +71,7 @@ def _spread(flat: np.ndarray, counts: np.ndarray, into: Sequence[np.ndarray], st
         offset += count
 
 
-def all_gather_object(object_list: list, obj: Any, group: Any = None) -> None:
+def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
     """Put every member's ``obj`` into ``object_list[member]`` on every member.
 
     Unpickles the objects peers send: use only among trusted processes (see the module docstring).
@@ -101,7 +101,7 @@ def all_gather_object(object_list: list, obj: Any, group: Any = None) -> None:
     object_list[:] = [_loads(r) for r in received]
 
 
-def broadcast_object_list(object_list: list, src: int = 0, group: Any = None) -> None:
+def broadcast_object_list(object_list: list[Any], src: int = 0, group: Any = None) -> None:
     """Replace the items of ``object_list`` with global rank ``src``'s, on every member.
 
     Unpickles what ``src`` sends: use only among trusted processes (see the module docstring).
@@ -139,7 +139,7 @@ def broadcast_object_list(object_list: list, src: int = 0, group: Any = None) ->
         object_list[:] = objects
 
 
-def gather_object(obj: Any, object_gather_list: list | None = None, dst: int = 0,
+def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: int = 0,
                   group: Any = None) -> None:
     """Put every member's ``obj`` into ``object_gather_list`` on global rank ``dst`` only.
 
@@ -177,7 +177,8 @@ def gather_object(obj: Any, object_gather_list: list | None = None, dst: int = 0
         object_gather_list[:] = [_loads(r) for r in received]
 
 
-def scatter_object_list(scatter_object_output_list: list, scatter_object_input_list: list | None = None,
+def scatter_object_list(scatter_object_output_list: list[Any],
+                        scatter_object_input_list: list[Any] | None = None,
                         src: int = 0, group: Any = None) -> None:
     """Send ``scatter_object_input_list[i]`` from global rank ``src`` to member i.
 

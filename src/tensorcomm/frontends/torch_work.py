@@ -74,7 +74,7 @@ def _settle(work: Work) -> None:
             raise
 
 
-class TensorcommFuture(torch.futures.Future):
+class TensorcommFuture(torch.futures.Future[Any]):
     """A torch future over a tensorcomm call; Python callbacks run on the attaching thread."""
 
     def __init__(self, work: Work | None) -> None:
@@ -148,6 +148,6 @@ class TensorcommWork(dist._Work):
         """The call's error once it has failed, else None."""
         return None if self._work is None else self._work.exception()
 
-    def get_future(self) -> torch.futures.Future:
+    def get_future(self) -> torch.futures.Future[Any]:
         """A future whose value is the list of output tensors (reading it raises a failure)."""
         return self._future

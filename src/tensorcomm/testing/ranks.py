@@ -51,7 +51,7 @@ class RanksFailed(AssertionError):
         super().__init__("\n".join(parts))
 
 
-def _child(fn: Callable[..., Any], args: tuple, rank: int, world_size: int, port: int, secret: str,
+def _child(fn: Callable[..., Any], args: tuple[Any, ...], rank: int, world_size: int, port: int, secret: str,
            workdir: str, env: Mapping[str, str], timeout: float, init: bool) -> None:
     out = os.open(os.path.join(workdir, f"rank{rank}.out"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(out, 1)
