@@ -26,8 +26,7 @@ import pytest
 
 from tensorcomm import config
 from tensorcomm.errors import AuthenticationError, RendezvousError
-from tensorcomm.rendezvous import FileStore, Rendezvous, TCPStore, TCPStoreServer, rendezvous
-from tensorcomm.rendezvous import tcp_store
+from tensorcomm.rendezvous import FileStore, Rendezvous, TCPStore, TCPStoreServer, rendezvous, tcp_store
 from tensorcomm.rendezvous.auth import handshake_client
 from tensorcomm.rendezvous.store import HashStore
 from tensorcomm.transports.shm import arena

@@ -20,7 +20,7 @@ def _body() -> str:
     import torch.distributed as dist
 
     import tensorcomm
-    import tensorcomm.torch  # noqa: F401  (registers the backend)
+    import tensorcomm.torch  # registers the backend
 
     dist.init_process_group(backend="tensorcomm")
     assert dist.get_backend() == "tensorcomm" and tensorcomm.is_initialized()
@@ -133,7 +133,7 @@ def _reuse_body() -> None:
     import torch.distributed as dist
 
     import tensorcomm
-    import tensorcomm.torch  # noqa: F401
+    import tensorcomm.torch  # registers the backend
 
     # tensorcomm was started by the user (run_ranks' init): the backend joins that world and
     # leaves it running when torch's group is destroyed.

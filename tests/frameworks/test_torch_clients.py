@@ -13,7 +13,8 @@ blocks of different sizes; DDP communication hooks (fp16 compression, PowerSGD),
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 

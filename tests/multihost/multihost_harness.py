@@ -63,7 +63,7 @@ def _namespace_names() -> set[str]:
     return {line.split()[0] for line in listing.splitlines() if line.strip()}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def unsupported_reason() -> str | None:
     """Why namespaces, veths and a bridge cannot be made here, or None if they can."""
     if not sys.platform.startswith("linux"):

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from multihost_harness import MakeCluster
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(60)]
@@ -82,19 +83,18 @@ def test_teardown_leaves_no_namespace_process_or_link(netns_harness: Callable,
     seen_pids: set[int] = set()
     names: list[str] = []
     tag = ""
-    with pytest.raises(RuntimeError, match="the test body failed"):
-        with netns_harness(tmp_path) as make:
-            cluster = make(3)
-            tag, names = cluster.tag, cluster.namespaces
-            for host in cluster.hosts:
-                cluster.spawn(host, [sys.executable, "-c", STUBBORN])
-            deadline = time.monotonic() + 15
-            while len(seen_pids) < 2 * len(cluster.hosts) and time.monotonic() < deadline:
-                seen_pids = {int(p) for host in cluster.hosts
-                             for p in _ip("netns", "pids", host.netns).split()}
-                time.sleep(0.05)
-            assert len(seen_pids) == 2 * len(cluster.hosts), seen_pids  # parents and children
-            raise RuntimeError("the test body failed")
+    with pytest.raises(RuntimeError, match="the test body failed"), netns_harness(tmp_path) as make:
+        cluster = make(3)
+        tag, names = cluster.tag, cluster.namespaces
+        for host in cluster.hosts:
+            cluster.spawn(host, [sys.executable, "-c", STUBBORN])
+        deadline = time.monotonic() + 15
+        while len(seen_pids) < 2 * len(cluster.hosts) and time.monotonic() < deadline:
+            seen_pids = {int(p) for host in cluster.hosts
+                         for p in _ip("netns", "pids", host.netns).split()}
+            time.sleep(0.05)
+        assert len(seen_pids) == 2 * len(cluster.hosts), seen_pids  # parents and children
+        raise RuntimeError("the test body failed")
     assert not set(names) & {line.split()[0] for line in _ip("netns", "list").splitlines()}
     assert not [pid for pid in seen_pids if _running(pid)]
     assert f"tc{tag}" not in _ip("-o", "link", "show")

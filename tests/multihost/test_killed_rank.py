@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from multihost_harness import MakeCluster
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(90)]

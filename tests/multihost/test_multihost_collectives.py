@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from multihost_harness import MakeCluster
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(60)]

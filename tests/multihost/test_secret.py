@@ -11,6 +11,7 @@ import secrets
 import textwrap
 
 import pytest
+
 from multihost_harness import Finished, MakeCluster
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(60)]

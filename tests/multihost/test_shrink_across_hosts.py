@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from multihost_harness import MakeCluster
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(150)]

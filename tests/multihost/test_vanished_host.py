@@ -17,9 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
-from multihost_harness import Cluster, MakeCluster, Process
 
 from tensorcomm.transports.tcp import mesh
+
+from multihost_harness import Cluster, MakeCluster, Process
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(60)]
 

@@ -7,8 +7,15 @@ import numpy as np
 import pytest
 
 import tensorcomm as tc
-from tensorcomm.ops import (AllGather, AllReduce, AlltoAll, AlltoAllV, Broadcast, NeighborExchange,
-                            ReduceScatter)
+from tensorcomm.ops import (
+    AllGather,
+    AllReduce,
+    AlltoAll,
+    AlltoAllV,
+    Broadcast,
+    NeighborExchange,
+    ReduceScatter,
+)
 from tensorcomm.testing import rank_data, reduce_reference, run_ranks
 
 pytestmark = pytest.mark.multiprocess

@@ -13,7 +13,7 @@ import itertools
 import threading
 import time
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
 import ml_dtypes
 import numpy as np
@@ -21,11 +21,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensorcomm.algorithms import (allgather, allreduce, alltoall, barrier, broadcast, gather_scatter,
-                                   kernels, reduce, reduce_scatter)
+from tensorcomm.algorithms import (
+    allgather,
+    allreduce,
+    alltoall,
+    barrier,
+    broadcast,
+    gather_scatter,
+    kernels,
+    reduce,
+    reduce_scatter,
+)
 from tensorcomm.algorithms.base import Ctx
-from tensorcomm.signature import signature
 from tensorcomm.errors import CollectiveMismatchError, CommTimeoutError, GroupAbortedError
+from tensorcomm.signature import signature
 from tensorcomm.transports.base import ANY_SOURCE, Transport, as_bytes, collective_tag
 from tensorcomm.transports.loopback import LoopbackHub, LoopbackTransport, run_threads
 from tensorcomm.types import ReduceOp

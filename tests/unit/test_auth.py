@@ -12,8 +12,16 @@ from collections.abc import Callable
 import pytest
 
 from tensorcomm.errors import AuthenticationError, CommTimeoutError
-from tensorcomm.rendezvous.auth import (MAGIC, VERSION, HandshakeRefused, generate_secret,
-                                        handshake_client, handshake_server, recv_exact, secret_bytes)
+from tensorcomm.rendezvous.auth import (
+    MAGIC,
+    VERSION,
+    HandshakeRefused,
+    generate_secret,
+    handshake_client,
+    handshake_server,
+    recv_exact,
+    secret_bytes,
+)
 
 KEY = b"job-secret"
 HELLO, PROOF, ANSWER, OK = 38, 70, 38, 6  # message sizes, fixed by the protocol

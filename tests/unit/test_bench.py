@@ -13,12 +13,12 @@ import time
 import numpy as np
 import pytest
 
+from tensorcomm import cli
 from tensorcomm.bench import check, options, peers, report, runner, timing
 from tensorcomm.bench.control import ControlClient, JobChannel, JobFailed
 from tensorcomm.bench.formulas import COLLECTIVES, algbw, busbw, element_count
 from tensorcomm.bench.peers.base import Task
 from tensorcomm.bench.results import Row, make_row, ratios
-from tensorcomm import cli
 from tensorcomm.launch.env import LaunchConfigError
 
 CLI_TIMEOUT = 120  # seconds for one spawned `tensorcomm bench`; a hang fails here, not in CI

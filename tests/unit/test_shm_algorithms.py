@@ -8,22 +8,30 @@ span many rounds, uneven contributions. A failing peer must leave in-place array
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from tensorcomm.algorithms import kernels, shm_allgather, shm_allreduce, shm_alltoall, shm_barrier
-from tensorcomm.algorithms import shm_broadcast, shm_reduce_scatter
+from tensorcomm.algorithms import (
+    kernels,
+    shm_allgather,
+    shm_allreduce,
+    shm_alltoall,
+    shm_barrier,
+    shm_broadcast,
+    shm_reduce_scatter,
+)
 from tensorcomm.algorithms.base import Ctx
-from tensorcomm.signature import UNCHECKED, signature
 from tensorcomm.errors import GroupAbortedError
+from tensorcomm.signature import UNCHECKED, signature
 from tensorcomm.testing import rank_data, reduce_reference
 from tensorcomm.transports.shm import slots
 from tensorcomm.types import PremulSum, ReduceOp
 
-from test_shm_domain import close_all, open_domains, run_threads  # noqa: E402  (same directory)
+from test_shm_domain import close_all, open_domains, run_threads  # same directory
 
 pytestmark = pytest.mark.skipif(not slots.SUPPORTED, reason="shared memory needs x86-64")
 

@@ -12,18 +12,25 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
 
 from tensorcomm.algorithms.base import Ctx
-from tensorcomm.signature import Signature, signature
-from tensorcomm.errors import (AuthenticationError, CollectiveMismatchError, CommTimeoutError,
-                               GroupAbortedError, PeerLostError)
+from tensorcomm.errors import (
+    AuthenticationError,
+    CollectiveMismatchError,
+    CommTimeoutError,
+    GroupAbortedError,
+    PeerLostError,
+)
 from tensorcomm.rendezvous import auth
 from tensorcomm.rendezvous.store import HashStore
-from tensorcomm.transports.shm import arena, domain as domain_mod, slots
+from tensorcomm.signature import Signature, signature
+from tensorcomm.transports.shm import arena, slots
+from tensorcomm.transports.shm import domain as domain_mod
 from tensorcomm.transports.shm.domain import ShmDomain, ShmUnavailable, open_domain
 from tensorcomm.types import ReduceOp
 

@@ -12,8 +12,16 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tensorcomm.errors import AuthenticationError, CommTimeoutError, RendezvousError
-from tensorcomm.rendezvous import FileStore, HashStore, PrefixStore, Store, TCPStore, TCPStoreServer
-from tensorcomm.rendezvous import gate, tcp_store
+from tensorcomm.rendezvous import (
+    FileStore,
+    HashStore,
+    PrefixStore,
+    Store,
+    TCPStore,
+    TCPStoreServer,
+    gate,
+    tcp_store,
+)
 from tensorcomm.rendezvous.auth import handshake_client
 
 SECRET = b"test-secret"

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from tensorcomm import config
-from tensorcomm.signature import signature
 from tensorcomm.errors import CollectiveMismatchError, CommTimeoutError, GroupAbortedError, PeerLostError
 from tensorcomm.rendezvous.store import HashStore
+from tensorcomm.signature import signature
 from tensorcomm.transports.base import ANY_SOURCE, collective_tag
 from tensorcomm.transports.tcp import framing
 from tensorcomm.transports.tcp import mesh as mesh_module
