@@ -26,7 +26,7 @@ from tensorcomm.algorithms import (
 )
 from tensorcomm.algorithms.base import Ctx
 from tensorcomm.errors import GroupAbortedError
-from tensorcomm.signature import UNCHECKED, signature
+from tensorcomm.signature import UNCHECKED, Signature, signature
 from tensorcomm.testing import rank_data, reduce_reference
 from tensorcomm.transports.shm import slots
 from tensorcomm.types import PremulSum, ReduceOp
@@ -49,6 +49,9 @@ def _fast_thread_switches():
     sys.setswitchinterval(interval)
 
 
+BARRIER = signature("barrier")  # Group.call's default: a call that moves no data
+
+
 class Group:
     """``size`` thread-ranks sharing one tiny-slot domain; ``call`` runs one collective on all.
 
@@ -60,7 +63,7 @@ class Group:
         self.domains = open_domains(size, slot, out)
         self.seq = 0
 
-    def call(self, fn: Callable[[Ctx], Any], sig=signature("barrier")) -> list[Any]:
+    def call(self, fn: Callable[[Ctx], Any], sig: Signature = BARRIER) -> list[Any]:
         seq = self.seq
         self.seq += 1
 
@@ -133,7 +136,8 @@ def test_all_reduce_direct_and_pipelined_match_numpy_and_agree_bitwise(group, co
                 if algorithm is not shm_allreduce.pipelined and count * itemsize > SLOT:
                     continue
                 arrays = [a.copy() for a in inputs]
-                group.call(lambda ctx: algorithm(ctx, arrays[ctx.rank], op),
+                group.call(lambda ctx, algorithm=algorithm, arrays=arrays, op=op:
+                           algorithm(ctx, arrays[ctx.rank], op),
                            signature("all_reduce", np.dtype(dtype), count, op))
                 for r in range(n):
                     _close(arrays[r], expected, op)
@@ -151,7 +155,8 @@ def test_reduce_writes_the_root_only(group, count):
             if algorithm is not shm_allreduce.reduce_pipelined and count * 4 > SLOT:
                 continue
             arrays = [a.copy() for a in inputs]
-            group.call(lambda ctx: algorithm(ctx, arrays[ctx.rank], root, ReduceOp.SUM),
+            group.call(lambda ctx, algorithm=algorithm, arrays=arrays, root=root:
+                       algorithm(ctx, arrays[ctx.rank], root, ReduceOp.SUM),
                        signature("reduce", np.dtype(np.float32), count, ReduceOp.SUM, root))
             for r in range(n):
                 np.testing.assert_array_equal(arrays[r], expected if r == root else inputs[r])
@@ -162,15 +167,16 @@ def test_broadcast_and_scatter(group, count):
     n = group.size
     for root in range(n):
         arrays = [rank_data(r, count, np.int32, salt=root) for r in range(n)]
-        group.call(lambda ctx: shm_broadcast.broadcast(ctx, arrays[ctx.rank], root),
+        group.call(lambda ctx, arrays=arrays, root=root: shm_broadcast.broadcast(ctx, arrays[ctx.rank], root),
                    signature("broadcast", np.dtype(np.int32), count, root=root))
         for r in range(n):
             np.testing.assert_array_equal(arrays[r], rank_data(root, count, np.int32, salt=root))
         pieces = [rank_data(i, count, np.float64, salt=7) for i in range(n)]
         send = np.concatenate(pieces)
         outs = [np.zeros(count, np.float64) for _ in range(n)]
-        group.call(lambda ctx: shm_broadcast.scatter(ctx, send if ctx.rank == root else None, outs[ctx.rank],
-                                                     [count] * n, root),
+        group.call(lambda ctx, send=send, outs=outs, root=root:
+                   shm_broadcast.scatter(ctx, send if ctx.rank == root else None, outs[ctx.rank], [count] * n,
+                                         root),
                    signature("scatter", np.dtype(np.float64), count * n, root=root))
         for r in range(n):
             np.testing.assert_array_equal(outs[r], pieces[r])
@@ -189,8 +195,9 @@ def test_all_gather_and_gather_including_uneven(group, count):
             np.testing.assert_array_equal(block, sends[q])
     for root in range(n):
         outs = [np.full(sum(sizes), -1, np.float16) for _ in range(n)]
-        group.call(lambda ctx: shm_allgather.gather(ctx, sends[ctx.rank], outs[ctx.rank] if ctx.rank == root
-                                                    else None, sizes, root),
+        group.call(lambda ctx, outs=outs, root=root:
+                   shm_allgather.gather(ctx, sends[ctx.rank], outs[ctx.rank] if ctx.rank == root else None,
+                                        sizes, root),
                    signature("gather", np.dtype(np.float16), sum(sizes), root=root))
         for q, block in enumerate(_split(outs[root], sizes)):
             np.testing.assert_array_equal(block, sends[q])
@@ -208,7 +215,8 @@ def test_reduce_scatter(group, count):
         sends = [np.concatenate(b) for b in blocks]
         counts = [count + i for i in range(n)]
         outs = [np.zeros(count + r, dtype) for r in range(n)]
-        group.call(lambda ctx: shm_reduce_scatter.reduce_scatter(ctx, sends[ctx.rank], outs[ctx.rank], counts, op),
+        group.call(lambda ctx, sends=sends, outs=outs, counts=counts, op=op:
+                   shm_reduce_scatter.reduce_scatter(ctx, sends[ctx.rank], outs[ctx.rank], counts, op),
                    signature("reduce_scatter", np.dtype(dtype), sum(count + i for i in range(n)), op))
         for r in range(n):
             _close(outs[r], reduce_reference(op, [blocks[q][r] for q in range(n)]), op)
@@ -222,8 +230,9 @@ def test_all_to_all_with_per_pair_sizes(group, count):
     send_counts = [[count + r + 2 * j for j in range(n)] for r in range(n)]
     recv_counts = [[count + q + 2 * r for q in range(n)] for r in range(n)]
     outputs = [np.zeros(sum(c), np.int64) for c in recv_counts]
-    group.call(lambda ctx: shm_alltoall.all_to_all(ctx, np.concatenate(inputs[ctx.rank]), send_counts[ctx.rank],
-                                                   outputs[ctx.rank], recv_counts[ctx.rank]),
+    group.call(lambda ctx: shm_alltoall.all_to_all(ctx, np.concatenate(inputs[ctx.rank]),
+                                                   send_counts[ctx.rank], outputs[ctx.rank],
+                                                   recv_counts[ctx.rank]),
                signature("all_to_all", np.dtype(np.int64), UNCHECKED))
     for r in range(n):
         for q, block in enumerate(_split(outputs[r], recv_counts[r])):
@@ -235,7 +244,8 @@ def test_all_to_all_with_equal_blocks(group, count):
     n = group.size
     sends = [np.arange(n * count, dtype=np.float32) + 1000 * r for r in range(n)]
     outs = [np.zeros(n * count, np.float32) for _ in range(n)]
-    group.call(lambda ctx: shm_alltoall.all_to_all(ctx, sends[ctx.rank], [count] * n, outs[ctx.rank], [count] * n),
+    group.call(lambda ctx: shm_alltoall.all_to_all(ctx, sends[ctx.rank], [count] * n, outs[ctx.rank],
+                                                   [count] * n),
                signature("all_to_all", np.dtype(np.float32), UNCHECKED))
     for r in range(n):
         expected = np.concatenate([sends[q].reshape(n, count)[r] for q in range(n)])
@@ -245,7 +255,8 @@ def test_all_to_all_with_equal_blocks(group, count):
 def test_all_to_all_size_disagreement_is_a_mismatch():
     g = Group(2)
     recv_counts = [[3, 5], [3, 3]]
-    with pytest.raises(Exception, match="rank 1 called test sending 3 elements to rank 0, which called it expecting 5"):
+    with pytest.raises(Exception,
+                       match="rank 1 called test sending 3 elements to rank 0, which called it expecting 5"):
         g.call(lambda ctx: shm_alltoall.all_to_all(ctx, np.zeros(6, np.int64), [3, 3],
                                                    np.zeros(sum(recv_counts[ctx.rank]), np.int64),
                                                    recv_counts[ctx.rank]))
@@ -257,7 +268,7 @@ def test_barrier_and_many_calls_in_a_row_alternate_slots(group):
     for i in range(30):
         group.call(shm_barrier.barrier)
         arrays = [np.full(3, r + i, np.float32) for r in range(n)]
-        group.call(lambda ctx: shm_allreduce.direct(ctx, arrays[ctx.rank], ReduceOp.SUM),
+        group.call(lambda ctx, arrays=arrays: shm_allreduce.direct(ctx, arrays[ctx.rank], ReduceOp.SUM),
                    signature("all_reduce", np.dtype(np.float32), 3, ReduceOp.SUM))
         assert (arrays[0] == sum(range(n)) + n * i).all()
 

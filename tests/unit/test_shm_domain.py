@@ -60,7 +60,7 @@ def run_threads(size: int, fn: Callable[[int], Any], timeout: float = 60.0) -> l
     def main(rank: int) -> None:
         try:
             results[rank] = fn(rank)
-        except BaseException as exc:  # reported below
+        except BaseException as exc:  # noqa: BLE001 (reported below)
             errors.append((rank, exc))
 
     threads = [threading.Thread(target=main, args=(r,), daemon=True) for r in range(size)]
@@ -84,14 +84,18 @@ def open_domains(size: int, slot_bytes: int = domain_mod.SLOT_BYTES,
         return open_domain(
             rank, list(range(size)), "test", secret,
             publish=lambda address: store.set(prefix + "address", address.encode()),
-            lookup=lambda s: store.get(prefix + "address").decode() if store.check([prefix + "address"]) else None,
+            lookup=lambda s: (store.get(prefix + "address").decode() if store.check([prefix + "address"])
+                              else None),
             failed=lambda: None, timeout=20, describe=_describe,
             slot_bytes=slot_bytes, out_bytes=out_bytes)
 
     return run_threads(size, setup)
 
 
-def ctx_for(domain: ShmDomain, seq: int, sig: Signature = signature("barrier"),
+BARRIER = signature("barrier")  # ctx_for's default: a call that moves no data
+
+
+def ctx_for(domain: ShmDomain, seq: int, sig: Signature = BARRIER,
             timeout: float = 20.0) -> Ctx:
     return Ctx(None, range(domain.size), domain.rank, group_id=0, seq=seq, timeout=timeout,
                name="test call", signature=sig, group_name="test", shm=domain)
@@ -126,7 +130,8 @@ def test_segments_have_no_name_and_close_releases_every_descriptor():
     # What is open: per mapping, the duplicate descriptor CPython's mmap keeps, and per member
     # a pidfd for each of its 2 peers.
     opened = _ours()
-    assert opened.count("/memfd:tensorcomm-shm (deleted)") == 3 + before.count("/memfd:tensorcomm-shm (deleted)")
+    memfd = "/memfd:tensorcomm-shm (deleted)"
+    assert opened.count(memfd) == 3 + before.count(memfd)
     assert opened.count("anon_inode:[pidfd]") == 6 + before.count("anon_inode:[pidfd]")
     close_all(domains)
     del domains
@@ -179,7 +184,8 @@ def test_a_stranger_without_the_secret_gets_no_segment():
         return open_domain(
             rank, [0, 1], "test", SECRET,
             publish=lambda a: store_view.set("shm/address", a.encode()),
-            lookup=lambda s: store_view.get("shm/address").decode() if store_view.check(["shm/address"]) else None,
+            lookup=lambda s: (store_view.get("shm/address").decode() if store_view.check(["shm/address"])
+                              else None),
             failed=lambda: None, timeout=20, describe=_describe)
 
     domains = run_threads(2, setup)
@@ -247,7 +253,8 @@ def test_a_wait_times_out_naming_the_ranks_that_did_not_arrive():
     d = domains[0]
     ctx = ctx_for(d, 0, timeout=0.3)
     started = time.monotonic()
-    with pytest.raises(CommTimeoutError, match=r"test call \(step 0\) timed out after 0.3 s on rank 0: ranks 1, 2 did not arrive"):
+    with pytest.raises(CommTimeoutError, match=r"test call \(step 0\) timed out after 0.3 s on rank 0: "
+                                               r"ranks 1, 2 did not arrive"):
         d.start(ctx)
     assert time.monotonic() - started < 5
     close_all(domains)

@@ -157,7 +157,8 @@ def test_wait_returns_when_all_keys_set(handles: Handles) -> None:
 
 def test_concurrent_waiters_all_released(handles: Handles) -> None:
     setter = handles()
-    waiters = [in_thread(lambda s=handles(): s.get("go", timeout=5)) for _ in range(5)]
+    stores = [handles() for _ in range(5)]
+    waiters = [in_thread(lambda s=s: s.get("go", timeout=5)) for s in stores]
     time.sleep(0.05)
     setter.set("go", b"now")
     for thread, result in waiters:
@@ -423,7 +424,8 @@ def test_a_gate_refuses_beyond_its_limit_and_logs_once_per_interval(caplog) -> N
             theirs.settimeout(2)
             assert theirs.recv(1) == b""  # closed at once
         warnings = [r.getMessage() for r in caplog.records]
-        assert warnings == ["test listener: refused a connection from extra0: 1 handshakes are already pending"]
+        assert warnings == [("test listener: refused a connection from extra0: "
+                             "1 handshakes are already pending")]
         release.set()
         door.join(5)
         assert door.admit(pairs[1][1], "later", lambda conn, peer: None)  # the slot is free again
