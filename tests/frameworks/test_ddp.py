@@ -66,8 +66,10 @@ def _train(backend: str, steps: int, options: dict) -> list[torch.Tensor]:
 _PARAMETERS = len(list(_Net().parameters()))  # the rest of _train's list are BatchNorm buffers
 
 
-def _both_backends(steps: int, option_sets: list[dict]) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
-    return [(_train("tensorcomm", steps, options), _train("gloo", steps, options)) for options in option_sets]
+def _both_backends(steps: int,
+                   option_sets: list[dict]) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+    return [(_train("tensorcomm", steps, options), _train("gloo", steps, options))
+            for options in option_sets]
 
 
 @pytest.mark.parametrize("world_size, option_sets", [
@@ -80,14 +82,16 @@ def test_ddp_on_tensorcomm_matches_gloo(world_size: int, option_sets: list[dict]
         reference = per_rank[0][case][1]
         for rank, runs in enumerate(per_rank):
             ours, gloo = runs[case]
-            for index, (a, b) in enumerate(zip(ours, gloo)):
+            for index, (a, b) in enumerate(zip(ours, gloo, strict=True)):
+                where = f"{options}, rank {rank} tensor {index}"
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6,
-                                           msg=lambda m: f"{options}, rank {rank} tensor {index}: {m}")
+                                           msg=lambda m, where=where: f"{where}: {m}")
             # Parameters agree across ranks; BatchNorm statistics are updated locally by the last
             # forward (DDP broadcasts rank 0's at the start of the next one), so only per backend.
-            for index, (a, c) in enumerate(zip(ours[:_PARAMETERS], reference)):
+            for index, (a, c) in enumerate(zip(ours[:_PARAMETERS], reference[:_PARAMETERS], strict=True)):
+                where = f"{options}, rank {rank} vs 0, parameter {index}"
                 torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-6,
-                                           msg=lambda m: f"{options}, rank {rank} vs 0, parameter {index}: {m}")
+                                           msg=lambda m, where=where: f"{where}: {m}")
         # Training moved the weights: the comparison above is not between two untouched models.
         torch.manual_seed(0)
         assert not torch.allclose(per_rank[0][case][0][0], _Net().body[0].weight.detach(), atol=1e-3)

@@ -12,6 +12,7 @@ blocks of different sizes; DDP communication hooks (fp16 compression, PowerSGD),
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -80,7 +81,8 @@ def _tensor_parallel(dist: Any, rank: int, size: int) -> Any:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     model = _mlp(4 * size)
-    parallelize_module(model, init_device_mesh("cpu", (size,)), {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    parallelize_module(model, init_device_mesh("cpu", (size,)),
+                       {"0": ColwiseParallel(), "2": RowwiseParallel()})
     out = model(torch.randn(6, 8, generator=torch.Generator().manual_seed(1)))
     out.sum().backward()
     return [out.detach(), *(p.grad.full_tensor() for p in model.parameters())]
@@ -295,11 +297,11 @@ def _run_all(directory: str) -> dict[str, dict[str, Any]]:
         dist.init_process_group(backend=backend)
         rank, size = dist.get_rank(), dist.get_world_size()
         checks = dict(CHECKS)
-        checks["DCP FSDP2"] = lambda d, r, s: _dcp_fsdp2(d, r, s, os.path.join(directory, backend, "fsdp2"))
+        checks["DCP FSDP2"] = functools.partial(_dcp_fsdp2, path=os.path.join(directory, backend, "fsdp2"))
         if size == 2:  # at 3 ranks torch's ShardedTensor asks CUDA for the device of a rank with
             # no shard, except on Gloo, which it names (docs/frameworks.md)
-            checks["DCP FSDP SHARDED_STATE_DICT"] = lambda d, r, s: _dcp_fsdp1_sharded(
-                d, r, s, os.path.join(directory, backend, "fsdp1"))
+            checks["DCP FSDP SHARDED_STATE_DICT"] = functools.partial(
+                _dcp_fsdp1_sharded, path=os.path.join(directory, backend, "fsdp1"))
         if backend == "tensorcomm":  # Gloo can hang here: hooks issue calls from its threads
             checks["DDP PowerSGD, one bucket per parameter"] = _ddp_hook("powersgd_buckets")
         results[backend] = {name: _plain(check(dist, rank, size)) for name, check in checks.items()}
@@ -322,10 +324,11 @@ def test_torch_clients_on_tensorcomm_match_gloo(world_size: int, tmp_path: Any) 
             assert len(got) == len(expected), (name, rank)
             # float16 sums: tensorcomm accumulates in float32 and rounds once, Gloo rounds each step
             rtol, atol = (1e-3, 1e-5) if "fp16" in name else (1e-5, 1e-6)
-            for index, (a, b) in enumerate(zip(got, expected)):
+            for index, (a, b) in enumerate(zip(got, expected, strict=True)):
+                where = f"{name}, rank {rank}, tensor {index}"
                 torch.testing.assert_close(a, b, rtol=rtol, atol=atol,
-                                           msg=lambda m: f"{name}, rank {rank}, tensor {index}: {m}")
+                                           msg=lambda m, where=where: f"{where}: {m}")
         # Many buckets whose hooks issue further calls: every rank ends with the same model.
         for a, b in zip(ours["DDP PowerSGD, one bucket per parameter"],
-                        per_rank[0]["tensorcomm"]["DDP PowerSGD, one bucket per parameter"]):
+                        per_rank[0]["tensorcomm"]["DDP PowerSGD, one bucket per parameter"], strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
