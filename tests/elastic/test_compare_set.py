@@ -94,7 +94,7 @@ def test_a_store_without_it_says_so() -> None:
     class Minimal(HashStore):
         compare_set = Store.compare_set
 
-    with pytest.raises(NotImplementedError, match="Minimal has no compare_set; Group.shrink"):
+    with pytest.raises(NotImplementedError, match=r"Minimal has no compare_set; Group\.shrink"):
         Minimal().compare_set("k", b"", b"v")
 
 

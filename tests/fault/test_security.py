@@ -230,7 +230,7 @@ def test_a_plain_env_job_without_secret_runs_on_a_private_one(private_dir: Path)
 
 def test_a_non_loopback_store_without_secret_is_refused_at_once() -> None:
     start = time.monotonic()
-    with pytest.raises(RendezvousError, match="TENSORCOMM_SECRET is not set.*192.0.2.1.*generate_secret"):
+    with pytest.raises(RendezvousError, match=r"TENSORCOMM_SECRET is not set.*192\.0\.2\.1.*generate_secret"):
         rendezvous(None, 1, 2, 20.0, environ={"MASTER_ADDR": "192.0.2.1", "MASTER_PORT": "29500"})
     assert time.monotonic() - start < 5
 
@@ -238,7 +238,7 @@ def test_a_non_loopback_store_without_secret_is_refused_at_once() -> None:
 def test_a_hosted_store_without_secret_is_refused_at_once() -> None:
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "TENSORCOMM_STORE_HOSTED": "1"}
     start = time.monotonic()
-    with pytest.raises(RendezvousError, match="TENSORCOMM_STORE_HOSTED.*TENSORCOMM_SECRET"):
+    with pytest.raises(RendezvousError, match=r"TENSORCOMM_STORE_HOSTED.*TENSORCOMM_SECRET"):
         rendezvous(None, 1, 2, 20.0, environ=env)
     assert time.monotonic() - start < 5
 

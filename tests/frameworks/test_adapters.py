@@ -199,7 +199,7 @@ def test_jax_arrays_are_inputs_and_refused_as_in_place_outputs() -> None:
     x = jnp.arange(4, dtype=jnp.bfloat16)
     staged = Staged(x, "x", writable=False)
     assert staged.array.dtype == ml_dtypes.bfloat16 and staged.array.tolist() == [0, 1, 2, 3]
-    with pytest.raises(TypeError, match="tensorcomm.ops"):
+    with pytest.raises(TypeError, match=r"tensorcomm\.ops"):
         Staged(x, "all_reduce: tensor", writable=True)
     returned = staged.adapter.new_like(x, np.ones(2, ml_dtypes.bfloat16))
     assert isinstance(returned, jax.Array) and returned.dtype == jnp.bfloat16

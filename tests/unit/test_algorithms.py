@@ -482,7 +482,7 @@ def test_loopback_refuses_a_message_from_a_different_call():
     theirs = signature("all_reduce", np.dtype(np.float32), 4, ReduceOp.SUM)
     mine = signature("all_reduce", np.dtype(np.float32), 4, ReduceOp.MAX)
     hub.transport(0).isend(1, as_bytes(np.zeros(4, np.float32)), tag=1, signature=theirs)
-    with pytest.raises(CollectiveMismatchError, match="rank 0 called all_reduce.*op=sum.*op=max"):
+    with pytest.raises(CollectiveMismatchError, match=r"rank 0 called all_reduce.*op=sum.*op=max"):
         hub.transport(1).irecv(0, as_bytes(np.zeros(4, np.float32)), tag=1, signature=mine).wait(1)
 
 

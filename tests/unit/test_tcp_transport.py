@@ -83,7 +83,7 @@ def test_abort_frame_fails_only_that_group(pair):
     fine = transport.irecv(1, memoryview(bytearray(1)), collective_tag(4, 0, 0))
     record = framing.ABORT_RECORD.pack(2, -1) + b"rank 1 saw a mismatch"
     peer.sendall(_frame(3, record, kind=framing.KIND_ABORT))
-    with pytest.raises(CollectiveMismatchError, match="saw a mismatch .reported by rank 1."):
+    with pytest.raises(CollectiveMismatchError, match=r"saw a mismatch \(reported by rank 1\)"):
         doomed.wait(5)
     peer.sendall(_frame(collective_tag(4, 0, 0), b"x"))
     fine.wait(5)
@@ -271,7 +271,7 @@ def test_a_peer_that_stops_reading_fails_the_send_at_its_deadline():
     stalled = TcpTransport(0, 2, {1: mine}, send_timeout=0.5)
     try:
         request = stalled.isend(1, memoryview(bytes(32 << 20)), collective_tag(0, 1, 0))
-        with pytest.raises(CommTimeoutError, match="rank 1 took no data for 0.5 s"):
+        with pytest.raises(CommTimeoutError, match=r"rank 1 took no data for 0\.5 s"):
             request.wait(10)
         with pytest.raises(PeerLostError, match="stalled send"):  # the link is closed for good
             stalled.isend(1, memoryview(b"x"), collective_tag(0, 2, 0)).wait(1)
