@@ -63,7 +63,8 @@ def body_reduce() -> None:
                     before = x.copy()
                     tc.reduce(x, dst=dst, op=op)
                     if rank == dst:
-                        expected = reduce_reference(op, [rank_data(r, count, dtype, op=op) for r in range(size)])
+                        expected = reduce_reference(op, [rank_data(r, count, dtype, op=op)
+                                                         for r in range(size)])
                         _assert_reduced(x, expected, op, f"reduce {op} to {dst}")
                     else:
                         np.testing.assert_array_equal(x, before)
@@ -107,10 +108,12 @@ def body_gather_scatter() -> None:
             untouched = [np.full(count, -1, np.float32) for _ in range(size)]
             tc.gather(x, untouched, dst=root)  # non-roots pass a list too: left untouched
             for r in range(size):
-                expected = rank_data(r, (count,), np.float32) if rank == root else np.full(count, -1, np.float32)
+                expected = (rank_data(r, (count,), np.float32) if rank == root
+                            else np.full(count, -1, np.float32))
                 np.testing.assert_array_equal(untouched[r], expected)
             out = np.zeros(count, np.int32)
-            pieces = [rank_data(r, (count,), np.int32, salt=root) for r in range(size)] if rank == root else None
+            pieces = ([rank_data(r, (count,), np.int32, salt=root) for r in range(size)] if rank == root
+                      else None)
             tc.scatter(out, pieces, src=root)
             np.testing.assert_array_equal(out, rank_data(rank, (count,), np.int32, salt=root))
 
@@ -125,7 +128,8 @@ def body_reduce_scatter() -> None:
                 inputs = [rank_data(rank, count, dtype, salt=i, op=op) for i in range(size)]
                 out = np.zeros(count, dtype)
                 tc.reduce_scatter(out, inputs, op=op)
-                expected = reduce_reference(op, [rank_data(r, count, dtype, salt=rank, op=op) for r in range(size)])
+                expected = reduce_reference(op, [rank_data(r, count, dtype, salt=rank, op=op)
+                                                 for r in range(size)])
                 _assert_reduced(out, expected, op, f"reduce_scatter {op} {np.dtype(dtype)}")
                 whole = np.concatenate(inputs)
                 out2 = np.zeros(count, dtype)
@@ -189,7 +193,7 @@ def body_async() -> None:
     y = np.full(10, rank, np.int64)
     tc.all_reduce(y, op="max")  # a blocking call behind pending async ones keeps issue order
     assert (y == size - 1).all()
-    for i, (x, work) in enumerate(zip(xs, works)):
+    for i, (x, work) in enumerate(zip(xs, works, strict=True)):
         assert work.wait(timeout=30) is True
         assert work.is_completed() and work.exception() is None
         assert (x == sum(r + i for r in range(size))).all()

@@ -53,7 +53,7 @@ def _close(got, expected, i: int, what: str) -> None:
 
 def body_strategies() -> None:
     rank, size = tc.get_rank(), tc.get_world_size()
-    everyone = [r for r in range(size)]
+    everyone = list(range(size))
     for strategy in _strategies():
         for op, mean in ((cd.ReduceOp.SUM, False), ("mean", True), ("SUM", False), (tc.ReduceOp.AVG, True)):
             what = f"{strategy!r} {op}"
@@ -65,7 +65,8 @@ def body_strategies() -> None:
             last, some = size - 1, everyone[::2]
             pairs = [(values[0], everyone), (values[1], last), (values[3], some), (values[4], "all")]
             results = strategy.batch_reduce(op, pairs)
-            for (i, dests), got in zip([(0, everyone), (1, [last]), (3, some), (4, everyone)], results):
+            for (i, dests), got in zip([(0, everyone), (1, [last]), (3, some), (4, everyone)], results,
+                                       strict=True):
                 if rank in dests:
                     _close(got, _expected(size, i, mean), i, f"{what} to {dests}")
                 else:
@@ -89,12 +90,12 @@ def body_strategies() -> None:
     kept = [a.copy() for a in ints]
     out = cd.AllReduceCrossDeviceOps(2).batch_reduce("sum", [(a, None) for a in ints])
     assert (out[0] == sum(range(size))).all() and out[1].dtype == np.int32
-    for a, b in zip(ints, kept):
+    for a, b in zip(ints, kept, strict=True):
         np.testing.assert_array_equal(a, b)
 
 
 def body_errors() -> None:
-    rank, size = tc.get_rank(), tc.get_world_size()
+    size = tc.get_world_size()
     strategy = cd.AllReduceCrossDeviceOps()
     x = np.ones(3, np.float32)
     with pytest.raises(ValueError, match="num_packs must be a non-negative integer, got -1"):

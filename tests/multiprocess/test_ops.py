@@ -109,7 +109,7 @@ def body_alltoall() -> None:
 
 
 def body_errors() -> None:
-    rank, size = tc.get_rank(), tc.get_world_size()
+    size = tc.get_world_size()
     x = np.ones((size * 2, 4), np.float32)
     _raises(TypeError, "AllReduce: input_x dtype bool", AllReduce(), np.ones(3, np.bool_))
     _raises(TypeError, "AllReduce: group must be a group name", AllReduce, "sum", 3)

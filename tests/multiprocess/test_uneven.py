@@ -20,7 +20,7 @@ def body_uneven() -> None:
     rank, size = tc.get_rank(), tc.get_world_size()
     for dtype in (np.int64, np.float16, ml_dtypes.bfloat16, np.complex128):
         for trailing in ((), (3,), (2, 0)):
-            everyone = [rank_data(r, (_rows(r),) + trailing, dtype) for r in range(size)]
+            everyone = [rank_data(r, (_rows(r), *trailing), dtype) for r in range(size)]
             x, before = everyone[rank].copy(), everyone[rank].copy()
             joined = np.concatenate(everyone)
             sizes = [_rows(r) for r in range(size)]
@@ -38,7 +38,7 @@ def body_uneven() -> None:
                 else:
                     assert result is None
                 splits = [_rows(r + root) for r in range(size)]
-                source = rank_data(root, (sum(splits),) + trailing, dtype, salt=5)
+                source = rank_data(root, (sum(splits), *trailing), dtype, salt=5)
                 piece = tc.scatter_v(source if rank == root else None, splits if rank == root else None,
                                      src=root)
                 start = sum(splits[:rank])
@@ -47,13 +47,13 @@ def body_uneven() -> None:
 
             # all_to_all_v: rank r sends (r + j) % 3 rows to rank j; receivers do not know the sizes
             send = [(rank + j) % 3 for j in range(size)]
-            data = rank_data(rank, (sum(send),) + trailing, dtype, salt=9)
+            data = rank_data(rank, (sum(send), *trailing), dtype, salt=9)
             received, splits = tc.all_to_all_v(data, send)
             assert splits == [(r + rank) % 3 for r in range(size)]
             expected = []
             for r in range(size):
                 theirs = [(r + j) % 3 for j in range(size)]
-                their_data = rank_data(r, (sum(theirs),) + trailing, dtype, salt=9)
+                their_data = rank_data(r, (sum(theirs), *trailing), dtype, salt=9)
                 expected.append(their_data[sum(theirs[:rank]):sum(theirs[:rank + 1])])
             np.testing.assert_array_equal(received, np.concatenate(expected))
     # equal splits by default
@@ -81,7 +81,7 @@ def body_errors() -> None:
         tc.all_gather_v(np.ones((2, 3 if rank == 1 else 4), np.float32))
     with pytest.raises(tc.CollectiveMismatchError, match="disagree on the dtype"):
         tc.all_to_all_v(np.ones(size, np.float64 if rank == 1 else np.float32))
-    out, sizes = tc.all_gather_v(np.ones(1))
+    _, sizes = tc.all_gather_v(np.ones(1))
     assert sizes == [1] * size
 
 
