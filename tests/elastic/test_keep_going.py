@@ -42,8 +42,8 @@ def test_without_keep_going_the_first_failure_still_stops_everyone() -> None:
 
 
 def test_when_every_rank_fails_the_first_failure_is_the_exit_code() -> None:
-    code = spawner.run_ranks(_specs("raise SystemExit(5)", "import time; time.sleep(0.5); raise SystemExit(6)"),
-                             keep_going=True, timeout=30, stdout=io.StringIO(), stderr=io.StringIO())
+    specs = _specs("raise SystemExit(5)", "import time; time.sleep(0.5); raise SystemExit(6)")
+    code = spawner.run_ranks(specs, keep_going=True, timeout=30, stdout=io.StringIO(), stderr=io.StringIO())
     assert code == 5
 
 

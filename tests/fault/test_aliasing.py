@@ -40,7 +40,8 @@ def body_in_place(count: int) -> dict[str, bool]:
     out = np.zeros(block * n, np.float32)  # all_gather_into_tensor: the input is its own block
     out.reshape(n, -1)[r] = _data(r, block)
     tc.all_gather_into_tensor(out, out.reshape(n, -1)[r])
-    results["all_gather_into_tensor"] = np.array_equal(out, np.concatenate([_data(q, block) for q in range(n)]))
+    results["all_gather_into_tensor"] = np.array_equal(out,
+                                                       np.concatenate([_data(q, block) for q in range(n)]))
 
     outs = [np.zeros(block, np.float32) for _ in range(n)]  # all_gather: the input is another slot
     source = outs[(r + 1) % n]

@@ -108,7 +108,9 @@ def body_stop_mid_all_reduce(stamp_dir: str) -> dict:
         tc.all_reduce(x)
     except tc.CommTimeoutError as exc:
         try:  # the other survivor may have killed it first, and its parent reaped it
-            os.kill(int(open(os.path.join(stamp_dir, f"pid{VICTIM}")).read()), signal.SIGKILL)
+            with open(os.path.join(stamp_dir, f"pid{VICTIM}")) as f:
+                victim = int(f.read())
+            os.kill(victim, signal.SIGKILL)
         except ProcessLookupError:
             pass
         return {"elapsed": time.monotonic() - start, "message": str(exc)}

@@ -116,7 +116,8 @@ def test_two_jobs_get_different_secrets(private_dir: Path) -> None:
     secrets = []
     for _ in range(2):
         url = f"tcp://127.0.0.1:{free_port()}"
-        rdvs = ok(in_threads(2, lambda rank: rendezvous(url, rank, 2, 10.0, environ=env_for(private_dir))))
+        rdvs = ok(in_threads(2, lambda rank, url=url: rendezvous(url, rank, 2, 10.0,
+                                                                 environ=env_for(private_dir))))
         secrets.append(rdvs[0].secret)
         for rdv in reversed(rdvs):
             rdv.close()
@@ -330,7 +331,8 @@ HELLO_AND_READ = textwrap.dedent("""
 
 
 @needs_root
-def test_the_segment_leader_refuses_another_user(caplog: pytest.LogCaptureFixture, nobody_python: str) -> None:
+def test_the_segment_leader_refuses_another_user(caplog: pytest.LogCaptureFixture,
+                                                  nobody_python: str) -> None:
     caplog.set_level(logging.WARNING, logger="tensorcomm.shm")
     answers: list[str] = []
 
