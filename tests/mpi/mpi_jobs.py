@@ -25,7 +25,8 @@ RANK_MAIN = Path(__file__).resolve().parent / "rank_main.py"
 def missing() -> str | None:
     """Why MPI jobs cannot run on this machine, or None."""
     if importlib.util.find_spec("mpi4py") is None:
-        return "mpi4py is not installed (pip install 'tensorcomm[mpi]' after apt-get install mpich libmpich-dev)"
+        return ("mpi4py is not installed "
+                "(pip install 'tensorcomm[mpi]' after apt-get install mpich libmpich-dev)")
     if shutil.which("mpiexec") is None:
         return "mpiexec is not on PATH (apt-get install mpich)"
     return None

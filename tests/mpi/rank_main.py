@@ -192,7 +192,7 @@ def main() -> None:
     name, *args = sys.argv[1:]
     try:
         result = SCENARIOS[name](*args)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 (any failure, SystemExit too, ends the rank with its traceback)
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()

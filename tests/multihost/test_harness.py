@@ -67,8 +67,8 @@ def test_hosts_reach_each_other_over_their_own_subnet_only(netns_cluster: MakeCl
     cluster = netns_cluster(2)
     for host in cluster.hosts:
         routes = [line.strip() for line in _ip("-n", host.netns, "route", "show").splitlines()]
-        assert routes == [f"10.77.0.0/24 dev {host.ifname} proto kernel scope link src "
-                          f"{host.address}"], routes
+        expected = f"10.77.0.0/24 dev {host.ifname} proto kernel scope link src {host.address}"
+        assert routes == [expected], routes
     server = cluster.spawn(cluster.hosts[0], [sys.executable, "-c", LISTEN])
     client = cluster.spawn(cluster.hosts[1], [sys.executable, "-c", CONNECT,
                                               cluster.hosts[0].address, "7000"])

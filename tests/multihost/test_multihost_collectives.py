@@ -154,7 +154,7 @@ def test_every_collective_across_hosts(netns_cluster: MakeCluster, tmp_path: Pat
                        for i, r in enumerate(results))
     print(report)
     assert [r.returncode for r in results] == [0] * hosts, report
-    for host, result in zip(cluster.hosts, results):
+    for host, result in zip(cluster.hosts, results, strict=True):
         ranks = range(host.index * per_host, (host.index + 1) * per_host)
         for rank in ranks:
             # Output comes back with the global rank as prefix, from the node that ran it.
