@@ -172,7 +172,12 @@ def test_recv_exact_reads_across_chunks_and_restores_timeout() -> None:
     with a, b:
         a.settimeout(7.0)
         b.sendall(b"abc")
-        thread, _ = run_side(lambda: (time.sleep(0.02), b.sendall(b"defg")) and None)
+
+        def send_the_rest_later() -> None:
+            time.sleep(0.02)
+            b.sendall(b"defg")
+
+        thread, _ = run_side(send_the_rest_later)
         assert recv_exact(a, 7, 2) == b"abcdefg"
         assert a.gettimeout() == 7.0
         thread.join(5)

@@ -276,7 +276,7 @@ def _rows() -> list[Row]:
 
 
 def test_rows_and_ratios():
-    ours, gloo, mindspore = _rows()
+    ours, _, mindspore = _rows()
     assert ours.size == 1024 and ours.time_us == pytest.approx(200.0)
     assert (ours.min_us, ours.max_us) == pytest.approx((100.0, 300.0))
     assert ours.busbw == pytest.approx(busbw("all_reduce", 1024, 2e-4, 2))

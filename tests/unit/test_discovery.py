@@ -42,7 +42,8 @@ def test_first_source_wins(env: dict[str, str], source: str) -> None:
 
 
 def test_master_address_is_read_whatever_the_source() -> None:
-    info = discover({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "MASTER_ADDR": "node1", "MASTER_PORT": "29500"})
+    info = discover({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "MASTER_ADDR": "node1",
+                     "MASTER_PORT": "29500"})
     assert (info.master_addr, info.master_port) == ("node1", 29500)
 
 
@@ -105,7 +106,8 @@ def test_reads_os_environ_when_not_given(monkeypatch: pytest.MonkeyPatch) -> Non
     ({"TENSORCOMM_TIMEOUT": "soon"}, "TENSORCOMM_TIMEOUT='soon'"),
     ({"TENSORCOMM_TIMEOUT": "-3"}, "TENSORCOMM_TIMEOUT='-3'"),
     ({"TENSORCOMM_TIMEOUT": "inf"}, "TENSORCOMM_TIMEOUT='inf'"),
-    ({"TENSORCOMM_TIMEOUT": "1e10"}, "TENSORCOMM_TIMEOUT='1e10': expected a positive number of seconds, at most"),
+    ({"TENSORCOMM_TIMEOUT": "1e10"},
+     "TENSORCOMM_TIMEOUT='1e10': expected a positive number of seconds, at most"),
     ({"TENSORCOMM_SECRET": ""}, "TENSORCOMM_SECRET=''"),
 ])
 def test_malformed_values_name_variable_and_value(env: dict[str, str], named: str) -> None:

@@ -89,7 +89,8 @@ def test_timeout_must_be_positive_seconds(timeout: object, error: type) -> None:
     ({"MASTER_PORT": "1"}, 0, 2, "MASTER_ADDR is not set"),
     ({"MASTER_ADDR": "127.0.0.1"}, 0, 2, "MASTER_PORT is not set"),
 ])
-def test_env_names_the_variable_to_set(env: dict, rank: int | None, world_size: int | None, named: str) -> None:
+def test_env_names_the_variable_to_set(env: dict, rank: int | None, world_size: int | None,
+                                       named: str) -> None:
     with pytest.raises(ValueError, match=f"env://: .*{named}"):
         rendezvous(None, rank, world_size, 1.0, environ=env)
 
@@ -135,10 +136,12 @@ def test_env_with_three_ranks_reads_everything_from_the_environment() -> None:
             "TENSORCOMM_SECRET": "s3cret", "TENSORCOMM_HOST_ID": "hostA"}
 
     def join(rank: int) -> Rendezvous:
-        return rendezvous("env://", None, None, 5.0, environ={**base, "RANK": str(rank), "LOCAL_RANK": str(rank)})
+        return rendezvous("env://", None, None, 5.0,
+                          environ={**base, "RANK": str(rank), "LOCAL_RANK": str(rank)})
 
     rdvs = as_ranks(3, join)
-    assert [(r.rank, r.local_rank, r.host_id) for r in rdvs] == [(0, 0, "hostA"), (1, 1, "hostA"), (2, 2, "hostA")]
+    assert [(r.rank, r.local_rank, r.host_id) for r in rdvs] == [(0, 0, "hostA"), (1, 1, "hostA"),
+                                                                 (2, 2, "hostA")]
     assert {r.secret for r in rdvs} == {b"s3cret"}
     exchange_and_close(rdvs)
 

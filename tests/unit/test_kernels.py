@@ -37,9 +37,7 @@ def defined(op, dtype: np.dtype) -> bool:
         return False
     if base in (ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PROD) and dtype in COMPLEX:
         return False
-    if base in (ReduceOp.AVG, ReduceOp.PREMUL_SUM) and not floating:
-        return False
-    return True
+    return base not in (ReduceOp.AVG, ReduceOp.PREMUL_SUM) or floating  # they need a float or complex dtype
 
 
 def sample(dtype: np.dtype, seed: int, count: int = 17) -> np.ndarray:

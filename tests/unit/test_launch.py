@@ -261,7 +261,7 @@ def test_secret_from_env_is_passed_and_launcher_environ_untouched(
         tmp_path: Path, store: None, monkeypatch: pytest.MonkeyPatch,
         capfd: pytest.CaptureFixture[str]) -> None:
     script = _script(tmp_path, "import os; print(os.environ['TENSORCOMM_SECRET'])\n")
-    for name in LAUNCHER_VARS + ("RANK", "WORLD_SIZE", "MASTER_PORT", "TENSORCOMM_STORE_HOSTED"):
+    for name in (*LAUNCHER_VARS, "RANK", "WORLD_SIZE", "MASTER_PORT", "TENSORCOMM_STORE_HOSTED"):
         monkeypatch.delenv(name, raising=False)
     before = dict(os.environ)
     assert cli.main(["run", "-n", "2", script]) == 0

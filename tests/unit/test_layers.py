@@ -110,7 +110,7 @@ def test_no_import_cycles() -> None:
 
     def visit(module: str) -> None:
         if module in visiting:
-            cycle = visiting[visiting.index(module):] + [module]
+            cycle = [*visiting[visiting.index(module):], module]
             pytest.fail("import cycle: " + " -> ".join(cycle))
         if module in done:
             return

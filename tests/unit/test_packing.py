@@ -44,9 +44,9 @@ def test_num_packs_zero_is_one_pack_per_value_and_empty_packs_are_dropped():
 def test_packs_are_per_dtype_in_first_appearance_order():
     arrays = _arrays([2, 3, 4, 5], dtypes=(np.float32, np.int64))
     layouts = packing.by_num_packs(arrays, 2)
-    assert [l.dtype for l in layouts] == [np.dtype(np.float32), np.dtype(np.int64)]
-    assert [l.indices for l in layouts] == [(0, 2), (1, 3)]
-    assert [_pack_sizes(l) for l in layouts] == [[3, 3], [4, 4]]
+    assert [layout.dtype for layout in layouts] == [np.dtype(np.float32), np.dtype(np.int64)]
+    assert [layout.indices for layout in layouts] == [(0, 2), (1, 3)]
+    assert [_pack_sizes(layout) for layout in layouts] == [[3, 3], [4, 4]]
 
 
 def test_bytes_per_pack_greedy_in_reverse_order():
@@ -82,7 +82,7 @@ def test_round_trip_and_coverage(sizes, dtype_count, num_packs, bytes_per_pack):
     shapes = [a.shape for a in arrays]
     for layouts in (packing.by_num_packs(arrays, num_packs),
                     packing.by_bytes_per_pack(arrays, bytes_per_pack)):
-        assert sorted(i for l in layouts for i in l.indices) == list(range(len(arrays)))
+        assert sorted(i for layout in layouts for i in layout.indices) == list(range(len(arrays)))
         restored = {}
         for layout in layouts:
             buffer = layout.pack(arrays)

@@ -146,5 +146,6 @@ def test_wire_dtype_variable_is_checked():
 
     assert wire_dtype({}) is None
     assert wire_dtype({"TENSORCOMM_WIRE_DTYPE": " BFloat16 "}) == "bfloat16"
-    with pytest.raises(ValueError, match="TENSORCOMM_WIRE_DTYPE='fp8': expected one of 'bfloat16', 'float16'"):
+    with pytest.raises(ValueError,
+                       match="TENSORCOMM_WIRE_DTYPE='fp8': expected one of 'bfloat16', 'float16'"):
         wire_dtype({"TENSORCOMM_WIRE_DTYPE": "fp8"})
