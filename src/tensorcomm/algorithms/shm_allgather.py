@@ -69,8 +69,10 @@ def _copy_rounds(ctx: Ctx, out: np.ndarray, offsets: Sequence[int], senders: Seq
 def _copy_slots(out: np.ndarray, slots: Any, offsets: Sequence[int], skip: int) -> None:
     """Every member's slot (a strided ``(members, count)`` view, or one view per member) into
     its block of ``out``; member ``skip``'s block is left for the caller."""
-    if isinstance(slots, np.ndarray):
-        out.reshape(len(slots), -1)[...] = slots  # the skipped block too: it is rewritten after
+    if isinstance(slots, np.ndarray):  # two numpy calls: the members before and after skip
+        blocks = out.reshape(len(slots), -1)
+        blocks[:skip] = slots[:skip]
+        blocks[skip + 1:] = slots[skip + 1:]
         return
     for q, slot in enumerate(slots):
         if q != skip:
