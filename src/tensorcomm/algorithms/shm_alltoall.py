@@ -37,12 +37,13 @@ def _state(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int],
     header = np.zeros(header_bytes, dtype=np.uint8)
     header[:offsets.nbytes] = offsets.view(np.uint8)
     headers = tuple(d.stacked(p, np.dtype(np.int64), n + 1) for p in (0, 1))
-    expected = np.array(recv_counts, dtype=np.int64) * itemsize
+    expected = [count * itemsize for count in recv_counts]
     count = recv_counts[0]
     uniform = None
     if len(set(recv_counts)) == 1 and header_bytes + n * count * itemsize <= d.slot_bytes:
         start = r * count * itemsize
-        uniform = start, tuple(d.stacked(p, send.dtype, count, offset=header_bytes + start) for p in (0, 1))
+        uniform = ([[start, start + count * itemsize]] * n,
+                   tuple(d.stacked(p, send.dtype, count, offset=header_bytes + start) for p in (0, 1)))
     return header, header_bytes, headers, expected, bounds(send_counts), bounds(recv_counts), uniform
 
 
@@ -67,25 +68,26 @@ def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.n
     whole: list[np.ndarray] = []  # the one-call view of every block, when it applies
 
     def verify(parity: int, extents: list[int]) -> None:
-        heads = headers[parity]
-        starts = heads[:, r]
-        sizes = heads[:, r + 1] - starts
-        if not np.array_equal(sizes, expected):
-            q = int(np.flatnonzero(sizes != expected)[0])
-            raise CollectiveMismatchError(
-                f"rank {d.global_ranks[q]} called {ctx.name} sending {int(sizes[q]) // itemsize} "
-                f"elements to rank {d.global_ranks[r]}, which called it expecting "
-                f"{int(expected[q]) // itemsize}, at step {ctx.seq}")
-        if uniform is not None and max(extents) <= d.slot_bytes and (starts == uniform[0]).all():
+        pairs = headers[parity][:, r:r + 2].tolist()  # where each member's block for r lies
+        if uniform is not None and pairs == uniform[0] and max(extents) <= d.slot_bytes:
             whole.append(uniform[1][parity])
             return
+        sizes = [stop - start for start, stop in pairs]
+        if sizes != expected:
+            q = next(q for q, size in enumerate(sizes) if size != expected[q])
+            raise CollectiveMismatchError(
+                f"rank {d.global_ranks[q]} called {ctx.name} sending {sizes[q] // itemsize} "
+                f"elements to rank {d.global_ranks[r]}, which called it expecting "
+                f"{expected[q] // itemsize}, at step {ctx.seq}")
         for q in d.peers:
-            start = int(starts[q]) + header_bytes
-            taken.append((q, start, start + int(sizes[q])))
+            start = pairs[q][0] + header_bytes
+            taken.append((q, start, start + sizes[q]))
 
     def read(parity: int, lo: int, hi: int, journal: Journal | None) -> None:
         if whole:
-            out.reshape(d.size, -1)[...] = whole[0]  # this member's own block too: rewritten after
+            blocks, slots = out.reshape(d.size, -1), whole[0]  # the peers' blocks, around r's
+            blocks[:r] = slots[:r]
+            blocks[r + 1:] = slots[r + 1:]
             return
         for q, start, stop in taken:
             a, b = max(lo, start), min(hi, stop)
