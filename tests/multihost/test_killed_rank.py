@@ -75,7 +75,6 @@ def test_survivors_fail_in_time_with_arrays_untouched_or_complete(netns_cluster:
                 records[rank] = json.loads(path.read_text())
         assert time.monotonic() < deadline, ("survivors reported nothing", [j.output() for j in jobs])
         time.sleep(0.05)
-    print(records)
     for record in records.values():
         assert record["type"] in ("PeerLostError", "GroupAbortedError", "CommTimeoutError"), record
         assert record["failed"] - record["started"] <= TIMEOUT + SLACK, record
