@@ -12,6 +12,7 @@ from tensorcomm.bench.peers.mpi4py_ import parse_launcher
 from tensorcomm.errors import CollectiveMismatchError, CommTimeoutError, GroupAbortedError, PeerLostError
 from tensorcomm.rendezvous.discovery import discover
 from tensorcomm.signature import signature
+from tensorcomm.transports.base import decode_abort, encode_abort
 from tensorcomm.transports.mpi import framing
 
 MPICH_VERSION = """HYDRA build details:
@@ -40,7 +41,7 @@ def test_header_round_trip():
 @pytest.mark.parametrize("error", [PeerLostError(3, "it exited"), CollectiveMismatchError("x vs y"),
                                    CommTimeoutError("late"), GroupAbortedError("stop")])
 def test_abort_causes_keep_their_class(error):
-    decoded = framing.decode_abort(1, memoryview(framing.encode_abort(error)))
+    decoded = decode_abort(1, memoryview(encode_abort(error, framing.MAX_ABORT_BYTES)))
     assert type(decoded) is type(error)
     assert "(reported by rank 1)" in str(decoded)
     if isinstance(error, PeerLostError):

@@ -16,7 +16,7 @@ from tensorcomm import config
 from tensorcomm.errors import CollectiveMismatchError, CommTimeoutError, GroupAbortedError, PeerLostError
 from tensorcomm.rendezvous.store import HashStore
 from tensorcomm.signature import signature
-from tensorcomm.transports.base import ANY_SOURCE, collective_tag
+from tensorcomm.transports.base import ANY_SOURCE, collective_tag, encode_abort
 from tensorcomm.transports.tcp import framing
 from tensorcomm.transports.tcp import mesh as mesh_module
 from tensorcomm.transports.tcp.mesh import connect_mesh
@@ -81,7 +81,7 @@ def test_abort_frame_fails_only_that_group(pair):
     transport, peer = pair
     doomed = transport.irecv(1, memoryview(bytearray(1)), collective_tag(3, 0, 0))
     fine = transport.irecv(1, memoryview(bytearray(1)), collective_tag(4, 0, 0))
-    record = framing.ABORT_RECORD.pack(2, -1) + b"rank 1 saw a mismatch"
+    record = encode_abort(CollectiveMismatchError("rank 1 saw a mismatch"), framing.MAX_ABORT_BYTES)
     peer.sendall(_frame(3, record, kind=framing.KIND_ABORT))
     with pytest.raises(CollectiveMismatchError, match=r"saw a mismatch \(reported by rank 1\)"):
         doomed.wait(5)

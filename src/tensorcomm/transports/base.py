@@ -9,13 +9,14 @@ partial or overflowing write.
 from __future__ import annotations
 
 import abc
+import struct
 from collections.abc import Hashable, Sequence
 from typing import Protocol
 
 import numpy as np
 
 from .. import config
-from ..errors import CollectiveMismatchError
+from ..errors import CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError, PeerLostError
 from ..signature import Signature
 
 ANY_SOURCE = -1
@@ -156,6 +157,34 @@ def signature_mismatch(peer: int, theirs: Signature | None, rank: int,
         return None
     return CollectiveMismatchError(f"rank {peer} called {theirs.describe()} while rank {rank} "
                                    f"called {mine.describe()}")
+
+
+# How an abort's cause travels between ranks: its class as a small code, the rank it names
+# (PeerLostError) or -1, then its message in UTF-8; the receiving rank rebuilds the error.
+_ABORT_RECORD = struct.Struct("<Bi")
+_ERROR_CODES: tuple[type[CommError], ...] = (GroupAbortedError, PeerLostError, CollectiveMismatchError,
+                                             CommTimeoutError)
+
+
+def encode_abort(error: BaseException, max_bytes: int) -> bytes:
+    """The payload that tells a peer why a group was aborted, at most ``max_bytes`` long."""
+    code = next((i for i, kind in enumerate(_ERROR_CODES) if isinstance(error, kind)), 0)
+    rank = error.rank if isinstance(error, PeerLostError) else -1
+    message = str(error).encode("utf-8", "replace")[:max_bytes - _ABORT_RECORD.size]
+    return _ABORT_RECORD.pack(code, rank) + message
+
+
+def decode_abort(peer: int, payload: bytes | memoryview) -> CommError:
+    """The error an abort payload from ``peer`` carries, rebuilt as its class."""
+    if len(payload) < _ABORT_RECORD.size:
+        return GroupAbortedError(f"rank {peer} aborted the group")
+    code, rank = _ABORT_RECORD.unpack_from(payload)
+    message = bytes(payload[_ABORT_RECORD.size:]).decode("utf-8", "replace")
+    if "(reported by rank" not in message:
+        message += f" (reported by rank {peer})"
+    if code == 1:
+        return PeerLostError(rank, message.removeprefix(f"peer rank {rank} was lost: "))
+    return _ERROR_CODES[code if 0 <= code < len(_ERROR_CODES) else 0](message)
 
 
 def as_bytes(array: np.ndarray) -> memoryview:

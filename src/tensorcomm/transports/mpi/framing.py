@@ -1,15 +1,13 @@
-"""The header every tensorcomm message over MPI starts with, and how an abort's cause travels.
+"""The header every tensorcomm message over MPI starts with (abort payloads: ``transports.base``).
 
 A header holds the message's kind, its 64-bit tensorcomm tag, its payload size, the sender's call
-signature and, for bulk messages, the MPI tag the payload follows on. Imports ``errors`` and the
-``Signature`` value type only.
+signature and, for bulk messages, the MPI tag the payload follows on. Imports the ``Signature`` value type only.
 """
 
 from __future__ import annotations
 
 import struct
 
-from ...errors import CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError, PeerLostError
 from ...signature import Signature
 
 # kind, collective, op, has signature, dtype, (pad), root, bulk MPI tag, tag, nbytes, count
@@ -25,10 +23,7 @@ BYE = 6  # the sender's transport is closing
 EAGER_TAG = 1  # the MPI tag of every header; bulk payloads use tags above it
 FIRST_BULK_TAG = 2
 
-_ABORT_RECORD = struct.Struct("<Bi")  # error class code, rank (PeerLostError) or -1
-_MAX_ABORT_BYTES = 4096
-_ERROR_CODES: tuple[type[CommError], ...] = (GroupAbortedError, PeerLostError, CollectiveMismatchError,
-                                             CommTimeoutError)
+MAX_ABORT_BYTES = 4096  # an ABORT payload (transports.base.encode_abort)
 
 
 def frame(kind: int, tag: int, payload: memoryview | bytes = b"", signature: Signature | None = None,
@@ -56,23 +51,3 @@ def parse(buffer: bytearray) -> tuple[int, int, int, int, Signature | None]:
     signature = Signature(collective, dtype, count, op, root) if signed else None
     return kind, tag, nbytes, bulk, signature
 
-
-def encode_abort(error: BaseException) -> bytes:
-    """The payload of an ``ABORT``: the error's class, its rank if it names one, its message."""
-    code = next((i for i, kind in enumerate(_ERROR_CODES) if isinstance(error, kind)), 0)
-    rank = error.rank if isinstance(error, PeerLostError) else -1
-    message = str(error).encode("utf-8", "replace")[:_MAX_ABORT_BYTES - _ABORT_RECORD.size]
-    return _ABORT_RECORD.pack(code, rank) + message
-
-
-def decode_abort(peer: int, payload: memoryview) -> CommError:
-    """The error an ``ABORT`` from ``peer`` carries, rebuilt as its class."""
-    if len(payload) < _ABORT_RECORD.size:
-        return GroupAbortedError(f"rank {peer} aborted the group")
-    code, rank = _ABORT_RECORD.unpack_from(payload)
-    message = bytes(payload[_ABORT_RECORD.size:]).decode("utf-8", "replace")
-    if "(reported by rank" not in message:
-        message += f" (reported by rank {peer})"
-    if code == 1:
-        return PeerLostError(rank, message.removeprefix(f"peer rank {rank} was lost: "))
-    return _ERROR_CODES[code if 0 <= code < len(_ERROR_CODES) else 0](message)

@@ -36,7 +36,15 @@ from typing import Any, NamedTuple
 
 from ...errors import CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError, PeerLostError
 from ...signature import Signature
-from ..base import ANY_SOURCE, Transport, call_of_tag, group_of_tag, signature_mismatch
+from ..base import (
+    ANY_SOURCE,
+    Transport,
+    call_of_tag,
+    decode_abort,
+    encode_abort,
+    group_of_tag,
+    signature_mismatch,
+)
 from . import comm as mpi_comm
 from . import framing
 
@@ -197,7 +205,7 @@ class MpiTransport(Transport):
             self._arrived(source, tag, _Incoming(nbytes, payload if kind == framing.DATA else None,
                                                  bulk, signature))
         elif kind == framing.ABORT:
-            self.abort_group(tag, framing.decode_abort(source, payload))
+            self.abort_group(tag, decode_abort(source, payload))
         elif kind == framing.PROBE:
             latest = self._latest.get(tag, -1)
             self._send(source, framing.frame(framing.PROBE_REPLY, tag, b"", self._calls.get((tag, latest)),
@@ -410,7 +418,7 @@ class MpiTransport(Transport):
             if tell_peers:
                 mpi_comm.failed(f"group {group_id}: {error}")
                 self._tell(range(self.size), framing.frame(framing.ABORT, group_id,
-                                                           framing.encode_abort(error)))
+                                                           encode_abort(error, framing.MAX_ABORT_BYTES)))
         for request in failed:
             request._finish(request.peer, error)
 

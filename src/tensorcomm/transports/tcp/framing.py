@@ -23,8 +23,7 @@ KIND_PROBE = 4  # "which call of group <tag> have you reached?" (sent when a wai
 KIND_PROBE_REPLY = 5  # the answer: payload is PROBE_REPLY, the header carries that call's signature
 _KINDS = (KIND_DATA, KIND_BYE, KIND_ABORT, KIND_PROBE, KIND_PROBE_REPLY)
 PROBE_REPLY = struct.Struct("<q")  # the latest call sequence number started, -1 for none
-MAX_ABORT_BYTES = 64 << 10
-ABORT_RECORD = struct.Struct("<Bi")  # error kind, rank it names; a UTF-8 message follows
+MAX_ABORT_BYTES = 64 << 10  # an abort payload (transports.base.encode_abort)
 MAX_FRAME_BYTES = 1 << 40  # one message: far above any array a CPU host holds, far below 2**60
 
 

@@ -38,7 +38,15 @@ from ... import config
 from ...errors import CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError, PeerLostError
 from ...rendezvous import discovery
 from ...signature import Signature
-from ..base import ANY_SOURCE, Transport, call_of_tag, group_of_tag, signature_mismatch
+from ..base import (
+    ANY_SOURCE,
+    Transport,
+    call_of_tag,
+    decode_abort,
+    encode_abort,
+    group_of_tag,
+    signature_mismatch,
+)
 from . import framing
 
 log = logging.getLogger("tensorcomm.tcp")
@@ -53,9 +61,6 @@ _LINGER = 0.05
 _READ_BUDGET = 4 << 20  # bytes read from one link per turn, so a busy link starves no other
 _DISCARD_BYTES = 1 << 20  # scratch for draining a message no posted receive can take
 _NO_DEADLINE = float("inf")
-# How an abort's cause travels: its class as a small code, rebuilt by the receiving rank.
-_ERROR_CODES: tuple[type[CommError], ...] = (GroupAbortedError, PeerLostError, CollectiveMismatchError,
-                                             CommTimeoutError)
 _WIRE_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
 _POLLIN = select.POLLIN | select.POLLERR | select.POLLHUP
 _MSG_DONTWAIT = socket.MSG_DONTWAIT
@@ -692,7 +697,7 @@ class TcpTransport(Transport):
         if kind == framing.KIND_ABORT:
             # Passed on to every peer before anything else this rank sends them (its goodbye,
             # say), so the cause reaches everyone ahead of its consequences.
-            self.abort_group(link.tag, _decode_abort(peer, bytes(payload)))
+            self.abort_group(link.tag, decode_abort(peer, payload))
         elif kind == framing.KIND_PROBE:
             latest = self._latest.get(link.tag, -1)
             self._send_control(peer, framing.KIND_PROBE_REPLY, link.tag, framing.PROBE_REPLY.pack(latest),
@@ -784,7 +789,7 @@ class TcpTransport(Transport):
             self._complete(request, request.peer, error)
 
     def _tell_peers(self, group_id: int, error: BaseException) -> None:
-        payload = _encode_abort(error)
+        payload = encode_abort(error, framing.MAX_ABORT_BYTES)
         for peer in self._links:
             self._send_control(peer, framing.KIND_ABORT, group_id, payload)
 
@@ -829,21 +834,3 @@ class TcpTransport(Transport):
         self._wake_write = -1  # the number may name another file from now on: never write it
         self.abort(GroupAbortedError(f"rank {self.rank}'s transport is closed"))
 
-
-def _encode_abort(error: BaseException) -> bytes:
-    code = next((i for i, kind in enumerate(_ERROR_CODES) if isinstance(error, kind)), 0)
-    rank = error.rank if isinstance(error, PeerLostError) else -1
-    message = str(error).encode("utf-8", "replace")[:framing.MAX_ABORT_BYTES - framing.ABORT_RECORD.size]
-    return framing.ABORT_RECORD.pack(code, rank) + message
-
-
-def _decode_abort(peer: int, payload: bytes) -> CommError:
-    if len(payload) < framing.ABORT_RECORD.size:
-        return GroupAbortedError(f"rank {peer} aborted the group")
-    code, rank = framing.ABORT_RECORD.unpack_from(payload)
-    message = payload[framing.ABORT_RECORD.size:].decode("utf-8", "replace")
-    if "(reported by rank" not in message:
-        message += f" (reported by rank {peer})"
-    if code == 1:
-        return PeerLostError(rank, message.removeprefix(f"peer rank {rank} was lost: "))
-    return _ERROR_CODES[code if 0 <= code < len(_ERROR_CODES) else 0](message)
