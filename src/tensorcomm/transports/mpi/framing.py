@@ -1,7 +1,8 @@
 """The header every tensorcomm message over MPI starts with (abort payloads: ``transports.base``).
 
 A header holds the message's kind, its 64-bit tensorcomm tag, its payload size, the sender's call
-signature and, for bulk messages, the MPI tag the payload follows on. Imports the ``Signature`` value type only.
+signature and, for bulk messages, the MPI tag the payload follows on. Imports the ``Signature``
+value type only.
 """
 
 from __future__ import annotations

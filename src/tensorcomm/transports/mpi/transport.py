@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -45,15 +44,13 @@ from ..base import (
     group_of_tag,
     signature_mismatch,
 )
+from ..matching import Matching
 from . import comm as mpi_comm
 from . import framing
 
 # Up to this many payload bytes a message is copied behind its header and sent in one MPI
 # message; larger ones go zero-copy on their own tag, for one more round trip.
 EAGER_BYTES = 16 << 10
-# Signatures of this rank's recent calls, to check messages that arrive after (or for a call
-# that needed no message from) their sender.
-_REMEMBERED_CALLS = 4096
 
 
 class MpiRequest:
@@ -121,16 +118,10 @@ class MpiTransport(Transport):
         self._tag_ub = int(comm.Get_attr(MPI.TAG_UB))
         self._lock = threading.RLock()  # guards everything below, and every MPI call
         self._status = MPI.Status()
-        self._posted: dict[tuple[int, int], deque[MpiRequest]] = {}
-        self._unexpected: dict[tuple[int, int], deque[_Incoming]] = {}
+        self._match: Matching[MpiRequest, _Incoming] = Matching(rank, size)
         self._pending: list[Any] = []  # MPI requests under way ...
         self._flights: list[_InFlight] = []  # ... and what each one is for
         self._bulk_tags = [framing.FIRST_BULK_TAG] * size  # next bulk tag per peer
-        self._lost: dict[int, BaseException] = {}
-        self._aborted_groups: dict[int, BaseException] = {}
-        self._aborted: BaseException | None = None
-        self._calls: OrderedDict[tuple[int, int], Signature] = OrderedDict()
-        self._latest: dict[int, int] = {}  # group id -> latest call sequence number started
         self._answers: dict[tuple[int, int], tuple[int, Signature | None]] = {}
         self._goodbyes: set[int] = set()
         self._closed = False
@@ -207,8 +198,8 @@ class MpiTransport(Transport):
         elif kind == framing.ABORT:
             self.abort_group(tag, decode_abort(source, payload))
         elif kind == framing.PROBE:
-            latest = self._latest.get(tag, -1)
-            self._send(source, framing.frame(framing.PROBE_REPLY, tag, b"", self._calls.get((tag, latest)),
+            latest, signature = self._match.latest_call(tag)
+            self._send(source, framing.frame(framing.PROBE_REPLY, tag, b"", signature,
                                              nbytes=latest + 1))
         elif kind == framing.PROBE_REPLY:
             self._answers[(tag, source)] = (nbytes - 1, signature)
@@ -251,7 +242,7 @@ class MpiTransport(Transport):
                 self._arrived(peer, tag, _Incoming(len(data), memoryview(bytes(data)), 0, signature))
                 request._finish(peer)
                 return request
-            error = self._refusal(peer, tag) or self._note_call(tag, signature)
+            error = self._match.refusal(peer, tag) or self._note_call(tag, signature)
             if error is not None:
                 request._finish(peer, error)
                 return request
@@ -282,56 +273,29 @@ class MpiTransport(Transport):
             if mismatch is not None:
                 request._finish(peer, mismatch)
                 return request
-            source, incoming = self._take_unexpected(peer, tag)
+            source, incoming = self._match.take_unexpected(peer, tag)
             if incoming is not None:
                 try:
                     self._deliver(request, source, incoming)
                 except self._MPI.Exception as exc:
                     request._finish(source, PeerLostError(source, f"MPI_Irecv failed: {exc}"))
                 return request
-            error = self._refusal(peer, tag)
+            error = self._match.refusal(peer, tag)
             if error is not None:
                 request._finish(peer, error)
             else:
-                self._posted.setdefault((peer, tag), deque()).append(request)
+                self._match.post(peer, tag, request)
         return request
 
-    def _refusal(self, peer: int, tag: int) -> BaseException | None:
-        """Why a new request to/from ``peer`` with ``tag`` must fail at once, if it must."""
-        return (self._aborted or self._aborted_groups.get(group_of_tag(tag))
-                or self._lost.get(peer))
-
-    def _take_unexpected(self, peer: int, tag: int) -> tuple[int, _Incoming | None]:
-        for source in (range(self.size) if peer == ANY_SOURCE else (peer,)):
-            queue = self._unexpected.get((source, tag))
-            if queue:
-                incoming = queue.popleft()
-                if not queue:
-                    del self._unexpected[(source, tag)]
-                return source, incoming
-        return peer, None
-
     def _arrived(self, source: int, tag: int, incoming: _Incoming) -> None:
-        request = self._pop_posted(source, tag)
+        request = self._match.pop_posted(source, tag)
         if request is not None:
             self._deliver(request, source, incoming)
             return
-        self._unexpected.setdefault((source, tag), deque()).append(incoming)
-        call = call_of_tag(tag)
-        mismatch = signature_mismatch(source, incoming.signature, self.rank,
-                                      self._calls.get(call) if call is not None else None)
-        if mismatch is not None and call is not None:  # it contradicts a call this rank made
-            self.abort_group(call[0], mismatch)
-
-    def _pop_posted(self, source: int, tag: int) -> MpiRequest | None:
-        for key in ((source, tag), (ANY_SOURCE, tag)):
-            queue = self._posted.get(key)
-            if queue:
-                request = queue.popleft()
-                if not queue:
-                    del self._posted[key]
-                return request
-        return None
+        self._match.queue(source, tag, incoming)
+        late = self._match.late_mismatch(source, tag, incoming.signature)
+        if late is not None:  # it contradicts a call this rank made
+            self.abort_group(*late)
 
     def _deliver(self, request: MpiRequest, source: int, incoming: _Incoming) -> None:
         """Fill ``request`` with a message whose header arrived, or fail it if they disagree."""
@@ -359,16 +323,9 @@ class MpiTransport(Transport):
         """Remember this rank's signature for the tag's call; check messages already queued for
         it. Returns the error to fail the request with when a queued one disagrees."""
         call = call_of_tag(tag)
-        if call is None or signature is None or call in self._calls:
+        if call is None or signature is None:
             return None
-        self._calls[call] = signature
-        self._latest[call[0]] = max(call[1], self._latest.get(call[0], -1))
-        if len(self._calls) > _REMEMBERED_CALLS:
-            self._calls.popitem(last=False)
-        mismatch = next((signature_mismatch(source, incoming.signature, self.rank, signature)
-                         for (source, queued_tag), queue in self._unexpected.items()
-                         if call_of_tag(queued_tag) == call
-                         for incoming in queue if incoming.signature != signature), None)
+        mismatch = self._match.note_call(call, signature)
         if mismatch is not None:
             self.abort_group(call[0], mismatch)
         return mismatch
@@ -398,9 +355,8 @@ class MpiTransport(Transport):
         """``peer`` sends no more: fail receives from it whose header has not come, and sends
         to it. Bulk receives whose header came stay: their payload was sent before."""
         with self._lock:
-            self._lost.setdefault(peer, error)
-            error = self._lost[peer]  # type: ignore[assignment]
-            failed = [r for key in list(self._posted) if key[0] == peer for r in self._posted.pop(key)]
+            error = self._match.lost.setdefault(peer, error)  # type: ignore[assignment]
+            failed = self._match.take_posted(lambda source, tag: source == peer)
             failed += [f.request for f in self._flights
                        if f.peer == peer and f.request is not None and not f.receive]
         for request in failed:
@@ -408,11 +364,10 @@ class MpiTransport(Transport):
 
     def abort_group(self, group_id: int, error: BaseException, tell_peers: bool = True) -> None:
         with self._lock:
-            if group_id in self._aborted_groups:
+            if group_id in self._match.aborted_groups:
                 return
-            self._aborted_groups[group_id] = error
-            failed = [r for key in list(self._posted) if group_of_tag(key[1]) == group_id
-                      for r in self._posted.pop(key)]
+            self._match.aborted_groups[group_id] = error
+            failed = self._match.take_posted(lambda source, tag: group_of_tag(tag) == group_id)
             failed += [f.request for f in self._flights
                        if f.request is not None and group_of_tag(f.request.tag) == group_id]
             if tell_peers:
@@ -426,7 +381,7 @@ class MpiTransport(Transport):
         """Send a control message to each of ``peers`` that is still there (one that said
         goodbye is: it waits for this rank's goodbye)."""
         for peer in peers:
-            if peer != self.rank and (peer not in self._lost or peer in self._goodbyes):
+            if peer != self.rank and (peer not in self._match.lost or peer in self._goodbyes):
                 try:
                     self._send(peer, frame)
                 except self._MPI.Exception:
@@ -434,10 +389,9 @@ class MpiTransport(Transport):
 
     def abort(self, error: BaseException) -> None:
         with self._lock:
-            self._aborted = self._aborted or error
-            failed = [r for queue in self._posted.values() for r in queue]
+            self._match.aborted = self._match.aborted or error
+            failed = self._match.take_posted(lambda source, tag: True)
             failed += [f.request for f in self._flights if f.request is not None]
-            self._posted.clear()
         for request in failed:
             request._finish(request.peer, error)
 

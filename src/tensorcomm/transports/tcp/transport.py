@@ -28,7 +28,7 @@ import select
 import socket
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import ml_dtypes
@@ -47,13 +47,11 @@ from ..base import (
     group_of_tag,
     signature_mismatch,
 )
+from ..matching import Matching
 from . import framing
 
 log = logging.getLogger("tensorcomm.tcp")
 
-# Signatures of this rank's recent calls, to check messages that arrive after (or for a call
-# that needed no message from) their sender: a root that only sends learns of a mismatch too.
-_REMEMBERED_CALLS = 4096
 # How long the background thread leaves the sockets to a caller that stopped driving: longer
 # than the gaps between one call's waits (so no hand-off within a call), short enough that a
 # peer's sends stall only briefly while this rank's caller computes.
@@ -184,15 +182,9 @@ class TcpTransport(Transport):
         self._links = {peer: _Link(peer, sock) for peer, sock in sockets.items()}
         self._by_fd = {link.fd: link for link in self._links.values()}
         self._lock = threading.Lock()  # guards the matching state below
-        self._posted: dict[tuple[int, int], deque[TcpRequest]] = {}
-        self._unexpected: dict[tuple[int, int], deque[tuple[int, _Unexpected]]] = {}
-        self._lost: dict[int, BaseException] = {}
-        self._aborted_groups: dict[int, BaseException] = {}
-        self._calls: OrderedDict[tuple[int, int], Signature] = OrderedDict()
-        self._latest: dict[int, int] = {}  # group id -> latest call sequence number started
+        self._match: Matching[TcpRequest, _Unexpected] = Matching(rank, size)
         # (group, peer) -> their latest call and its signature, from probe replies
         self._progress: dict[tuple[int, int], tuple[int, Signature | None]] = {}
-        self._aborted: BaseException | None = None
         self._closing = False
         self._on_peer_lost = on_peer_lost
         self._discard = memoryview(bytearray(0))
@@ -222,11 +214,6 @@ class TcpTransport(Transport):
                                             name=f"tensorcomm-tcp-progress-{rank}")
         self._background.start()
 
-    def _refusal(self, peer: int, tag: int) -> BaseException | None:
-        """Why a new request to/from ``peer`` with ``tag`` must fail at once, if it must."""
-        return (self._aborted or self._aborted_groups.get(group_of_tag(tag))
-                or self._lost.get(peer))
-
     # -- sending -------------------------------------------------------------------------------
 
     def isend(self, peer: int, data: memoryview, tag: int,
@@ -234,7 +221,7 @@ class TcpTransport(Transport):
         if peer == self.rank:
             self._deliver(self.rank, tag, memoryview(bytearray(data)), signature)
             return _completed(self.rank)
-        error = self._refusal(peer, tag) or self._note_call(tag, signature)
+        error = self._match.refusal(peer, tag) or self._note_call(tag, signature)
         if error is not None:
             return _completed(peer, error)
         request = TcpRequest(self, peer, tag)
@@ -250,7 +237,7 @@ class TcpTransport(Transport):
         """
         failure: PeerLostError | None = None
         with link.send_lock:
-            gone = self._lost.get(link.peer)
+            gone = self._match.lost.get(link.peer)
             if gone is None and not link.queue:
                 try:
                     if self._write_item(link, item):
@@ -263,7 +250,8 @@ class TcpTransport(Transport):
             self._link_failed(link, failure)
         if gone is not None or failure is not None:
             if item.request is not None:
-                self._complete(item.request, link.peer, self._cause(item.request, self._lost[link.peer]))
+                lost = self._match.lost[link.peer]
+                self._complete(item.request, link.peer, self._cause(item.request, lost))
             return False
         if self._driving and self._driver != threading.get_ident():
             self._poke()  # the driver must watch this socket for room now
@@ -293,7 +281,7 @@ class TcpTransport(Transport):
         for link in self._links.values():
             with link.send_lock:
                 late = link.queue.popleft() if link.queue and link.queue[0].deadline <= now else None
-            if late is None or link.peer in self._lost:
+            if late is None or link.peer in self._match.lost:
                 continue
             error = CommTimeoutError(f"rank {link.peer} took no data for {self.send_timeout:g} s "
                                      "(stopped or unreachable)")
@@ -319,11 +307,11 @@ class TcpTransport(Transport):
             self._complete(request, peer, mismatch)
             return request
         with self._lock:
-            source, entry = self._take_unexpected(peer, tag)
+            source, entry = self._match.take_unexpected(peer, tag)
             if entry is None:
-                error = self._refusal(peer, tag)
+                error = self._match.refusal(peer, tag)
                 if error is None:
-                    self._posted.setdefault((peer, tag), deque()).append(request)
+                    self._match.post(peer, tag, request)
                     return request
             elif not entry.complete:
                 error = self._check(request, source, len(entry.data), entry.signature)
@@ -348,38 +336,16 @@ class TcpTransport(Transport):
         if call is None or signature is None:
             return None
         with self._lock:
-            if call in self._calls:
-                return None
-            self._calls[call] = signature
-            self._latest[call[0]] = max(call[1], self._latest.get(call[0], -1))
-            if len(self._calls) > _REMEMBERED_CALLS:
-                self._calls.popitem(last=False)
-            mismatch = next((signature_mismatch(source, entry.signature, self.rank, signature)
-                             for (source, queued_tag), queue in self._unexpected.items()
-                             if call_of_tag(queued_tag) == call
-                             for _, entry in queue if entry.signature != signature), None)
+            mismatch = self._match.note_call(call, signature)
         if mismatch is not None:
             self.abort_group(call[0], mismatch)
         return mismatch
 
     def _check_late(self, source: int, tag: int, signature: Signature | None) -> None:
         """Abort the group if an unmatched message contradicts the call this rank made."""
-        call = call_of_tag(tag)
-        mine = self._calls.get(call) if call is not None else None
-        mismatch = signature_mismatch(source, signature, self.rank, mine)
-        if mismatch is not None and call is not None:
-            self.abort_group(call[0], mismatch)
-
-    def _take_unexpected(self, peer: int, tag: int) -> tuple[int, _Unexpected | None]:
-        peers = range(self.size) if peer == ANY_SOURCE else (peer,)
-        for source in peers:
-            queue = self._unexpected.get((source, tag))
-            if queue:
-                _, entry = queue.popleft()
-                if not queue:
-                    del self._unexpected[(source, tag)]
-                return source, entry
-        return peer, None
+        late = self._match.late_mismatch(source, tag, signature)
+        if late is not None:
+            self.abort_group(*late)
 
     def _check(self, request: TcpRequest, source: int, nbytes: int,
                signature: Signature | None) -> BaseException | None:
@@ -430,23 +396,12 @@ class TcpTransport(Transport):
             self.abort_group(call[0], error)
         self._complete(request, source, error)
 
-    def _pop_posted(self, source: int, tag: int) -> TcpRequest | None:
-        for key in ((source, tag), (ANY_SOURCE, tag)):
-            queue = self._posted.get(key)
-            if queue:
-                request = queue.popleft()
-                if not queue:
-                    del self._posted[key]
-                return request
-        return None
-
     def _deliver(self, source: int, tag: int, data: memoryview, signature: Signature | None) -> None:
         """Hand a whole message to its posted receive, or queue it (a message to oneself)."""
         with self._lock:
-            request = self._pop_posted(source, tag)
+            request = self._match.pop_posted(source, tag)
             if request is None:
-                self._unexpected.setdefault((source, tag), deque()).append(
-                    (source, _Unexpected(data, signature, True)))
+                self._match.queue(source, tag, _Unexpected(data, signature, True))
         if request is None:
             self._check_late(source, tag, signature)
         else:
@@ -646,11 +601,11 @@ class TcpTransport(Transport):
             link.target = memoryview(bytearray(nbytes))  # small, bounded by MAX_ABORT_BYTES
             return
         with self._lock:
-            request = self._pop_posted(link.peer, tag)
+            request = self._match.pop_posted(link.peer, tag)
             if request is None:
                 spare = self._take_spare(nbytes)
                 entry = _Unexpected(memoryview(spare).cast("B"), signature, False, spare)  # type: ignore[arg-type]
-                self._unexpected.setdefault((link.peer, tag), deque()).append((link.peer, entry))
+                self._match.queue(link.peer, tag, entry)
         if request is None:
             link.entry, link.target = entry, entry.data
             self._check_late(link.peer, tag, signature)
@@ -699,9 +654,9 @@ class TcpTransport(Transport):
             # say), so the cause reaches everyone ahead of its consequences.
             self.abort_group(link.tag, decode_abort(peer, payload))
         elif kind == framing.KIND_PROBE:
-            latest = self._latest.get(link.tag, -1)
+            latest, signature = self._match.latest_call(link.tag)
             self._send_control(peer, framing.KIND_PROBE_REPLY, link.tag, framing.PROBE_REPLY.pack(latest),
-                               self._calls.get((link.tag, latest)))
+                               signature)
         elif len(payload) == framing.PROBE_REPLY.size:
             with self._lock:
                 self._progress[(link.tag, peer)] = (framing.PROBE_REPLY.unpack(payload)[0], link.signature)
@@ -712,18 +667,19 @@ class TcpTransport(Transport):
         with link.send_lock:
             queued, link.queue = list(link.queue), deque()
         self._peer_gone(link.peer, error)
-        error = self._lost[link.peer]  # type: ignore[assignment]
+        error = self._match.lost[link.peer]  # type: ignore[assignment]
         pending = [link.request] if link.request is not None else []
         if link.entry is not None and link.entry.request is not None:
             pending.append(link.entry.request)
         link.kind, link.request, link.entry, link.target = 0, None, None, None
         with self._lock:  # messages cut off midway will never complete: drop them
-            for key in [key for key in self._unexpected if key[0] == link.peer]:
-                kept = deque(item for item in self._unexpected[key] if item[1].complete)
+            unexpected = self._match.unexpected
+            for key in [key for key in unexpected if key[0] == link.peer]:
+                kept = deque(entry for entry in unexpected[key] if entry.complete)
                 if kept:
-                    self._unexpected[key] = kept
+                    unexpected[key] = kept
                 else:
-                    del self._unexpected[key]
+                    del unexpected[key]
         for request in pending + [item.request for item in queued if item.request is not None]:
             if not request.done():
                 self._complete(request, link.peer, self._cause(request, error))
@@ -731,13 +687,12 @@ class TcpTransport(Transport):
     def _cause(self, request: TcpRequest, error: BaseException) -> BaseException:
         """What ``request`` fails with when its link goes: the abort of its group if there was
         one (a peer that leaves after a mismatch is a consequence, not the cause), else ``error``."""
-        return self._aborted_groups.get(group_of_tag(request.tag)) or error
+        return self._match.aborted_groups.get(group_of_tag(request.tag)) or error
 
     def _peer_gone(self, peer: int, error: PeerLostError) -> None:
         with self._lock:
-            self._lost.setdefault(peer, error)
-            error = self._lost[peer]  # type: ignore[assignment]
-            failed = [r for key in list(self._posted) if key[0] == peer for r in self._posted.pop(key)]
+            error = self._match.lost.setdefault(peer, error)  # type: ignore[assignment]
+            failed = self._match.take_posted(lambda source, tag: source == peer)
         for request in failed:
             self._complete(request, peer, self._cause(request, error))
         if self._on_peer_lost is not None and not self._closing:
@@ -747,7 +702,7 @@ class TcpTransport(Transport):
 
     def lost_peers(self) -> frozenset[int]:
         with self._lock:
-            return frozenset(self._lost)
+            return frozenset(self._match.lost)
 
     def progress(self, group_id: int, peers: Sequence[int],
                  timeout: float) -> dict[int, tuple[int, Signature | None] | None]:
@@ -766,7 +721,7 @@ class TcpTransport(Transport):
                       signature: Signature | None = None) -> bool:
         """Send (or queue) a small control frame unless the link is gone; say whether it went."""
         link = self._links.get(peer)
-        if link is None or peer in self._lost:
+        if link is None or peer in self._match.lost:
             return False
         header = framing.pack_header(kind, tag, len(payload), signature)
         return self._enqueue(link, _Send([memoryview(header + payload)], None,
@@ -778,11 +733,10 @@ class TcpTransport(Transport):
         # Peers are told before local waiters wake: a waiter that goes on to destroy() must not
         # get its goodbye to a peer ahead of the abort that explains it.
         with self._lock:
-            if group_id in self._aborted_groups:
+            if group_id in self._match.aborted_groups:
                 return
-            self._aborted_groups[group_id] = error
-            failed = [r for key in list(self._posted) if group_of_tag(key[1]) == group_id
-                      for r in self._posted.pop(key)]
+            self._match.aborted_groups[group_id] = error
+            failed = self._match.take_posted(lambda source, tag: group_of_tag(tag) == group_id)
         if tell_peers:
             self._tell_peers(group_id, error)
         for request in failed:
@@ -795,9 +749,8 @@ class TcpTransport(Transport):
 
     def abort(self, error: BaseException) -> None:
         with self._lock:
-            self._aborted = self._aborted or error
-            failed = [r for queue in self._posted.values() for r in queue]
-            self._posted.clear()
+            self._match.aborted = self._match.aborted or error
+            failed = self._match.take_posted(lambda source, tag: True)
         for request in failed:
             self._complete(request, request.peer, error)
 

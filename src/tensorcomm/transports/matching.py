@@ -1,0 +1,108 @@
+"""How the message transports (TCP, MPI) match messages to receives, and what they refuse.
+
+Receives posted before their message and messages that came before their receive wait in FIFO
+queues by (peer, tag); ``ANY_SOURCE`` receives match any peer. Each rank remembers the signatures
+of its recent calls, so a message that arrives after (or for a call that needed no message from)
+its sender is still checked. Lost peers and aborted groups refuse new requests. Not thread-safe:
+the transport holds its own lock around every use.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import Generic, Protocol, TypeVar
+
+from ..signature import Signature
+from .base import ANY_SOURCE, call_of_tag, group_of_tag, signature_mismatch
+
+REMEMBERED_CALLS = 4096  # this rank's most recent calls whose signatures are kept
+
+
+class Signed(Protocol):
+    """A queued message: whatever the transport keeps, with the sender's call signature."""
+
+    @property
+    def signature(self) -> Signature | None: ...
+
+
+R = TypeVar("R")
+M = TypeVar("M", bound=Signed)
+
+
+class Matching(Generic[R, M]):
+    """Posted receives (``R``), unexpected messages (``M``), recent calls and refusals of one rank."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank, self.size = rank, size
+        self.posted: dict[tuple[int, int], deque[R]] = {}
+        self.unexpected: dict[tuple[int, int], deque[M]] = {}
+        self.calls: OrderedDict[tuple[int, int], Signature] = OrderedDict()
+        self.latest: dict[int, int] = {}  # group id -> latest call sequence number started
+        self.lost: dict[int, BaseException] = {}
+        self.aborted_groups: dict[int, BaseException] = {}
+        self.aborted: BaseException | None = None
+
+    def refusal(self, peer: int, tag: int) -> BaseException | None:
+        """Why a new request to/from ``peer`` with ``tag`` must fail at once, if it must."""
+        return self.aborted or self.aborted_groups.get(group_of_tag(tag)) or self.lost.get(peer)
+
+    def post(self, peer: int, tag: int, request: R) -> None:
+        self.posted.setdefault((peer, tag), deque()).append(request)
+
+    def pop_posted(self, source: int, tag: int) -> R | None:
+        """The oldest receive a message from ``source`` with ``tag`` goes to, if one is posted."""
+        for key in ((source, tag), (ANY_SOURCE, tag)):
+            queue = self.posted.get(key)
+            if queue:
+                request = queue.popleft()
+                if not queue:
+                    del self.posted[key]
+                return request
+        return None
+
+    def take_posted(self, which: Callable[[int, int], bool]) -> list[R]:
+        """Remove and return every posted receive whose (peer, tag) ``which`` selects."""
+        return [r for key in [key for key in self.posted if which(*key)] for r in self.posted.pop(key)]
+
+    def queue(self, source: int, tag: int, message: M) -> None:
+        self.unexpected.setdefault((source, tag), deque()).append(message)
+
+    def take_unexpected(self, peer: int, tag: int) -> tuple[int, M | None]:
+        """The oldest queued message for a receive from ``peer`` with ``tag``, and its source."""
+        for source in (range(self.size) if peer == ANY_SOURCE else (peer,)):
+            queue = self.unexpected.get((source, tag))
+            if queue:
+                message = queue.popleft()
+                if not queue:
+                    del self.unexpected[(source, tag)]
+                return source, message
+        return peer, None
+
+    def note_call(self, call: tuple[int, int], signature: Signature) -> BaseException | None:
+        """Remember this rank's ``signature`` for ``call`` (group id, sequence number); the
+        mismatch of a message already queued for it, if one disagrees."""
+        if call in self.calls:
+            return None
+        self.calls[call] = signature
+        self.latest[call[0]] = max(call[1], self.latest.get(call[0], -1))
+        if len(self.calls) > REMEMBERED_CALLS:
+            self.calls.popitem(last=False)
+        return next((signature_mismatch(source, message.signature, self.rank, signature)
+                     for (source, queued_tag), queue in self.unexpected.items()
+                     if call_of_tag(queued_tag) == call
+                     for message in queue if message.signature != signature), None)
+
+    def late_mismatch(self, source: int, tag: int,
+                      signature: Signature | None) -> tuple[int, BaseException] | None:
+        """(group id, error) when an unmatched message contradicts the call this rank made."""
+        call = call_of_tag(tag)
+        if call is None:
+            return None
+        mismatch = signature_mismatch(source, signature, self.rank, self.calls.get(call))
+        return None if mismatch is None else (call[0], mismatch)
+
+    def latest_call(self, group_id: int) -> tuple[int, Signature | None]:
+        """The latest call of ``group_id`` this rank started (-1: none) and its signature."""
+        latest = self.latest.get(group_id, -1)
+        return latest, self.calls.get((group_id, latest))
