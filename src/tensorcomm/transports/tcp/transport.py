@@ -5,10 +5,11 @@ non-blocking calls only, reads frames straight into posted receive buffers (``re
 zero-copy) or into the unexpected queue, and writes queued sends. The driver is whichever caller
 waits (``Request.wait``, ``progress``, ``close``), so on the hot path a message lands in the
 caller's buffer without waking another thread (a hand-off per message doubled the round trip).
-A background thread drives only once no caller has for ``_LINGER`` seconds: peers' data is then
-still drained, probes answered and failures noticed while the caller computes. A message whose
-receive is posted while it is arriving switches to the posted buffer at once: only the bytes
-read before the post are copied.
+A background thread drives only once no caller has for a moment (``driving.py``): peers' data is
+then still drained, probes answered and failures noticed while the caller computes. A message
+whose receive is posted while it is arriving switches to the posted buffer at once: only the
+bytes read before the post are copied. Matching messages to receives: ``transports/matching.py``;
+per-request and per-link state: ``messages.py``.
 
 Sends write what the socket takes at once and queue the rest for the driver, which writes and
 reads in one loop, so a ring of simultaneous large sends never deadlocks and a link carries data
@@ -23,7 +24,6 @@ waiting on someone else learn of a failure at once instead of at their timeout.
 from __future__ import annotations
 
 import logging
-import os
 import select
 import socket
 import threading
@@ -39,7 +39,6 @@ from ...errors import CollectiveMismatchError, CommError, CommTimeoutError, Grou
 from ...rendezvous import discovery
 from ...signature import Signature
 from ..base import (
-    ANY_SOURCE,
     Transport,
     call_of_tag,
     decode_abort,
@@ -49,123 +48,16 @@ from ..base import (
 )
 from ..matching import Matching
 from . import framing
+from .driving import NO_DEADLINE, Driving
+from .messages import Link, Send, TcpRequest, Unexpected, completed
 
 log = logging.getLogger("tensorcomm.tcp")
 
-# How long the background thread leaves the sockets to a caller that stopped driving: longer
-# than the gaps between one call's waits (so no hand-off within a call), short enough that a
-# peer's sends stall only briefly while this rank's caller computes.
-_LINGER = 0.05
 _READ_BUDGET = 4 << 20  # bytes read from one link per turn, so a busy link starves no other
 _DISCARD_BYTES = 1 << 20  # scratch for draining a message no posted receive can take
-_NO_DEADLINE = float("inf")
 _WIRE_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
 _POLLIN = select.POLLIN | select.POLLERR | select.POLLHUP
 _MSG_DONTWAIT = socket.MSG_DONTWAIT
-
-
-class TcpRequest:
-    """A send or receive; completed by whichever thread drives the transport."""
-
-    __slots__ = ("peer", "tag", "out", "signature", "source", "_done", "_error", "_transport")
-
-    def __init__(self, transport: TcpTransport | None, peer: int, tag: int,
-                 out: memoryview | None = None, signature: Signature | None = None) -> None:
-        self.peer = peer
-        self.tag = tag
-        self.out = out
-        self.signature = signature
-        self.source = peer
-        self._done = False
-        self._error: BaseException | None = None
-        self._transport = transport
-
-    def done(self) -> bool:
-        return self._done
-
-    def wait(self, timeout: float | None = None) -> int:
-        if not self._done and (self._transport is None
-                               or not self._transport._run_until(self.done, timeout)):
-            who = "any rank" if self.peer == ANY_SOURCE else f"rank {self.peer}"
-            raise CommTimeoutError(f"no message from {who} within {timeout:g} s")
-        if self._error is not None:
-            raise self._error
-        return self.source
-
-
-def _completed(peer: int, error: BaseException | None = None) -> TcpRequest:
-    request = TcpRequest(None, peer, 0)
-    request._error = error
-    request._done = True
-    return request
-
-
-class _Unexpected:
-    """A message that arrived before its receive was posted (``complete`` once all is in).
-
-    A receive posted while it is still arriving attaches itself (``request``); the driver then
-    copies what came so far and reads the rest straight into the request's buffer.
-    """
-
-    __slots__ = ("data", "signature", "complete", "request", "spare")
-
-    def __init__(self, data: memoryview, signature: Signature | None, complete: bool,
-                 spare: np.ndarray | None = None) -> None:
-        self.data = data
-        self.spare = spare  # the transport's reusable buffer behind ``data``, if it is one
-        self.signature = signature
-        self.complete = complete
-        self.request: TcpRequest | None = None
-
-
-class _Send:
-    """A frame queued on a link: what is left of it, its request and its deadline."""
-
-    __slots__ = ("parts", "request", "deadline", "started")
-
-    def __init__(self, parts: list[memoryview], request: TcpRequest | None, deadline: float) -> None:
-        self.parts = parts
-        self.request = request
-        self.deadline = deadline
-        self.started = False
-
-    def advance(self, sent: int) -> bool:
-        """Drop ``sent`` bytes from the front; return whether the frame is all out."""
-        self.started = True
-        while sent:
-            head = self.parts[0]
-            if sent < len(head):
-                self.parts[0] = head[sent:]
-                return False
-            sent -= len(head)
-            self.parts.pop(0)
-        return not self.parts
-
-
-class _Link:
-    """One peer's socket: its send queue and the frame being read from it."""
-
-    __slots__ = ("peer", "sock", "fd", "send_lock", "queue", "header", "header_got", "kind", "tag",
-                 "nbytes", "got", "signature", "target", "request", "entry", "closed", "polled")
-
-    def __init__(self, peer: int, sock: socket.socket) -> None:
-        self.peer = peer
-        self.sock = sock
-        self.fd = sock.fileno()
-        self.send_lock = threading.Lock()  # guards ``queue`` and writing to the socket
-        self.queue: deque[_Send] = deque()
-        self.header = memoryview(bytearray(framing.HEADER.size))
-        self.header_got = 0
-        self.kind = 0  # of the frame being read; 0 while reading a header
-        self.tag = 0
-        self.nbytes = 0
-        self.got = 0
-        self.signature: Signature | None = None
-        self.target: memoryview | None = None  # where the payload goes (None: discard it)
-        self.request: TcpRequest | None = None  # the posted receive it fills
-        self.entry: _Unexpected | None = None  # or the unexpected message it fills
-        self.closed = False  # no more reading: the peer is gone or said goodbye
-        self.polled = 0  # the poll events registered for it
 
 
 class TcpTransport(Transport):
@@ -179,40 +71,24 @@ class TcpTransport(Transport):
         self.size = size
         wire = discovery.wire_dtype()
         self.wire_dtype = None if wire is None else _WIRE_DTYPES[wire]
-        self._links = {peer: _Link(peer, sock) for peer, sock in sockets.items()}
+        self._links = {peer: Link(peer, sock) for peer, sock in sockets.items()}
         self._by_fd = {link.fd: link for link in self._links.values()}
         self._lock = threading.Lock()  # guards the matching state below
-        self._match: Matching[TcpRequest, _Unexpected] = Matching(rank, size)
+        self._match: Matching[TcpRequest, Unexpected] = Matching(rank, size)
         # (group, peer) -> their latest call and its signature, from probe replies
         self._progress: dict[tuple[int, int], tuple[int, Signature | None]] = {}
-        self._closing = False
         self._on_peer_lost = on_peer_lost
         self._discard = memoryview(bytearray(0))
         self._spares: dict[int, list[np.ndarray]] = {}  # reusable unexpected-message buffers
         self._spare_bytes = 0
-        # Who drives (see the module docstring). ``_cv`` wakes callers waiting for the role or
-        # for a request another thread completed; ``_idle`` paces the background thread.
-        state_lock = threading.Lock()
-        self._cv = threading.Condition(state_lock)
-        self._idle = threading.Condition(state_lock)
-        self._driving = False
-        self._driver: int | None = None  # thread id of the driver
-        self._background_driving = False
-        self._yield = False  # a caller asked the background thread to stop driving
-        self._sleepers = 0  # callers waiting in ``_cv``
-        self._wanted = 0  # callers waiting for the driver role
-        self._released_at = 0.0
-        self._wake_read, self._wake_write = os.pipe()
-        os.set_blocking(self._wake_read, False)
-        os.set_blocking(self._wake_write, False)
+        self._role = Driving(self._drive, rank)  # who drives (see the module docstring)
+        self._run_until = self._role.run_until
         self._poller = select.poll()
-        self._poller.register(self._wake_read, select.POLLIN)
+        self._poller.register(self._role.wake_fd, select.POLLIN)
         for link in self._links.values():
             self._poller.register(link.fd, _POLLIN)
             link.polled = _POLLIN
-        self._background = threading.Thread(target=self._drive_when_idle, daemon=True,
-                                            name=f"tensorcomm-tcp-progress-{rank}")
-        self._background.start()
+        self._role.start()
 
     # -- sending -------------------------------------------------------------------------------
 
@@ -220,17 +96,17 @@ class TcpTransport(Transport):
               signature: Signature | None = None) -> TcpRequest:
         if peer == self.rank:
             self._deliver(self.rank, tag, memoryview(bytearray(data)), signature)
-            return _completed(self.rank)
+            return completed(self.rank)
         error = self._match.refusal(peer, tag) or self._note_call(tag, signature)
         if error is not None:
-            return _completed(peer, error)
-        request = TcpRequest(self, peer, tag)
+            return completed(peer, error)
+        request = TcpRequest(self._run_until, peer, tag)
         header = framing.pack_header(framing.KIND_DATA, tag, len(data), signature)
         parts = [memoryview(header), data.cast("B")] if len(data) else [memoryview(header)]
-        self._enqueue(self._links[peer], _Send(parts, request, time.monotonic() + self.send_timeout))
+        self._enqueue(self._links[peer], Send(parts, request, time.monotonic() + self.send_timeout))
         return request
 
-    def _enqueue(self, link: _Link, item: _Send) -> bool:
+    def _enqueue(self, link: Link, item: Send) -> bool:
         """Write ``item`` now as far as the socket takes it; queue the rest for the driver.
 
         Returns False if the link is gone (``item``'s request then fails).
@@ -253,11 +129,10 @@ class TcpTransport(Transport):
                 lost = self._match.lost[link.peer]
                 self._complete(item.request, link.peer, self._cause(item.request, lost))
             return False
-        if self._driving and self._driver != threading.get_ident():
-            self._poke()  # the driver must watch this socket for room now
+        self._role.poke_elsewhere()  # the driver must watch this socket for room now
         return True
 
-    def _write_item(self, link: _Link, item: _Send) -> bool:
+    def _write_item(self, link: Link, item: Send) -> bool:
         """Write ``item`` until the socket is full; return whether all of it went out."""
         while True:
             try:
@@ -269,7 +144,7 @@ class TcpTransport(Transport):
                     self._complete(item.request, link.peer)
                 return True
 
-    def _write(self, link: _Link) -> None:
+    def _write(self, link: Link) -> None:
         """Write queued frames of ``link`` until its socket is full (driver only)."""
         with link.send_lock:
             queue = link.queue
@@ -289,7 +164,7 @@ class TcpTransport(Transport):
                 self._complete(late.request, link.peer, error)  # names the stall itself
             self._break_link(link, error)
 
-    def _break_link(self, link: _Link, error: CommError) -> None:
+    def _break_link(self, link: Link, error: CommError) -> None:
         """A frame went out half-sent: nothing more can travel on this link. Fail it for good."""
         self._link_failed(link, PeerLostError(link.peer, f"link closed after a stalled send: {error}"))
         try:
@@ -301,7 +176,8 @@ class TcpTransport(Transport):
 
     def irecv(self, peer: int, out: memoryview, tag: int,
               signature: Signature | None = None) -> TcpRequest:
-        request = TcpRequest(self, peer, tag, out.cast("B") if out.format != "B" else out, signature)
+        buffer = out.cast("B") if out.format != "B" else out
+        request = TcpRequest(self._run_until, peer, tag, buffer, signature)
         mismatch = self._note_call(tag, signature)
         if mismatch is not None:
             self._complete(request, peer, mismatch)
@@ -360,7 +236,7 @@ class TcpTransport(Transport):
                 "expected: the ranks called collectives with different sizes, dtypes or orders")
         return None
 
-    def _fill(self, request: TcpRequest, source: int, entry: _Unexpected) -> None:
+    def _fill(self, request: TcpRequest, source: int, entry: Unexpected) -> None:
         error = self._check(request, source, len(entry.data), entry.signature)
         if error is None:
             request.out[:] = entry.data  # type: ignore[index]
@@ -379,7 +255,7 @@ class TcpTransport(Transport):
             return kept.pop()
         return np.empty(nbytes, np.uint8)
 
-    def _give_back(self, entry: _Unexpected) -> None:
+    def _give_back(self, entry: Unexpected) -> None:
         """Keep ``entry``'s buffer for the next unexpected message of its size, within bounds."""
         spare, entry.spare = entry.spare, None
         if spare is None or spare.size == 0:
@@ -401,98 +277,20 @@ class TcpTransport(Transport):
         with self._lock:
             request = self._match.pop_posted(source, tag)
             if request is None:
-                self._match.queue(source, tag, _Unexpected(data, signature, True))
+                self._match.queue(source, tag, Unexpected(data, signature, True))
         if request is None:
             self._check_late(source, tag, signature)
         else:
-            self._fill(request, source, _Unexpected(data, signature, True))
+            self._fill(request, source, Unexpected(data, signature, True))
 
     def _complete(self, request: TcpRequest, source: int, error: BaseException | None = None) -> None:
         """Finish ``request`` and wake whoever waits for it in another thread."""
         request.source = source
         request._error = error
         request._done = True
-        if self._sleepers:
-            with self._cv:
-                self._cv.notify_all()
-        if self._driving and self._driver != threading.get_ident():
-            self._poke()
+        self._role.completed()
 
     # -- driving -------------------------------------------------------------------------------
-
-    def _run_until(self, done: Callable[[], bool], timeout: float | None) -> bool:
-        """Drive the transport (or let the current driver do it) until ``done()`` or ``timeout``
-        seconds; return ``done()``."""
-        deadline = _NO_DEADLINE if timeout is None else time.monotonic() + timeout
-        if self._closing:  # nothing moves any more; close() failed what was pending
-            return done()
-        with self._cv:
-            self._wanted += 1
-            try:
-                while True:
-                    if done():
-                        return True
-                    if not self._driving:
-                        self._driving = True
-                        self._driver = threading.get_ident()
-                        break
-                    if self._background_driving and not self._yield:
-                        self._yield = True
-                        self._poke()
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        return False
-                    self._sleepers += 1
-                    try:
-                        self._cv.wait(None if deadline == _NO_DEADLINE else remaining)
-                    finally:
-                        self._sleepers -= 1
-            finally:
-                self._wanted -= 1
-        try:
-            self._drive(done, deadline)
-        finally:
-            with self._cv:
-                self._driving = False
-                self._driver = None
-                self._released_at = time.monotonic()
-                self._cv.notify_all()
-        return done()
-
-    def _drive_when_idle(self) -> None:
-        """The background thread: drive whenever no caller has for ``_LINGER`` seconds."""
-        while True:
-            with self._cv:
-                while True:
-                    if self._closing:
-                        return
-                    idle = time.monotonic() - self._released_at
-                    if not self._driving and not self._wanted and idle >= _LINGER:
-                        break
-                    self._idle.wait(_LINGER - idle if 0 <= idle < _LINGER else _LINGER)
-                self._driving = self._background_driving = True
-                self._driver = threading.get_ident()
-                self._yield = False
-            try:
-                self._drive(lambda: self._yield or self._closing, _NO_DEADLINE)
-            except BaseException:  # logged: a bug here must not end progress for good
-                log.exception("rank %d: the TCP progress thread failed", self.rank)
-            finally:
-                with self._cv:
-                    self._driving = self._background_driving = False
-                    self._driver = None
-                    self._yield = False
-                    self._released_at = time.monotonic()
-                    self._cv.notify_all()
-
-    def _poke(self) -> None:
-        """Wake the driver from ``poll`` (it re-checks what it waits for and what to write)."""
-        if self._wake_write < 0:
-            return
-        try:
-            os.write(self._wake_write, b"!")
-        except (BlockingIOError, OSError):
-            pass  # the pipe is full (a wake-up is pending anyway) or closed
 
     def _drive(self, done: Callable[[], bool], deadline: float) -> None:
         """Read and write every link until ``done()`` or ``deadline`` (driver only)."""
@@ -515,15 +313,12 @@ class TcpTransport(Transport):
             if wait <= 0:
                 self._overdue(now)
                 continue
-            events = poller.poll(None if wait == _NO_DEADLINE else max(1, int(wait * 1000 + 1)))
+            events = poller.poll(None if wait == NO_DEADLINE else max(1, int(wait * 1000 + 1)))
             for fd, event in events:
                 found = by_fd.get(fd)
                 if found is None:
-                    if fd == self._wake_read:
-                        try:
-                            os.read(fd, 4096)
-                        except BlockingIOError:
-                            pass
+                    if fd == self._role.wake_fd:
+                        self._role.drain_wake_ups()
                     continue
                 link = found
                 if link.closed:
@@ -534,7 +329,7 @@ class TcpTransport(Transport):
                     if event & _POLLIN:
                         self._read(link)
                 except (OSError, framing.ProtocolError) as exc:
-                    if not self._closing:
+                    if not self._role.closing:
                         self._link_failed(link, PeerLostError(link.peer, str(exc)))
                     link.closed = True
             if not events:
@@ -542,7 +337,7 @@ class TcpTransport(Transport):
 
     # -- reading frames ------------------------------------------------------------------------
 
-    def _read(self, link: _Link) -> None:
+    def _read(self, link: Link) -> None:
         """Read what ``link`` has (up to a budget), completing frames as they end (driver only).
 
         Raises:
@@ -587,7 +382,7 @@ class TcpTransport(Transport):
             if link.got == link.nbytes:
                 self._end(link)
 
-    def _begin(self, link: _Link, kind: int, tag: int, nbytes: int,
+    def _begin(self, link: Link, kind: int, tag: int, nbytes: int,
                signature: Signature | None) -> None:
         """A header arrived: decide where its payload goes."""
         link.kind, link.tag, link.nbytes, link.got, link.signature = kind, tag, nbytes, 0, signature
@@ -604,7 +399,7 @@ class TcpTransport(Transport):
             request = self._match.pop_posted(link.peer, tag)
             if request is None:
                 spare = self._take_spare(nbytes)
-                entry = _Unexpected(memoryview(spare).cast("B"), signature, False, spare)  # type: ignore[arg-type]
+                entry = Unexpected(memoryview(spare).cast("B"), signature, False, spare)  # type: ignore[arg-type]
                 self._match.queue(link.peer, tag, entry)
         if request is None:
             link.entry, link.target = entry, entry.data
@@ -617,20 +412,20 @@ class TcpTransport(Transport):
             return
         link.request, link.target = request, request.out
 
-    def _drain(self, link: _Link) -> None:
+    def _drain(self, link: Link) -> None:
         """Read the current payload into scratch and drop it (the link stays usable)."""
         link.target = None
         if len(self._discard) < min(link.nbytes, _DISCARD_BYTES):
             self._discard = memoryview(bytearray(_DISCARD_BYTES))
 
-    def _switch(self, link: _Link, entry: _Unexpected, request: TcpRequest) -> None:
+    def _switch(self, link: Link, entry: Unexpected, request: TcpRequest) -> None:
         """A receive was posted for the message arriving: move it into the request's buffer."""
         assert request.out is not None
         request.out[:link.got] = entry.data[:link.got]
         link.entry, link.request, link.target = None, request, request.out
         self._give_back(entry)
 
-    def _end(self, link: _Link) -> None:
+    def _end(self, link: Link) -> None:
         """The payload of the current frame is complete: act on it."""
         kind, peer = link.kind, link.peer
         link.kind = 0
@@ -661,7 +456,7 @@ class TcpTransport(Transport):
             with self._lock:
                 self._progress[(link.tag, peer)] = (framing.PROBE_REPLY.unpack(payload)[0], link.signature)
 
-    def _link_failed(self, link: _Link, error: PeerLostError) -> None:
+    def _link_failed(self, link: Link, error: PeerLostError) -> None:
         """``link`` can carry nothing more: fail what waits on it."""
         link.closed = True
         with link.send_lock:
@@ -695,7 +490,7 @@ class TcpTransport(Transport):
             failed = self._match.take_posted(lambda source, tag: source == peer)
         for request in failed:
             self._complete(request, peer, self._cause(request, error))
-        if self._on_peer_lost is not None and not self._closing:
+        if self._on_peer_lost is not None and not self._role.closing:
             self._on_peer_lost(peer, error)
 
     # -- who is where ---------------------------------------------------------------------------
@@ -724,7 +519,7 @@ class TcpTransport(Transport):
         if link is None or peer in self._match.lost:
             return False
         header = framing.pack_header(kind, tag, len(payload), signature)
-        return self._enqueue(link, _Send([memoryview(header + payload)], None,
+        return self._enqueue(link, Send([memoryview(header + payload)], None,
                                          time.monotonic() + self.send_timeout))
 
     # -- failure and lifecycle -----------------------------------------------------------------
@@ -760,7 +555,7 @@ class TcpTransport(Transport):
         Waiting for the peers' end of stream before closing avoids a TCP reset that could
         discard data a slower peer has not read yet.
         """
-        if self._closing:
+        if self._role.closing:
             return
         deadline = time.monotonic() + linger
         links = list(self._links.values())
@@ -774,16 +569,10 @@ class TcpTransport(Transport):
                 pass
         self._run_until(lambda: all(link.closed for link in links),
                         max(0.0, deadline - time.monotonic()))
-        with self._cv:
-            self._closing = True
-            self._idle.notify_all()
-        self._poke()
-        self._background.join(max(1.0, deadline - time.monotonic()))
+        self._role.stop(max(1.0, deadline - time.monotonic()))
         for link in links:
             self._link_failed(link, PeerLostError(link.peer, "this rank closed its transport"))
             link.sock.close()
-        os.close(self._wake_read)
-        os.close(self._wake_write)
-        self._wake_write = -1  # the number may name another file from now on: never write it
+        self._role.close()
         self.abort(GroupAbortedError(f"rank {self.rank}'s transport is closed"))
 
