@@ -10,12 +10,13 @@ counted itself into attempt 0's generation and waited there for a rank that was 
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from tensorcomm.testing import free_port
 
 pytest.importorskip("torch")
 
@@ -59,19 +60,13 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    # torchrun hands "--master-port 0" to its workers as is, so pick a free port here.
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_a_failed_attempt_restarts_and_finishes(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
+    # torchrun hands "--master-port 0" to its workers as is, so a free port is picked here.
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                            "--max-restarts", "1", "--monitor-interval", "0.1",
-                           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+                           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                            str(script), str(tmp_path)],
                           capture_output=True, text=True, timeout=150)
     output = done.stdout + done.stderr

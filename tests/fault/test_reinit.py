@@ -4,13 +4,12 @@ store keys, under the launcher's store and when rank 0 hosts the store itself.""
 from __future__ import annotations
 
 import os
-import socket
 
 import numpy as np
 import pytest
 
 import tensorcomm as tc
-from tensorcomm.testing import run_ranks
+from tensorcomm.testing import free_port, run_ranks
 
 pytestmark = pytest.mark.fault
 
@@ -39,16 +38,10 @@ def body_worlds(port: int | None, timeout: float) -> list[float]:
     return sums
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("store", ["launcher", "rank0"])
 def test_init_after_destroy_meets_a_new_world(store, transport):
-    port = _free_port() if store == "rank0" else None
+    port = free_port() if store == "rank0" else None
     results = run_ranks(body_worlds, 3, port, 20.0, init=False, timeout=90, env=TRANSPORTS[transport])
     assert len({tuple(r) for r in results[:2]}) == 1
 

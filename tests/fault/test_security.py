@@ -29,6 +29,7 @@ from tensorcomm.errors import AuthenticationError, RendezvousError
 from tensorcomm.rendezvous import FileStore, Rendezvous, TCPStore, TCPStoreServer, rendezvous, tcp_store
 from tensorcomm.rendezvous.auth import handshake_client
 from tensorcomm.rendezvous.store import HashStore
+from tensorcomm.testing import free_port
 from tensorcomm.transports.shm import arena
 from tensorcomm.transports.tcp.mesh import connect_mesh
 
@@ -51,12 +52,6 @@ def nobody_python() -> str:
         if done.returncode == 0:
             return candidate
     pytest.skip("no Python interpreter that user nobody may run")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def in_threads(count: int, fn: Callable[[int], Any], timeout: float = 60.0) -> list[Any]:

@@ -3,12 +3,13 @@ own store (which holds MASTER_PORT) rather than trying to serve one there."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from tensorcomm.testing import free_port
 
 pytest.importorskip("torch")
 
@@ -22,18 +23,12 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    # torchrun hands "--master-port 0" to its workers as is, so pick a free port here.
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_numpy_script_under_torchrun(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
+    # torchrun hands "--master-port 0" to its workers as is, so a free port is picked here.
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3",
-                           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(script)],
+                           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     for rank in range(3):

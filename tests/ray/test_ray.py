@@ -4,9 +4,12 @@ numpy, the secret kept out of command lines and environments, a dead actor named
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -94,29 +97,34 @@ def _collective_backend(rank: int, size: int) -> list:
     return [float(x[0]), int(y[0]), [float(g[0]) for g in gathered]]
 
 
+@contextlib.contextmanager
+def _group(count: int, env: dict[str, str] | None = None) -> Iterator[list[Any]]:
+    """``count`` actors made a tensorcomm group; destroyed and killed afterwards."""
+    actors = [Rank.options(runtime_env={"env_vars": env or {}}).remote() for _ in range(count)]
+    try:
+        tcray.init_group(actors, timeout=60)
+        yield actors
+        tcray.destroy_group(actors)
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_actors_form_a_group(cluster, transport):
     env = {"TENSORCOMM_TRANSPORT": "tcp"} if transport == "tcp" else {}
-    actors = [Rank.options(runtime_env={"env_vars": env}).remote() for _ in range(3)]
-    tcray.init_group(actors, timeout=60)
-    results = ray.get([a.run.remote(_collectives) for a in actors])
-    assert results == [{"rank": r, "transport": transport.upper()} for r in range(3)]
-    tcray.destroy_group(actors)
-    for actor in actors:
-        ray.kill(actor)
+    with _group(3, env) as actors:
+        results = ray.get([a.run.remote(_collectives) for a in actors])
+        assert results == [{"rank": r, "transport": transport.upper()} for r in range(3)]
 
 
 @pytest.mark.timeout(300)
 def test_secret_stays_out_of_command_lines_and_environments(cluster):
-    actors = [Rank.remote() for _ in range(2)]
-    tcray.init_group(actors, timeout=60)
-    for secret, cmdline, environ in ray.get([a.run.remote(_secret_and_traces) for a in actors]):
-        assert len(secret) == 64
-        assert secret not in cmdline and secret not in environ
-    tcray.destroy_group(actors)
-    for actor in actors:
-        ray.kill(actor)
+    with _group(2) as actors:
+        for secret, cmdline, environ in ray.get([a.run.remote(_secret_and_traces) for a in actors]):
+            assert len(secret) == 64
+            assert secret not in cmdline and secret not in environ
 
 
 @pytest.mark.timeout(300)

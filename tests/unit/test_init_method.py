@@ -6,7 +6,6 @@ What a stranger can do to a job without a secret is tested in tests/fault/test_s
 from __future__ import annotations
 
 import os
-import socket
 import stat
 import threading
 from collections.abc import Callable
@@ -17,6 +16,7 @@ import pytest
 from tensorcomm.errors import AuthenticationError, RendezvousError
 from tensorcomm.rendezvous import Rendezvous, TCPStoreServer, register_scheme, rendezvous
 from tensorcomm.rendezvous.private import SecretDir
+from tensorcomm.testing import free_port
 
 
 @pytest.fixture
@@ -25,12 +25,6 @@ def private_env(tmp_path: Path) -> dict[str, str]:
     directory = tmp_path / "secrets"
     directory.mkdir(mode=0o700)
     return {"TENSORCOMM_SECRET_DIR": str(directory)}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def as_ranks(world_size: int, join: Callable[[int], Rendezvous]) -> list[Rendezvous]:

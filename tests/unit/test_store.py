@@ -23,6 +23,7 @@ from tensorcomm.rendezvous import (
     tcp_store,
 )
 from tensorcomm.rendezvous.auth import handshake_client
+from tensorcomm.testing import free_port
 
 SECRET = b"test-secret"
 # A factory returns a new handle onto the one store under test (another "process" of the job).
@@ -352,12 +353,6 @@ def test_blocking_get_does_not_hold_other_clients(server: TCPStoreServer) -> Non
         other.set("later", b"done")
         thread.join(5)
         assert result == [b"done"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_client_retries_until_a_late_server_starts() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import socket
 import tempfile
 import time
 import traceback
@@ -149,3 +150,14 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
                    else f"ranks {failed} failed")
         raise RanksFailed(summary, outcomes)
     return [o.result for o in outcomes]
+
+
+def free_port() -> int:
+    """A TCP port free on loopback right now, for a program that must be told its port.
+
+    Another process may take it before the program binds it; that is rare enough for tests and
+    benchmarks not to retry.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

@@ -18,7 +18,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import shutil
-import socket
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -72,14 +71,3 @@ def missing(name: str) -> str | None:
 def load(name: str) -> ModuleType:
     """The peer module of ``name`` (cheap: libraries are imported by its ``open`` only)."""
     return importlib.import_module(f"{__name__}.{PEERS[name].module}")
-
-
-def free_port() -> int:
-    """A TCP port free on loopback right now, for a library that must be told its port.
-
-    Another process may take it before the library binds it; the job then fails to start and
-    the CLI reports that peer as failed, which is rare enough not to retry.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((LOOPBACK, 0))
-        return int(probe.getsockname()[1])

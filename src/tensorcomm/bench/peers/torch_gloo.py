@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from ...testing import free_port
 from ..check import ROOT
 from ..timing import Case
-from . import LOOPBACK, Command, free_port
+from . import LOOPBACK, Command
 from .base import ArrayCase, Peer, Task, require
 
 
