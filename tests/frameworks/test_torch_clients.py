@@ -43,6 +43,16 @@ def _loss(model: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.mse_loss(model(x), y)
 
 
+def _trained(model: Any, rank: int) -> Any:
+    """``model`` after three SGD steps on this rank's shard."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in _batches(rank, 3):
+        _loss(model, x, y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model
+
+
 # -- the process group and the functional collectives -------------------------------------------
 
 def _group(dist: Any, rank: int, size: int) -> Any:
@@ -95,12 +105,7 @@ def _fsdp2_model(dist: Any, rank: int) -> Any:
     for layer in (model[0], model[2]):
         fully_shard(layer)
     fully_shard(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for x, y in _batches(rank, 3):
-        _loss(model, x, y).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return model
+    return _trained(model, rank)
 
 
 def _fsdp2(dist: Any, rank: int, size: int) -> Any:
@@ -135,12 +140,7 @@ def _fsdp1_model(dist: Any, rank: int, strategy: str) -> Any:
     model = FullyShardedDataParallel(_mlp(), sharding_strategy=getattr(ShardingStrategy, strategy),
                                      use_orig_params=True, device_id=torch.device("cpu"))
     _KEEP.append(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for x, y in _batches(rank, 3):
-        _loss(model, x, y).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return model
+    return _trained(model, rank)
 
 
 def _full_params(model: Any) -> list[torch.Tensor]:
