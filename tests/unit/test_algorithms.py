@@ -143,7 +143,7 @@ def run_ranks(size: int, body: Callable[[Callable[[], Ctx]], object]) -> list:
     return results
 
 
-ALLREDUCE = [allreduce.ring, allreduce.recursive_doubling]
+ALLREDUCE = [allreduce.ring, allreduce.recursive_doubling, allreduce.halving_doubling]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -172,6 +172,30 @@ def test_allreduce(algorithm, size, dtype):
         assert all(out.tobytes() == outs[0].tobytes() for out in outs), f"ranks differ: {op} {count}"
         expected = reference(op, [data(dtype, rank, count) for rank in range(size)])
         assert_matches(outs[0], expected, op, size)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 6, 8])
+@pytest.mark.parametrize("algorithm", ALLREDUCE, ids=lambda f: f.__name__)
+def test_allreduce_from_a_separate_source_leaves_it_untouched(algorithm, size):
+    """What staging does when the caller's array needs no conversion: read it, write scratch."""
+    def body(next_ctx):
+        results = []
+        for count in (0, 1, 13, 1000):
+            ctx = next_ctx()
+            source = data(np.dtype(np.float64), ctx.rank, count)
+            before = source.copy()
+            buf = np.full(count, np.nan)
+            algorithm(ctx, buf, ReduceOp.SUM, source)
+            assert np.array_equal(source, before)
+            results.append(buf)
+        return results
+
+    per_rank = run_ranks(size, body)
+    for index, count in enumerate((0, 1, 13, 1000)):
+        expected = reference(ReduceOp.SUM, [data(np.dtype(np.float64), rank, count) for rank in range(size)])
+        for results in per_rank:
+            assert results[index].tobytes() == per_rank[0][index].tobytes()
+        np.testing.assert_allclose(per_rank[0][index], expected)
 
 
 @settings(max_examples=40, deadline=None)

@@ -13,20 +13,35 @@ COLLECTIVES = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduc
                "all_to_all", "barrier"]
 
 
-def team_of(size: int) -> Team:
-    return Team(LoopbackHub(size).transport(0), range(size), 0, group_id=0, timeout=1.0)
+DOUBLING = select.ALLREDUCE_DOUBLING_BYTES
+
+
+def team_of(size: int, host_of: tuple[str, ...] = ()) -> Team:
+    return Team(LoopbackHub(size).transport(0), range(size), 0, group_id=0, timeout=1.0, host_of=host_of)
 
 
 @pytest.mark.parametrize("size, nbytes, expected", [
     (4, 0, "recursive_doubling"),
-    (4, SMALL, "recursive_doubling"),
-    (4, SMALL + 1, "ring"),
-    (7, 10 << 20, "ring"),
+    (4, DOUBLING, "recursive_doubling"),
+    (4, DOUBLING + 1, "halving_doubling"),
+    (7, 10 << 20, "halving_doubling"),
     (2, 10 << 20, "recursive_doubling"),
     (1, 10 << 20, "recursive_doubling"),
 ])
 def test_all_reduce_rows(size, nbytes, expected):
     assert select.pick("all_reduce", team_of(size), nbytes).name == expected
+    assert select.pick("all_reduce", team_of(size, ("a",) * size), nbytes).name == expected
+    assert select.pick("all_reduce", team_of(size, tuple("abcdefg"[:size])), nbytes).name == expected
+
+
+@pytest.mark.parametrize("size, nbytes, expected", [
+    (4, SMALL, "recursive_doubling"),
+    (4, SMALL + 1, "ring"),
+    (6, 10 << 20, "ring"),
+])
+def test_all_reduce_keeps_ring_when_hosts_hold_several_members(size, nbytes, expected):
+    hosts = tuple("ab"[r * 2 // size] for r in range(size))
+    assert select.pick("all_reduce", team_of(size, hosts), nbytes).name == expected
 
 
 @pytest.mark.parametrize("size, nbytes, expected", [
@@ -68,7 +83,7 @@ def test_override_beats_the_predicates():
 
 
 def test_unknown_override_lists_the_algorithms_of_the_collective():
-    with pytest.raises(ValueError, match="recursive_doubling, ring"):
+    with pytest.raises(ValueError, match="recursive_doubling, halving_doubling, ring"):
         select.pick("all_reduce", team_of(4), 0, override="tree")
 
 

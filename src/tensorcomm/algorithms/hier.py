@@ -77,18 +77,21 @@ def _step(ctx: Ctx, key: str, team: Team, collective: str, nbytes: int, sig_coun
 def all_reduce(ctx: Ctx, x: np.ndarray, op: Op) -> None:
     """Reduce ``x`` across the group, in place on every member."""
     h = _hierarchy(ctx)
-    base, work = kernels.prepare(op, x)
-    acc = work.dtype
-    if work.nbytes <= SMALL_BYTES:
-        _step(ctx, "host", h.host, "all_reduce", work.nbytes, work.size, acc, base, -1, work, base)
-        _step(ctx, "cross", h.cross, "all_reduce", work.nbytes, work.size, acc, base, -1, work, base)
-    else:
-        counts = even_counts(work.size, len(h.host.ranks))
+    acc = kernels.accumulation_dtype(op, x.dtype)
+    nbytes = x.size * acc.itemsize
+    if nbytes <= SMALL_BYTES:  # two rounds in place on a working copy
+        base, work = kernels.prepare(op, x)
+        _step(ctx, "host", h.host, "all_reduce", nbytes, work.size, acc, base, -1, work, base)
+        _step(ctx, "cross", h.cross, "all_reduce", nbytes, work.size, acc, base, -1, work, base)
+    else:  # reads x itself unless it needs converting; the result lands in fresh memory
+        base, source = kernels.prepare(op, x, copy=False)
+        counts = even_counts(source.size, len(h.host.ranks))
         part = np.empty(counts[h.host.rank], dtype=acc)
-        _step(ctx, "host reduce_scatter", h.host, "reduce_scatter", work.nbytes, work.size, acc, base, -1,
-              work, part, counts, base)
+        _step(ctx, "host reduce_scatter", h.host, "reduce_scatter", nbytes, source.size, acc, base, -1,
+              source, part, counts, base)
         _step(ctx, "cross", h.cross, "all_reduce", part.nbytes, part.size, acc, base, -1, part, base)
-        _step(ctx, "host all_gather", h.host, "all_gather", work.nbytes, work.size, acc, None, -1,
+        work = np.empty_like(source)
+        _step(ctx, "host all_gather", h.host, "all_gather", nbytes, source.size, acc, None, -1,
               part, work, counts)
     kernels.finish(op, work, x, ctx.size)
 
@@ -151,19 +154,20 @@ def reduce_scatter(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence
     """Block ``q`` of ``send``, reduced across members, lands in member ``q``'s ``out``."""
     h = _hierarchy(ctx)
     order, hosts, per_host = h.order, len(h.cross.ranks), len(h.host.ranks)
-    base, work = kernels.prepare(op, send)
+    base, source = kernels.prepare(op, send, copy=False)  # only read: the blocks are reordered
     if len(set(counts)) == 1:
-        travel = work.reshape(len(counts), -1)[order].reshape(-1)
+        travel = source.reshape(len(counts), -1)[order].reshape(-1)
     else:
         offsets = bounds(counts)
-        travel = np.concatenate([work[offsets[rank]:offsets[rank + 1]] for rank in order])
+        travel = np.concatenate([source[offsets[rank]:offsets[rank + 1]] for rank in order])
     host_counts = [sum(counts[order[i * hosts + q]] for q in range(hosts)) for i in range(per_host)]
-    part = np.empty(host_counts[h.host.rank], dtype=work.dtype)
-    _step(ctx, "host", h.host, "reduce_scatter", travel.nbytes, travel.size, work.dtype, base, -1,
+    acc = source.dtype
+    part = np.empty(host_counts[h.host.rank], dtype=acc)
+    _step(ctx, "host", h.host, "reduce_scatter", travel.nbytes, travel.size, acc, base, -1,
           travel, part, host_counts, base)
     cross_counts = [counts[order[h.host.rank * hosts + q]] for q in range(hosts)]
-    reduced = np.empty(cross_counts[h.cross.rank], dtype=work.dtype)
-    _step(ctx, "cross", h.cross, "reduce_scatter", part.nbytes, part.size, work.dtype, base, -1,
+    reduced = np.empty(cross_counts[h.cross.rank], dtype=acc)
+    _step(ctx, "cross", h.cross, "reduce_scatter", part.nbytes, part.size, acc, base, -1,
           part, reduced, cross_counts, base)
     kernels.finish(op, reduced, out, ctx.size)
 

@@ -139,24 +139,27 @@ def reduce_into(op: ReduceOp, acc: np.ndarray, other: np.ndarray) -> None:
     combine(op, acc, other, acc)
 
 
-def prepare(op: ReduceOp | PremulSum, data: np.ndarray,
-            work: np.ndarray | None = None) -> tuple[ReduceOp, np.ndarray]:
-    """Return the op to run and a working buffer for reducing ``data``.
+def prepare(op: ReduceOp | PremulSum, data: np.ndarray, work: np.ndarray | None = None,
+            copy: bool = True) -> tuple[ReduceOp, np.ndarray]:
+    """Return the op to run and the values to reduce for reducing ``data``.
 
-    The buffer is a contiguous 1-D copy in ``accumulation_dtype``, premultiplied by the factor of a
-    ``PremulSum`` (in the accumulation dtype): ``work`` when given (of that size and dtype; reused
-    memory costs no page faults), else a fresh array. The copy is deliberate: the caller's array
-    stays untouched if the collective fails midway. AVG and PREMUL_SUM run as SUM; ``finish``
-    divides. ``op`` must be defined for the dtype (``check_op_dtype``: the core checks once per
-    call shape).
+    The values are a contiguous 1-D copy in ``accumulation_dtype``, premultiplied by the factor of
+    a ``PremulSum`` (in the accumulation dtype): ``work`` when given (of that size and dtype;
+    reused memory costs no page faults), else a fresh array. The copy keeps the caller's array
+    untouched if the collective fails midway. With ``copy=False``, ``data`` itself (flattened) is
+    returned when it needs no conversion: for algorithms that only read their input. AVG and
+    PREMUL_SUM run as SUM; ``finish`` divides. ``op`` must be defined for the dtype
+    (``check_op_dtype``: the core checks once per call shape).
     """
+    base = ReduceOp.SUM if isinstance(op, PremulSum) or op is ReduceOp.AVG else op
+    if not copy and not isinstance(op, PremulSum) and accumulation_dtype(op, data.dtype) == data.dtype:
+        return base, data.reshape(-1)
     if work is None:
         work = np.empty(data.size, dtype=accumulation_dtype(op, data.dtype))
     np.copyto(work.reshape(data.shape), data)
     if isinstance(op, PremulSum):
         np.multiply(work, op.factor, out=work)
-        return ReduceOp.SUM, work
-    return (ReduceOp.SUM if op is ReduceOp.AVG else op), work
+    return base, work
 
 
 def finish(op: ReduceOp | PremulSum, work: np.ndarray, out: np.ndarray, size: int) -> None:

@@ -65,6 +65,30 @@ def _small_or_pair(team: Team, nbytes: int) -> bool:
     return nbytes <= SMALL_MESSAGE_BYTES or len(team.ranks) <= 2
 
 
+# All-reduce over the transport, on groups whose pairs of members are alike (one host, or one
+# member per host): recursive doubling up to this size, halving-doubling above it. Measured on 2
+# cores, TCP loopback, interleaved in the same ranks (python benchmarks/allreduce_ab.py; ms per
+# call in benchmarks/results/allreduce_tcp_algorithms.txt), doubling / halving-doubling / ring:
+# 8 ranks, 256 KiB 5.0 / 6.8 / 10.7, 512 KiB 7.5 / 7.9 / 12.3, 1 MiB 15.9 / 12.1 / 16.2,
+# 16 MiB 229 / 121 / 124; 4 ranks, 512 KiB 1.9 / 3.4 / 4.4, 1 MiB 5.3 / 4.2 / 6.3.
+ALLREDUCE_DOUBLING_BYTES = 512 << 10
+
+
+def _alike(team: Team) -> bool:
+    """Every pair of members is as far apart as any other: one host, or one member per host.
+    Where several members share each of several hosts, ring keeps the traffic between hosts on
+    each host's boundary links, which halving and doubling would cross with every member."""
+    return len(set(team.host_of)) in (0, 1, len(team.ranks))
+
+
+def _doubling(team: Team, nbytes: int) -> bool:
+    return _small_or_pair(team, nbytes) or (nbytes <= ALLREDUCE_DOUBLING_BYTES and _alike(team))
+
+
+def _halving_doubling(team: Team, nbytes: int) -> bool:
+    return len(team.ranks) > 2 and _alike(team)
+
+
 def _large_and_three_or_more(team: Team, nbytes: int) -> bool:
     return nbytes > SMALL_MESSAGE_BYTES and len(team.ranks) > 2
 
@@ -81,7 +105,7 @@ def _hierarchical(team: Team, nbytes: int) -> bool:
 # (``shm_direct``); above it, up to one slot, each member reduces its own part (``shm_split``),
 # which moves about as many bytes but does 1/n of the arithmetic, for one more wait. Larger
 # messages go through the slots chunk by chunk (``shm_pipelined``). Measured on 2 cores
-# (benchmarks/shm_allreduce_ab.py, interleaved): with two ranks the two are within noise from
+# (benchmarks/allreduce_ab.py --transport auto, interleaved): with two ranks the two are within noise from
 # 64 KiB to 512 KiB and split wins clearly at 1 MiB; with three or more split wins above 128 KiB.
 SHM_DIRECT_BYTES = {2: 256 << 10}
 SHM_DIRECT_BYTES_MANY = 128 << 10  # three or more members
@@ -113,7 +137,8 @@ ROWS: tuple[Row, ...] = (
     Row("all_reduce", "shm_split", _shm_one_slot, shm_allreduce.split),
     Row("all_reduce", "shm_pipelined", _shm, shm_allreduce.pipelined),
     Row("all_reduce", "hierarchical", _hierarchical, hier.all_reduce),
-    Row("all_reduce", "recursive_doubling", _small_or_pair, staging.all_reduce(allreduce.recursive_doubling)),
+    Row("all_reduce", "recursive_doubling", _doubling, staging.all_reduce(allreduce.recursive_doubling)),
+    Row("all_reduce", "halving_doubling", _halving_doubling, staging.all_reduce(allreduce.halving_doubling)),
     Row("all_reduce", "ring", _always, staging.all_reduce(allreduce.ring)),
     Row("all_gather", "shm_rounds", _shm, shm_allgather.all_gather),
     Row("all_gather", "hierarchical", _hierarchical, hier.all_gather),

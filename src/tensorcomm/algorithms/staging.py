@@ -2,13 +2,13 @@
 
 Every algorithm ``select`` offers for a collective takes the same arguments (see ``select``):
 the caller's flat arrays, and the caller's op for reductions. The shared-memory algorithms work
-on those directly. The transport algorithms (``allreduce``, ``broadcast``, ...) work on buffers
-of their own instead: reductions on a copy in the accumulation dtype (``kernels.prepare``),
-broadcast receivers and every output on scratch. The wrappers here make those copies and write
-the caller's arrays only once the algorithm has succeeded, so a failed call leaves them
-untouched. The copies live in memory the group's calls reuse (``wire.scratch``): fresh memory
-costs a page fault per page. Each wrapper is applied once, in ``select.ROWS``. Must not import
-``core``.
+on those directly. The transport algorithms (``allreduce``, ``broadcast``, ...) write buffers of
+their own instead: reductions read the caller's array (a converted copy when the accumulation
+dtype or a premultiplied factor needs one: ``kernels.prepare``) and write scratch, as broadcast
+receivers and every output do. The wrappers here make those buffers and write the caller's arrays
+only once the algorithm has succeeded, so a failed call leaves them untouched. The scratch is
+memory the group's calls reuse (``wire.scratch``): fresh memory costs a page fault per page.
+Each wrapper is applied once, in ``select.ROWS``. Must not import ``core``.
 """
 
 from __future__ import annotations
@@ -39,20 +39,23 @@ def _work(ctx: Ctx, op: Op, x: np.ndarray) -> np.ndarray:
 
 
 def all_reduce(algorithm: Algorithm) -> Algorithm:
-    """``algorithm(ctx, work, base_op)`` on a prepared copy of ``x``."""
+    """``algorithm(ctx, work, base_op, source)``: reads ``x`` (or its converted copy in ``work``),
+    leaves the result in ``work``."""
     def run(ctx: Ctx, x: np.ndarray, op: Op) -> None:
-        base, work = kernels.prepare(op, x, _work(ctx, op, x))
-        algorithm(ctx, work, base)
+        work = _work(ctx, op, x)
+        base, source = kernels.prepare(op, x, work, copy=False)
+        algorithm(ctx, work, base, source)
         kernels.finish(op, work, x, ctx.size)
     return _named(run, algorithm)
 
 
 def reduce(algorithm: Algorithm) -> Algorithm:
-    """``algorithm(ctx, work, out, root, base_op)``; ``out`` scratch on the root only."""
+    """``algorithm(ctx, source, out, root, base_op)``: reads ``x`` (or its converted copy);
+    ``out`` scratch on the root only."""
     def run(ctx: Ctx, x: np.ndarray, root: int, op: Op) -> None:
-        base, work = kernels.prepare(op, x, _work(ctx, op, x))
-        out = scratch(ctx, "staged out", work.size, work.dtype) if ctx.rank == root else None
-        algorithm(ctx, work, out, root, base)
+        base, source = kernels.prepare(op, x, _work(ctx, op, x), copy=False)
+        out = scratch(ctx, "staged out", source.size, source.dtype) if ctx.rank == root else None
+        algorithm(ctx, source, out, root, base)
         if out is not None:
             kernels.finish(op, out, x, ctx.size)
     return _named(run, algorithm)
@@ -107,10 +110,11 @@ def all_to_all(algorithm: Algorithm) -> Algorithm:
 
 
 def reduce_scatter(algorithm: Algorithm) -> Algorithm:
-    """``algorithm(ctx, work, out, counts, base_op)`` on a prepared copy of ``send``."""
+    """``algorithm(ctx, source, out, counts, base_op)``: reads ``send`` (or its converted copy);
+    ``out`` scratch."""
     def run(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence[int], op: Op) -> None:
-        base, work = kernels.prepare(op, send, _work(ctx, op, send))
-        reduced = scratch(ctx, "staged out", counts[ctx.rank], work.dtype)
-        algorithm(ctx, work, reduced, counts, base)
+        base, source = kernels.prepare(op, send, _work(ctx, op, send), copy=False)
+        reduced = scratch(ctx, "staged out", counts[ctx.rank], source.dtype)
+        algorithm(ctx, source, reduced, counts, base)
         kernels.finish(op, reduced, out, ctx.size)
     return _named(run, algorithm)
