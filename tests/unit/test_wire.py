@@ -41,10 +41,12 @@ def test_spans_cover_the_range_once():
     assert spans(4, 4, 3) == [(4, 4)]  # an empty block is still one (empty) message
 
 
+ALLREDUCE = [allreduce.ring, allreduce.recursive_doubling, allreduce.halving_doubling]
+
+
 @pytest.mark.parametrize("size", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("count", [0, 1, 7, 50])
-@pytest.mark.parametrize("algorithm", [allreduce.ring, allreduce.recursive_doubling, allreduce.halving_doubling],
-                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize("algorithm", ALLREDUCE, ids=lambda f: f.__name__)
 def test_chunked_allreduce_matches_numpy(algorithm, size, count):
     inputs = [np.arange(count, dtype=np.int64) * (r + 1) - r for r in range(size)]
 
@@ -88,8 +90,7 @@ def test_chunked_reduce_scatter_allgather_and_broadcast(size):
 
 @pytest.mark.parametrize("wire", [BF16, np.dtype(np.float16)], ids=str)
 @pytest.mark.parametrize("size", [2, 3, 4, 5, 6])
-@pytest.mark.parametrize("algorithm", [allreduce.ring, allreduce.recursive_doubling, allreduce.halving_doubling],
-                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize("algorithm", ALLREDUCE, ids=lambda f: f.__name__)
 def test_compressed_sums_are_identical_everywhere_and_close(algorithm, size, wire):
     count = 40
     inputs = _inputs(size, count)
