@@ -109,14 +109,7 @@ def _exchange(ctx: Ctx, dst: int | None, src: int, mine: np.ndarray, buf: np.nda
         ctx.wait(request)
         if sending and outgoing is buf:
             ctx.wait(sending[index])  # buf[lo:hi] changes next: its send must be out
-        theirs = incoming[lo:hi]
-        if widened is not None:
-            theirs = widened[:hi - lo]
-            theirs[...] = incoming[lo:hi]
-        if partner_first:
-            combine(op, theirs, mine[lo:hi], buf[lo:hi])
-        else:
-            combine(op, mine[lo:hi], theirs, buf[lo:hi])
+        _combine_arrived(op, incoming[lo:hi], widened, mine[lo:hi], buf[lo:hi], partner_first)
     for request in sending:
         ctx.wait(request)
 
@@ -217,14 +210,7 @@ def _halve(ctx: Ctx, partner: int, mine: np.ndarray, buf: np.ndarray, keep: _Spa
     ours, target = mine[keep[0]:keep[1]], buf[keep[0]:keep[1]]
     for (a, b), request in zip(spans(0, incoming.size, chunk), receiving, strict=True):
         ctx.wait(request)
-        theirs = incoming[a:b]
-        if widened is not None:
-            theirs = widened[:b - a]
-            theirs[...] = incoming[a:b]
-        if partner_first:
-            combine(op, theirs, ours[a:b], target[a:b])
-        else:
-            combine(op, ours[a:b], theirs, target[a:b])
+        _combine_arrived(op, incoming[a:b], widened, ours[a:b], target[a:b], partner_first)
     for request in sending:
         ctx.wait(request)
 
@@ -242,3 +228,18 @@ def _double(ctx: Ctx, partner: int, buf: np.ndarray, carrier: np.ndarray, keep: 
             buf[a:b] = carrier[a:b]
     for request in sending:
         ctx.wait(request)
+
+
+def _combine_arrived(op: ReduceOp, arrived: np.ndarray, widened: np.ndarray | None, mine: np.ndarray,
+                     out: np.ndarray, partner_first: bool) -> None:
+    """Write the partner's ``arrived`` chunk combined with ``mine`` into ``out``: widened first
+    (into ``widened``) when it travelled packed, the partner's value as the left operand when
+    ``partner_first``."""
+    theirs = arrived
+    if widened is not None:
+        theirs = widened[:arrived.size]
+        theirs[...] = arrived
+    if partner_first:
+        combine(op, theirs, mine, out)
+    else:
+        combine(op, mine, theirs, out)
