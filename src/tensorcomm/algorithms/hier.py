@@ -40,6 +40,7 @@ from ..types import PremulSum, ReduceOp
 from . import kernels
 from .allgather import bounds, even_counts
 from .base import Ctx, Hierarchy, Plan, Team
+from .wire import scratch
 
 Op = ReduceOp | PremulSum
 SMALL_BYTES = 64 << 10  # up to this, fewer steps beat spreading the traffic over every link
@@ -83,14 +84,17 @@ def all_reduce(ctx: Ctx, x: np.ndarray, op: Op) -> None:
         base, work = kernels.prepare(op, x)
         _step(ctx, "host", h.host, "all_reduce", nbytes, work.size, acc, base, -1, work, base)
         _step(ctx, "cross", h.cross, "all_reduce", nbytes, work.size, acc, base, -1, work, base)
-    else:  # reads x itself unless it needs converting; the result lands in fresh memory
+    else:  # reads x itself unless it needs converting; the result lands in reused scratch
         base, source = kernels.prepare(op, x, copy=False)
         counts = even_counts(source.size, len(h.host.ranks))
-        part = np.empty(counts[h.host.rank], dtype=acc)
+        part = scratch(ctx, "hier part", counts[h.host.rank], acc)
         _step(ctx, "host reduce_scatter", h.host, "reduce_scatter", nbytes, source.size, acc, base, -1,
               source, part, counts, base)
         _step(ctx, "cross", h.cross, "all_reduce", part.nbytes, part.size, acc, base, -1, part, base)
-        work = np.empty_like(source)
+        # Fresh memory here would fault its pages in during the host all_gather, whose members
+        # wait for each other round by round: 256 MiB on 2 hosts x 2 ranks at 1 Gbit/s ran at
+        # 0.70x Gloo that way, against 1.2x with the pages touched beforehand.
+        work = scratch(ctx, "hier work", source.size, acc)
         _step(ctx, "host all_gather", h.host, "all_gather", nbytes, source.size, acc, None, -1,
               part, work, counts)
     kernels.finish(op, work, x, ctx.size)
