@@ -54,39 +54,61 @@ def recursive_doubling(ctx: Ctx, buf: np.ndarray, op: ReduceOp, source: np.ndarr
     their own value to the wire dtype first (each then adds the same two rounded values), and the
     result is rounded once more at the end. Scratch: one buffer (two with compression).
     """
-    n, r = ctx.size, ctx.rank
-    mine = buf if source is None else source  # this rank's value so far
-    if n == 1:
-        if mine is not buf:
-            buf[...] = mine
-        return
+    p = 1 << (ctx.size.bit_length() - 1)
     wire = compressed(ctx, buf.dtype, op)
-    p = 1 << (n.bit_length() - 1)
-    extra = n - p
     unfold_step = p.bit_length()  # fold is step 0, the rounds are steps 1 .. log2(p)
-    if r < 2 * extra and r % 2 == 0:
-        send_chunked(ctx, r + 1, mine, 0, wire)
-        recv_chunked(ctx, r + 1, buf, unfold_step, wire)
+    folded = _fold(ctx, buf, op, buf if source is None else source, wire, unfold_step)
+    if folded is None:
         return
+    virtual, mine = folded
     incoming = scratch(ctx, "incoming", buf.size, buf.dtype if wire is None else wire)
-    if r < 2 * extra:
-        _exchange(ctx, None, r - 1, mine, buf, incoming, 0, op, wire, partner_first=True)
-        mine = buf
-        virtual = r // 2
-    else:
-        virtual = r - extra
     mask, step = 1, 1
     while mask < p:
-        partner_virtual = virtual ^ mask
-        partner = 2 * partner_virtual + 1 if partner_virtual < extra else partner_virtual + extra
+        partner = _real_rank(ctx, virtual ^ mask)
         _exchange(ctx, partner, partner, mine, buf, incoming, step, op, wire,
-                  partner_first=partner_virtual < virtual)
+                  partner_first=bool(virtual & mask))
         mine = buf
         mask, step = mask * 2, step + 1
     if wire is not None:
         round_to(wire, buf)
-    if r < 2 * extra:
-        send_chunked(ctx, r - 1, buf, unfold_step, wire)
+    _unfold(ctx, buf, wire, unfold_step)
+
+
+def _fold(ctx: Ctx, buf: np.ndarray, op: ReduceOp, mine: np.ndarray, wire: np.dtype | None,
+          unfold_step: int) -> tuple[int, np.ndarray] | None:
+    """Fold the ranks beyond the largest power of two p: rank 2i (i < size - p) sends ``mine`` to
+    rank 2i + 1, which combines it into ``buf`` (the sender's value on the left), and waits for
+    the result at ``unfold_step``. Returns None when this rank's result is already in ``buf``
+    (a folded rank, or a group of one), else its virtual rank among the p that go on and its
+    value so far (``mine``, or ``buf`` after a fold)."""
+    n, r = ctx.size, ctx.rank
+    extra = n - (1 << (n.bit_length() - 1))
+    if n == 1:
+        if mine is not buf:
+            buf[...] = mine
+        return None
+    if r >= 2 * extra:
+        return r - extra, mine
+    if r % 2 == 0:
+        send_chunked(ctx, r + 1, mine, 0, wire)
+        recv_chunked(ctx, r + 1, buf, unfold_step, wire)
+        return None
+    incoming = scratch(ctx, "incoming", buf.size, buf.dtype if wire is None else wire)
+    _exchange(ctx, None, r - 1, mine, buf, incoming, 0, op, wire, partner_first=True)
+    return r // 2, buf
+
+
+def _real_rank(ctx: Ctx, virtual: int) -> int:
+    """The group rank of virtual rank ``virtual`` after ``_fold``."""
+    extra = ctx.size - (1 << (ctx.size.bit_length() - 1))
+    return 2 * virtual + 1 if virtual < extra else virtual + extra
+
+
+def _unfold(ctx: Ctx, buf: np.ndarray, wire: np.dtype | None, unfold_step: int) -> None:
+    """Send the result back to the rank this one folded (``_fold``), if any."""
+    extra = ctx.size - (1 << (ctx.size.bit_length() - 1))
+    if ctx.rank < 2 * extra:
+        send_chunked(ctx, ctx.rank - 1, buf, unfold_step, wire)
 
 
 def _exchange(ctx: Ctx, dst: int | None, src: int, mine: np.ndarray, buf: np.ndarray,
@@ -128,32 +150,19 @@ def halving_doubling(ctx: Ctx, buf: np.ndarray, op: ReduceOp, source: np.ndarray
     compression, partials travel rounded; each rank rounds its segment before the all-gather.
     Scratch: one buffer for the halving rounds' receives (plus packed copies with compression).
     """
-    n, r = ctx.size, ctx.rank
-    mine = buf if source is None else source
-    if n == 1:
-        if mine is not buf:
-            buf[...] = mine
-        return
+    p = 1 << (ctx.size.bit_length() - 1)
     wire = compressed(ctx, buf.dtype, op)
-    p = 1 << (n.bit_length() - 1)
-    extra = n - p
     rounds = p.bit_length() - 1
     unfold_step = 2 * rounds + 1  # fold is step 0, halving 1 .. rounds, doubling rounds + 1 .. 2 rounds
-    if r < 2 * extra and r % 2 == 0:
-        send_chunked(ctx, r + 1, mine, 0, wire)
-        recv_chunked(ctx, r + 1, buf, unfold_step, wire)
+    folded = _fold(ctx, buf, op, buf if source is None else source, wire, unfold_step)
+    if folded is None:
         return
-    if r < 2 * extra:
-        incoming = scratch(ctx, "incoming", buf.size, buf.dtype if wire is None else wire)
-        _exchange(ctx, None, r - 1, mine, buf, incoming, 0, op, wire, partner_first=True)
-        mine = buf
-    virtual = r // 2 if r < 2 * extra else r - extra
+    virtual, mine = folded
     offsets = bounds(even_counts(buf.size, p))
     halves: list[tuple[int, bool, _Span, _Span]] = []  # (partner, upper, kept, given), in elements
     lo, hi, mask = 0, p, p >> 1
     while mask:
-        partner_virtual = virtual ^ mask
-        partner = 2 * partner_virtual + 1 if partner_virtual < extra else partner_virtual + extra
+        partner = _real_rank(ctx, virtual ^ mask)
         mid = (lo + hi) // 2
         upper = bool(virtual & mask)
         kept, given = ((mid, hi), (lo, mid)) if upper else ((lo, mid), (mid, hi))
@@ -189,8 +198,7 @@ def halving_doubling(ctx: Ctx, buf: np.ndarray, op: ReduceOp, source: np.ndarray
     for step in range(rounds, 0, -1):
         partner, _, keep, give = halves[step - 1]
         _double(ctx, partner, buf, carrier, keep, give, doubling[step - 1], 2 * rounds + 1 - step)
-    if r < 2 * extra:
-        send_chunked(ctx, r - 1, buf, unfold_step, wire)
+    _unfold(ctx, buf, wire, unfold_step)
 
 
 def _halve(ctx: Ctx, partner: int, mine: np.ndarray, buf: np.ndarray, keep: _Span, give: _Span,
