@@ -74,7 +74,7 @@ class Group:
             try:
                 return fn(ctx)
             except BaseException as exc:
-                d.fail(exc, ctx)  # as Group.run does
+                d.fail(exc, ctx)  # as Group._run does
                 raise
 
         return run_threads(self.size, body)

@@ -6,7 +6,7 @@ element counts where blocks are involved (see ``algorithms/select.py`` for the l
 function names the call's *shape* (collective, dtype, sizes, op, root) and looks up the group's
 ``Plan`` for it; the first call of a shape makes the plan: it parses the op and checks it
 against the dtype, builds the signature peers compare, and picks the algorithm. The plan's
-algorithm then runs in the group's issue order (``Group.run``).
+algorithm then runs in the group's issue order (``Group._run``).
 
 A failed call leaves arrays it updates in place (all_reduce, reduce's root, broadcast's
 receivers) untouched or complete; outputs-only arrays may be left partly written by a failed
@@ -67,7 +67,7 @@ def all_reduce(group: Group, x: np.ndarray, op: ReduceOpLike, async_op: bool,
     plan = group.plans.get(key)
     if plan is None:
         plan = group.keep_plan(key, _reduction(group, "all_reduce", fn, x, op))
-    return group.run(plan, async_op, x, plan.op)
+    return group._run(plan, async_op, x, plan.op)
 
 
 def reduce(group: Group, x: np.ndarray, root: int, op: ReduceOpLike, async_op: bool,
@@ -78,7 +78,7 @@ def reduce(group: Group, x: np.ndarray, root: int, op: ReduceOpLike, async_op: b
     plan = group.plans.get(key)
     if plan is None:
         plan = group.keep_plan(key, _reduction(group, "reduce", fn, x, op, root))
-    return group.run(plan, async_op, x, root, plan.op)
+    return group._run(plan, async_op, x, root, plan.op)
 
 
 def broadcast(group: Group, x: np.ndarray, root: int, async_op: bool) -> Work | None:
@@ -89,7 +89,7 @@ def broadcast(group: Group, x: np.ndarray, root: int, async_op: bool) -> Work | 
     if plan is None:
         plan = group.keep_plan(key, _make(group, "broadcast", x.nbytes,
                                           signature("broadcast", x.dtype, x.size, root=root)))
-    return group.run(plan, async_op, x, root)
+    return group._run(plan, async_op, x, root)
 
 
 def all_gather(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequence[int],
@@ -102,7 +102,7 @@ def all_gather(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequence
     if plan is None:
         plan = group.keep_plan(key, _make(group, "all_gather", out.nbytes,
                                           signature("all_gather", send.dtype, sum(counts))))
-    return group.run(plan, async_op, _flat(send), _flat(out), counts)
+    return group._run(plan, async_op, _flat(send), _flat(out), counts)
 
 
 def gather(group: Group, send: np.ndarray, out: np.ndarray | None, counts: Sequence[int], root: int,
@@ -115,7 +115,7 @@ def gather(group: Group, send: np.ndarray, out: np.ndarray | None, counts: Seque
     if plan is None:
         plan = group.keep_plan(key, _make(group, "gather", sum(counts) * send.itemsize,
                                           signature("gather", send.dtype, sum(counts), root=root)))
-    return group.run(plan, async_op, _flat(send), None if out is None else _flat(out), counts, root)
+    return group._run(plan, async_op, _flat(send), None if out is None else _flat(out), counts, root)
 
 
 def scatter(group: Group, send: np.ndarray | None, out: np.ndarray, counts: Sequence[int], root: int,
@@ -127,7 +127,7 @@ def scatter(group: Group, send: np.ndarray | None, out: np.ndarray, counts: Sequ
     if plan is None:
         plan = group.keep_plan(key, _make(group, "scatter", sum(counts) * out.itemsize,
                                           signature("scatter", out.dtype, sum(counts), root=root)))
-    return group.run(plan, async_op, None if send is None else _flat(send), _flat(out), counts, root)
+    return group._run(plan, async_op, None if send is None else _flat(send), _flat(out), counts, root)
 
 
 def reduce_scatter(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequence[int],
@@ -140,7 +140,7 @@ def reduce_scatter(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequ
     plan = group.plans.get(key)
     if plan is None:
         plan = group.keep_plan(key, _reduction(group, "reduce_scatter", fn, send, op, count=sum(counts)))
-    return group.run(plan, async_op, send, _flat(out), counts, plan.op)
+    return group._run(plan, async_op, send, _flat(out), counts, plan.op)
 
 
 def all_to_all(group: Group, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
@@ -156,7 +156,7 @@ def all_to_all(group: Group, send: np.ndarray, send_counts: Sequence[int], out: 
     if plan is None:
         plan = group.keep_plan(key, _make(group, "all_to_all", send.nbytes,
                                           signature("all_to_all", send.dtype, UNCHECKED)))
-    return group.run(plan, async_op, _flat(send), send_counts, _flat(out), recv_counts)
+    return group._run(plan, async_op, _flat(send), send_counts, _flat(out), recv_counts)
 
 
 def barrier(group: Group, async_op: bool) -> Work | None:
@@ -164,4 +164,4 @@ def barrier(group: Group, async_op: bool) -> Work | None:
     plan = group.plans.get(("barrier",))
     if plan is None:
         plan = group.keep_plan(("barrier",), _make(group, "barrier", 0, signature("barrier")))
-    return group.run(plan, async_op)
+    return group._run(plan, async_op)

@@ -162,7 +162,7 @@ class Group:
         plans[key] = plan
         return plan
 
-    def run(self, plan: Plan, async_op: bool, *args: Any) -> Work | Any:
+    def _run(self, plan: Plan, async_op: bool, *args: Any) -> Work | Any:
         """Run ``plan``'s algorithm on ``args`` in this group's issue order.
 
         A call that fails ends the group on every member (see ``_failed``).
