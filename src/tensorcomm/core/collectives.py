@@ -66,7 +66,7 @@ def all_reduce(group: Group, x: np.ndarray, op: ReduceOpLike, async_op: bool,
     key = ("all_reduce", x.dtype, x.size, _op_key(op))
     plan = group.plans.get(key)
     if plan is None:
-        plan = group.keep_plan(key, _reduction(group, "all_reduce", fn, x, op))
+        plan = group._keep_plan(key, _reduction(group, "all_reduce", fn, x, op))
     return group._run(plan, async_op, x, plan.op)
 
 
@@ -77,7 +77,7 @@ def reduce(group: Group, x: np.ndarray, root: int, op: ReduceOpLike, async_op: b
     key = ("reduce", x.dtype, x.size, _op_key(op), root)
     plan = group.plans.get(key)
     if plan is None:
-        plan = group.keep_plan(key, _reduction(group, "reduce", fn, x, op, root))
+        plan = group._keep_plan(key, _reduction(group, "reduce", fn, x, op, root))
     return group._run(plan, async_op, x, root, plan.op)
 
 
@@ -87,7 +87,7 @@ def broadcast(group: Group, x: np.ndarray, root: int, async_op: bool) -> Work | 
     key = ("broadcast", x.dtype, x.size, root)
     plan = group.plans.get(key)
     if plan is None:
-        plan = group.keep_plan(key, _make(group, "broadcast", x.nbytes,
+        plan = group._keep_plan(key, _make(group, "broadcast", x.nbytes,
                                           signature("broadcast", x.dtype, x.size, root=root)))
     return group._run(plan, async_op, x, root)
 
@@ -100,7 +100,7 @@ def all_gather(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequence
     key = ("all_gather", send.dtype, counts)
     plan = group.plans.get(key)
     if plan is None:
-        plan = group.keep_plan(key, _make(group, "all_gather", out.nbytes,
+        plan = group._keep_plan(key, _make(group, "all_gather", out.nbytes,
                                           signature("all_gather", send.dtype, sum(counts))))
     return group._run(plan, async_op, _flat(send), _flat(out), counts)
 
@@ -113,7 +113,7 @@ def gather(group: Group, send: np.ndarray, out: np.ndarray | None, counts: Seque
     key = ("gather", send.dtype, counts, root)
     plan = group.plans.get(key)
     if plan is None:
-        plan = group.keep_plan(key, _make(group, "gather", sum(counts) * send.itemsize,
+        plan = group._keep_plan(key, _make(group, "gather", sum(counts) * send.itemsize,
                                           signature("gather", send.dtype, sum(counts), root=root)))
     return group._run(plan, async_op, _flat(send), None if out is None else _flat(out), counts, root)
 
@@ -125,7 +125,7 @@ def scatter(group: Group, send: np.ndarray | None, out: np.ndarray, counts: Sequ
     key = ("scatter", out.dtype, counts, root)
     plan = group.plans.get(key)
     if plan is None:
-        plan = group.keep_plan(key, _make(group, "scatter", sum(counts) * out.itemsize,
+        plan = group._keep_plan(key, _make(group, "scatter", sum(counts) * out.itemsize,
                                           signature("scatter", out.dtype, sum(counts), root=root)))
     return group._run(plan, async_op, None if send is None else _flat(send), _flat(out), counts, root)
 
@@ -139,7 +139,7 @@ def reduce_scatter(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequ
     key = ("reduce_scatter", send.dtype, counts, _op_key(op))
     plan = group.plans.get(key)
     if plan is None:
-        plan = group.keep_plan(key, _reduction(group, "reduce_scatter", fn, send, op, count=sum(counts)))
+        plan = group._keep_plan(key, _reduction(group, "reduce_scatter", fn, send, op, count=sum(counts)))
     return group._run(plan, async_op, send, _flat(out), counts, plan.op)
 
 
@@ -154,7 +154,7 @@ def all_to_all(group: Group, send: np.ndarray, send_counts: Sequence[int], out: 
     key = ("all_to_all", send.dtype, send_counts, recv_counts)
     plan = group.plans.get(key)
     if plan is None:
-        plan = group.keep_plan(key, _make(group, "all_to_all", send.nbytes,
+        plan = group._keep_plan(key, _make(group, "all_to_all", send.nbytes,
                                           signature("all_to_all", send.dtype, UNCHECKED)))
     return group._run(plan, async_op, _flat(send), send_counts, _flat(out), recv_counts)
 
@@ -163,5 +163,5 @@ def barrier(group: Group, async_op: bool) -> Work | None:
     """Return once every member has entered the barrier."""
     plan = group.plans.get(("barrier",))
     if plan is None:
-        plan = group.keep_plan(("barrier",), _make(group, "barrier", 0, signature("barrier")))
+        plan = group._keep_plan(("barrier",), _make(group, "barrier", 0, signature("barrier")))
     return group._run(plan, async_op)

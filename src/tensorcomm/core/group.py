@@ -153,7 +153,7 @@ class Group:
         """What the algorithms see of the group (members only)."""
         return self._target()._member_team()
 
-    def keep_plan(self, key: Hashable, plan: Plan) -> Plan:
+    def _keep_plan(self, key: Hashable, plan: Plan) -> Plan:
         """Keep ``plan`` for the call shape ``key`` (``plans``), forgetting the oldest beyond
         ``PLANS_KEPT``; return it."""
         plans = self._target().plans
