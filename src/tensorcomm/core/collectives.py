@@ -64,7 +64,7 @@ def all_reduce(group: Group, x: np.ndarray, op: ReduceOpLike, async_op: bool,
     """Reduce ``x`` across the group, in place on every member."""
     x = _flat(x)
     key = ("all_reduce", x.dtype, x.size, _op_key(op))
-    plan = group.plans.get(key)
+    plan = group._plans.get(key)
     if plan is None:
         plan = group._keep_plan(key, _reduction(group, "all_reduce", fn, x, op))
     return group._run(plan, async_op, x, plan.op)
@@ -75,7 +75,7 @@ def reduce(group: Group, x: np.ndarray, root: int, op: ReduceOpLike, async_op: b
     """Reduce ``x`` onto group rank ``root``; other members' arrays are left as they are."""
     x = _flat(x)
     key = ("reduce", x.dtype, x.size, _op_key(op), root)
-    plan = group.plans.get(key)
+    plan = group._plans.get(key)
     if plan is None:
         plan = group._keep_plan(key, _reduction(group, "reduce", fn, x, op, root))
     return group._run(plan, async_op, x, root, plan.op)
@@ -85,7 +85,7 @@ def broadcast(group: Group, x: np.ndarray, root: int, async_op: bool) -> Work | 
     """Copy group rank ``root``'s ``x`` into every member's."""
     x = _flat(x)
     key = ("broadcast", x.dtype, x.size, root)
-    plan = group.plans.get(key)
+    plan = group._plans.get(key)
     if plan is None:
         plan = group._keep_plan(key, _make(group, "broadcast", x.nbytes,
                                           signature("broadcast", x.dtype, x.size, root=root)))
@@ -98,7 +98,7 @@ def all_gather(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequence
     ``q``, back to back) on every member."""
     counts = tuple(counts)
     key = ("all_gather", send.dtype, counts)
-    plan = group.plans.get(key)
+    plan = group._plans.get(key)
     if plan is None:
         plan = group._keep_plan(key, _make(group, "all_gather", out.nbytes,
                                           signature("all_gather", send.dtype, sum(counts))))
@@ -111,7 +111,7 @@ def gather(group: Group, send: np.ndarray, out: np.ndarray | None, counts: Seque
     elsewhere)."""
     counts = tuple(counts)
     key = ("gather", send.dtype, counts, root)
-    plan = group.plans.get(key)
+    plan = group._plans.get(key)
     if plan is None:
         plan = group._keep_plan(key, _make(group, "gather", sum(counts) * send.itemsize,
                                           signature("gather", send.dtype, sum(counts), root=root)))
@@ -123,7 +123,7 @@ def scatter(group: Group, send: np.ndarray | None, out: np.ndarray, counts: Sequ
     """Block ``q`` of ``send`` on ``root`` (None elsewhere) lands in member ``q``'s ``out``."""
     counts = tuple(counts)
     key = ("scatter", out.dtype, counts, root)
-    plan = group.plans.get(key)
+    plan = group._plans.get(key)
     if plan is None:
         plan = group._keep_plan(key, _make(group, "scatter", sum(counts) * out.itemsize,
                                           signature("scatter", out.dtype, sum(counts), root=root)))
@@ -137,7 +137,7 @@ def reduce_scatter(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequ
     counts = tuple(counts)
     send = _flat(send)
     key = ("reduce_scatter", send.dtype, counts, _op_key(op))
-    plan = group.plans.get(key)
+    plan = group._plans.get(key)
     if plan is None:
         plan = group._keep_plan(key, _reduction(group, "reduce_scatter", fn, send, op, count=sum(counts)))
     return group._run(plan, async_op, send, _flat(out), counts, plan.op)
@@ -152,7 +152,7 @@ def all_to_all(group: Group, send: np.ndarray, send_counts: Sequence[int], out: 
     """
     send_counts, recv_counts = tuple(send_counts), tuple(recv_counts)
     key = ("all_to_all", send.dtype, send_counts, recv_counts)
-    plan = group.plans.get(key)
+    plan = group._plans.get(key)
     if plan is None:
         plan = group._keep_plan(key, _make(group, "all_to_all", send.nbytes,
                                           signature("all_to_all", send.dtype, UNCHECKED)))
@@ -161,7 +161,7 @@ def all_to_all(group: Group, send: np.ndarray, send_counts: Sequence[int], out: 
 
 def barrier(group: Group, async_op: bool) -> Work | None:
     """Return once every member has entered the barrier."""
-    plan = group.plans.get(("barrier",))
+    plan = group._plans.get(("barrier",))
     if plan is None:
         plan = group._keep_plan(("barrier",), _make(group, "barrier", 0, signature("barrier")))
     return group._run(plan, async_op)

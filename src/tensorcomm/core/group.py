@@ -49,7 +49,7 @@ class Group:
             self._team = Team(world.transport, self._ranks, self._index[world.rank], group_id,
                               world.timeout, world.hosts_of(self._ranks), name, shm, hier)
         # One plan per call shape (``core/collectives.py`` makes them), gone with the group.
-        self.plans: dict[Hashable, Plan] = {}
+        self._plans: dict[Hashable, Plan] = {}
         self._shrinks = 0  # calls of shrink() so far: the members match them by this count
 
     # The WORLD handle overrides this to follow whichever world is current.
@@ -154,9 +154,9 @@ class Group:
         return self._target()._member_team()
 
     def _keep_plan(self, key: Hashable, plan: Plan) -> Plan:
-        """Keep ``plan`` for the call shape ``key`` (``plans``), forgetting the oldest beyond
+        """Keep ``plan`` for the call shape ``key`` (``_plans``), forgetting the oldest beyond
         ``PLANS_KEPT``; return it."""
-        plans = self._target().plans
+        plans = self._target()._plans
         if len(plans) >= PLANS_KEPT:
             del plans[next(iter(plans))]
         plans[key] = plan
@@ -282,7 +282,7 @@ class Group:
         if self._shm is not None:
             self._shm.abort(error, tell_peers=False)  # peers learn we left from close()
         self._engine.stop(error)
-        self.plans.clear()  # they hold views of the domain's memory
+        self._plans.clear()  # they hold views of the domain's memory
         if self._shm is not None:
             self._shm.close()
         for part in self._parts:

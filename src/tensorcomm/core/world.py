@@ -542,11 +542,11 @@ class _WorldHandle(Group):
     def _target(self) -> Group:
         return current_world().world_group
 
-    # Group.plans is a plain attribute (read on every call) that is never reassigned; the
+    # Group._plans is a plain attribute (read on every call) that is never reassigned; the
     # handle reads the current world group's.
     @property
-    def plans(self) -> dict[Hashable, Plan]:  # type: ignore[override]
-        return self._target().plans
+    def _plans(self) -> dict[Hashable, Plan]:  # type: ignore[override]
+        return self._target()._plans
 
     def __repr__(self) -> str:
         return "tensorcomm.WORLD"
