@@ -115,14 +115,15 @@ class Group:
                           f"{self._name!r} (ranks {list(self._ranks)})")
 
     def _member_team(self) -> Team:
-        """This process's ``Team`` in the group (``self`` is resolved: ``_target()``).
+        """This process's ``Team`` in the group: what the algorithms see of it.
 
         Raises:
             ValueError: this process is not a member.
         """
-        team = self._team
+        target = self._target()
+        team = target._team
         if team is None:
-            raise self._not_member(self._world.rank)
+            raise target._not_member(target._world.rank)
         return team
 
     def global_rank(self, group_rank: int) -> int:
@@ -147,11 +148,6 @@ class Group:
     @property
     def group_id(self) -> int:
         return self._target()._group_id
-
-    @property
-    def team(self) -> Team:
-        """What the algorithms see of the group (members only)."""
-        return self._target()._member_team()
 
     def _keep_plan(self, key: Hashable, plan: Plan) -> Plan:
         """Keep ``plan`` for the call shape ``key`` (``_plans``), forgetting the oldest beyond

@@ -196,7 +196,7 @@ class World:
             return None, []
         grid = [order.index(where) * len(mine) + members[where].index(r)
                 for r, where in zip(ranks, hosts, strict=True)]
-        return Hierarchy(host.team, cross.team, grid, select.pick), [host, cross]
+        return Hierarchy(host._member_team(), cross._member_team(), grid, select.pick), [host, cross]
 
     def _part(self, ranks: tuple[int, ...], label: str, key: str) -> Group:
         """An internal group of a hierarchical group (not registered, used by its calls only)."""
