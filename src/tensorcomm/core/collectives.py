@@ -32,7 +32,7 @@ log = logging.getLogger("tensorcomm.plan")
 
 
 def _make(group: Group, collective: str, nbytes: int, sig: Any, op: Any = None) -> Plan:
-    row = select.pick(collective, group._member_team(), nbytes, group.world.algorithms.get(collective))
+    row = select.pick(collective, group._member_team(), nbytes, group._world.algorithms.get(collective))
     log.debug("%s on group %r, %s: %s", collective, group.name, sig.describe(), row.name)
     return Plan(f"{collective} on group {group.name!r}", sig, row.name, row.fn, op)
 

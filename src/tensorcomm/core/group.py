@@ -142,10 +142,6 @@ class Group:
     # -- used by the core's collectives ---------------------------------------------------------
 
     @property
-    def world(self) -> World:
-        return self._target()._world
-
-    @property
     def group_id(self) -> int:
         return self._target()._group_id
 

@@ -548,6 +548,10 @@ class _WorldHandle(Group):
     def _plans(self) -> dict[Hashable, Plan]:  # type: ignore[override]
         return self._target()._plans
 
+    @property
+    def _world(self) -> World:  # type: ignore[override]
+        return self._target()._world
+
     def __repr__(self) -> str:
         return "tensorcomm.WORLD"
 
