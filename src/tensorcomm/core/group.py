@@ -141,10 +141,6 @@ class Group:
 
     # -- used by the core's collectives ---------------------------------------------------------
 
-    @property
-    def group_id(self) -> int:
-        return self._target()._group_id
-
     def _keep_plan(self, key: Hashable, plan: Plan) -> Plan:
         """Keep ``plan`` for the call shape ``key`` (``_plans``), forgetting the oldest beyond
         ``PLANS_KEPT``; return it."""

@@ -552,6 +552,10 @@ class _WorldHandle(Group):
     def _world(self) -> World:  # type: ignore[override]
         return self._target()._world
 
+    @property
+    def _group_id(self) -> int:  # type: ignore[override]
+        return self._target()._group_id
+
     def __repr__(self) -> str:
         return "tensorcomm.WORLD"
 
