@@ -62,7 +62,7 @@ class Work:
         self.wait()
         return self._result
 
-    def after(self, callback: Callable[[], None]) -> None:
+    def _after(self, callback: Callable[[], None]) -> None:
         """Run ``callback()`` once the call succeeds, before ``wait`` returns.
 
         Frontends use it to copy results into the caller's own array. An exception from the
@@ -81,7 +81,7 @@ class Work:
 
         For frameworks whose own handles must learn the outcome, failures included (the torch
         backend completes torch futures here). Hooks run on the thread that completes the call
-        (an engine's worker for async collectives) after ``after`` callbacks; ``exception()``
+        (an engine's worker for async collectives) after ``_after`` callbacks; ``exception()``
         tells how it ended. An exception from a hook is logged, never raised: the call's
         outcome is decided already.
         """

@@ -28,7 +28,7 @@ def _done(result: Work | None, outputs: Sequence[Staged], async_op: bool) -> Wor
                 staged.commit()
 
         assert result is not None
-        result.after(commit)
+        result._after(commit)
         return result
     for staged in outputs:
         if staged.needs_commit:  # else the call wrote into the caller's own array
@@ -292,7 +292,7 @@ def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0) 
         validate.rank(src, "src", fn, g)
     staged = validate.array(tensor, "tensor", fn, writable=True)
     work = p2p.irecv(g, staged.buf, src, validate.tag(tag, fn))
-    work.after(staged.commit)
+    work._after(staged.commit)
     return work
 
 

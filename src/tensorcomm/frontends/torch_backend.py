@@ -227,7 +227,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         if work is None:
             unpack()
         else:
-            work.after(unpack)
+            work._after(unpack)
         return self._work(work, outputs)
 
     def reduce(self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None, *,
@@ -284,7 +284,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         if work is None:
             unpack()
         else:
-            work.after(unpack)
+            work._after(unpack)
         return work
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
