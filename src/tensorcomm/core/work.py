@@ -75,7 +75,7 @@ class Work:
         if self._error is None:
             callback()
 
-    def on_done(self, hook: Callable[[Work], None]) -> None:
+    def _on_done(self, hook: Callable[[Work], None]) -> None:
         """Run ``hook(work)`` once the call has finished, successfully or not, before ``wait``
         returns (at once, on this thread, if it has finished already).
 

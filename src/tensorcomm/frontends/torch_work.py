@@ -2,7 +2,7 @@
 
 The backend's collectives run on the group's worker thread, so DDP's gradient all-reduces go on
 beside the rest of backward; the torch future of each call is completed by that worker when the
-call ends (``Work.on_done``).
+call ends (``Work._on_done``).
 
 How a failure reaches torch. ``torch.futures.Future.set_exception`` does not mark the C++ future
 as failed: it stores the exception object as the future's *value*, and only Python's
@@ -123,7 +123,7 @@ class TensorcommWork(dist._Work):
             error = done.exception()
             future.set_result(outputs if error is None else _Failed(error))
 
-        work.on_done(finish)
+        work._on_done(finish)
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         """Block until the call has finished; raise its error if it failed.
