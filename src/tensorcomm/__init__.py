@@ -18,6 +18,7 @@ from .errors import (
     CollectiveMismatchError,
     CommError,
     CommTimeoutError,
+    ConcurrentUseError,
     ExcludedError,
     GroupAbortedError,
     PeerLostError,
@@ -84,6 +85,6 @@ __all__ = [
     "ReduceOp", "PremulSum", "premul_sum", "TransportKind", "Work",
     # errors
     "CommError", "CommTimeoutError", "PeerLostError", "CollectiveMismatchError",
-    "GroupAbortedError", "ExcludedError", "RendezvousError", "AuthenticationError",
-    "ArgumentMismatchError",
+    "GroupAbortedError", "ExcludedError", "ConcurrentUseError", "RendezvousError",
+    "AuthenticationError", "ArgumentMismatchError",
 ]

@@ -12,11 +12,16 @@ job raise a subclass of ``CommError``::
           ├── CollectiveMismatchError ranks called different collectives / shapes / dtypes / ops
           ├── GroupAbortedError       the group was aborted or destroyed while a call was pending
           │    └── ExcludedError      the other members shrank the group without this rank
+          ├── ConcurrentUseError      a group was used from two threads at once (and is aborted)
           ├── RendezvousError         the job could not assemble (store unreachable, rank missing)
           └── AuthenticationError     a connection failed the job-secret challenge
 """
 
 from __future__ import annotations
+
+__all__ = ["CommError", "CommTimeoutError", "PeerLostError", "CollectiveMismatchError",
+           "GroupAbortedError", "ExcludedError", "ConcurrentUseError", "RendezvousError",
+           "AuthenticationError", "ArgumentMismatchError"]
 
 
 class CommError(RuntimeError):
@@ -47,6 +52,12 @@ class GroupAbortedError(CommError):
 class ExcludedError(GroupAbortedError):
     """The other members of a group agreed to go on without this rank (``Group.shrink``): it was
     too late, or they had lost their connection to it. It cannot rejoin their group."""
+
+
+class ConcurrentUseError(CommError):
+    """A call was issued on a group from a second thread while the first thread's calls on it
+    were in flight: their order could differ between ranks, so the group is aborted on every
+    member. Use one group per thread, or finish one thread's calls before the next starts."""
 
 
 class RendezvousError(CommError):

@@ -24,8 +24,8 @@ PUBLIC = {
     "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
     "ReduceOp", "PremulSum", "premul_sum", "TransportKind", "Work",
     "CommError", "CommTimeoutError", "PeerLostError", "CollectiveMismatchError",
-    "GroupAbortedError", "ExcludedError", "RendezvousError", "AuthenticationError",
-    "ArgumentMismatchError",
+    "GroupAbortedError", "ExcludedError", "ConcurrentUseError", "RendezvousError",
+    "AuthenticationError", "ArgumentMismatchError",
 }
 
 

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..algorithms.base import Ctx, Hierarchy, Plan, Team
 from ..config import MAX_TIMEOUT
-from ..errors import CommError, GroupAbortedError
+from ..errors import CommError, ConcurrentUseError, GroupAbortedError
 from ..types import TransportKind
 from .elastic import agree
-from .engine import ConcurrentUseError, Engine
+from .engine import Engine
 from .work import Work
 
 PLANS_KEPT = 256  # call shapes a group remembers; the oldest is forgotten beyond that
