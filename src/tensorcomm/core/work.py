@@ -20,7 +20,7 @@ class Work:
     """
 
     def __init__(self, description: str) -> None:
-        self.description = description
+        self._description = description
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._result: Any = None
@@ -40,7 +40,7 @@ class Work:
             CommError: the call itself failed (its own exception is re-raised).
         """
         if not self._done.wait(timeout):
-            raise CommTimeoutError(f"{self.description} did not complete within {timeout:g} s")
+            raise CommTimeoutError(f"{self._description} did not complete within {timeout:g} s")
         if self._error is not None:
             raise self._error
         return True
@@ -110,11 +110,11 @@ class Work:
 
     def __repr__(self) -> str:
         state = "failed" if self._error else "done" if self._done.is_set() else "pending"
-        return f"<Work {self.description} {state}>"
+        return f"<Work {self._description} {state}>"
 
 
 def _run_hook(hook: Callable[[Work], None], work: Work) -> None:
     try:
         hook(work)
     except Exception:
-        log.exception("a completion hook of %s raised; the call's own outcome stands", work.description)
+        log.exception("a completion hook of %s raised; the call's own outcome stands", work._description)
