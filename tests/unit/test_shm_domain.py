@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from one_off import one_off_ctx  # same directory
 
 from tensorcomm.algorithms.base import Ctx
 from tensorcomm.errors import (
@@ -97,8 +98,8 @@ BARRIER = signature("barrier")  # ctx_for's default: a call that moves no data
 
 def ctx_for(domain: ShmDomain, seq: int, sig: Signature = BARRIER,
             timeout: float = 20.0) -> Ctx:
-    return Ctx(None, range(domain.size), domain.rank, group_id=0, seq=seq, timeout=timeout,
-               name="test call", signature=sig, group_name="test", shm=domain)
+    return one_off_ctx(None, range(domain.size), domain.rank, group_id=0, seq=seq, timeout=timeout,
+                       name="test call", signature=sig, group_name="test", shm=domain)
 
 
 def close_all(domains: Sequence[ShmDomain]) -> None:
