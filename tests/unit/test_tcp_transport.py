@@ -39,6 +39,12 @@ def _frame(tag: int, payload: bytes, sig=None, kind=framing.KIND_DATA) -> bytes:
     return framing.pack_header(kind, tag, len(payload), sig) + payload
 
 
+def _read_header(sock: socket.socket):
+    """One frame header from the socket that plays the peer, decoded; None at EOF."""
+    raw = sock.recv(framing.HEADER.size, socket.MSG_WAITALL)
+    return framing.parse_header(raw) if len(raw) == framing.HEADER.size else None
+
+
 def test_posted_and_unexpected_messages_match_in_order(pair):
     transport, peer = pair
     tag = collective_tag(0, 5, 1)
@@ -62,7 +68,7 @@ def test_signature_mismatch_names_both_calls(pair):
     # the group is aborted for later calls too, and the peer was told (an ABORT frame)
     with pytest.raises(CollectiveMismatchError):
         transport.irecv(1, memoryview(bytearray(8)), collective_tag(0, 2, 0), mine).wait(5)
-    header = framing.read_header(peer)
+    header = _read_header(peer)
     assert header is not None and header[0] == framing.KIND_ABORT and header[1] == 0
 
 
@@ -203,7 +209,7 @@ def test_progress_probe_is_answered_by_the_reader_thread(pair):
     transport, peer = pair
     # the raw peer plays a rank that has reached call 41 of group 2, a barrier
     answered = threading.Thread(target=lambda: (
-        framing.read_header(peer),
+        _read_header(peer),
         peer.sendall(_frame(2, framing.PROBE_REPLY.pack(41), signature("barrier"),
                             kind=framing.KIND_PROBE_REPLY))))
     answered.start()
@@ -211,12 +217,12 @@ def test_progress_probe_is_answered_by_the_reader_thread(pair):
     answered.join(5)
     # a peer that says nothing is reported as None after the wait
     assert transport.progress(3, [1], timeout=0.2) == {1: None}
-    assert framing.read_header(peer)[:2] == (framing.KIND_PROBE, 3)
+    assert _read_header(peer)[:2] == (framing.KIND_PROBE, 3)
     # and this rank answers probes about its own calls
     transport.isend(1, memoryview(b"x"), collective_tag(4, 7, 0), signature("barrier"))
-    framing.read_header(peer), peer.recv(1)
+    _read_header(peer), peer.recv(1)
     peer.sendall(_frame(4, b"", kind=framing.KIND_PROBE))
-    kind, tag, nbytes, theirs = framing.read_header(peer)
+    kind, tag, nbytes, theirs = _read_header(peer)
     assert (kind, tag, theirs) == (framing.KIND_PROBE_REPLY, 4, signature("barrier"))
     assert framing.PROBE_REPLY.unpack(peer.recv(nbytes)) == (7,)
 
@@ -283,10 +289,10 @@ def test_a_peer_that_stops_reading_fails_the_send_at_its_deadline():
 def test_probes_are_answered_while_the_caller_is_busy(pair):
     transport, peer = pair
     transport.isend(1, memoryview(b"x"), collective_tag(6, 3, 0), signature("barrier"))
-    framing.read_header(peer), peer.recv(1)
+    _read_header(peer), peer.recv(1)
     # nobody waits on the transport: its background thread must answer
     peer.sendall(_frame(6, b"", kind=framing.KIND_PROBE))
     peer.settimeout(5)
-    kind, tag, nbytes, theirs = framing.read_header(peer)
+    kind, tag, nbytes, theirs = _read_header(peer)
     assert (kind, tag, theirs) == (framing.KIND_PROBE_REPLY, 6, signature("barrier"))
     assert framing.PROBE_REPLY.unpack(peer.recv(nbytes)) == (3,)
