@@ -76,19 +76,27 @@ PUBLIC_MODULES = ("tensorcomm", "tensorcomm.ops", "tensorcomm.cross_device", "te
 OPTIONAL = {"tensorcomm.torch": "torch", "tensorcomm.ray": "ray"}  # extras a test venv may lack
 
 
+PAGES = {page.name: page.read_text() for page in sorted(API_PAGES.glob("*.md"))}
+
+
 def _directives() -> dict[str, tuple[str, list[str] | None]]:
-    """Every ``::: path`` of docs/api/*.md -> (its page's text, its ``members:`` list or None)."""
+    """Every ``::: path`` of docs/api/*.md -> (its page, its ``members:`` list or None)."""
     found: dict[str, tuple[str, list[str] | None]] = {}
-    for page in sorted(API_PAGES.glob("*.md")):
-        text = page.read_text()
+    for page, text in PAGES.items():
         for match in re.finditer(r"^::: (\S+)\n((?:[ \t]+\S.*\n?)*)", text, re.M):
             members = re.search(r"members:\s*\[([^\]]*)\]", match.group(2))
-            found[match.group(1)] = (text, None if members is None else
+            found[match.group(1)] = (page, None if members is None else
                                      [m.strip() for m in members.group(1).split(",") if m.strip()])
     return found
 
 
 DIRECTIVES = _directives()
+
+
+def _names_of(module: str) -> set[str]:
+    """The ``:::`` paths that name ``module`` or one of its attributes."""
+    return {path for path in DIRECTIVES if path == module
+            or (path.rpartition(".")[0] == module and path not in PUBLIC_MODULES)}
 
 
 def _module(name: str) -> ModuleType:
@@ -144,19 +152,17 @@ def _documentation(module: str, name: str) -> tuple[str, list[str] | None] | Non
 def test_all_matches_the_api_reference(module_name):
     module = _module(module_name)
     assert hasattr(module, "__all__"), f"{module_name} has no __all__"
-    page = DIRECTIVES.get(module_name)
+    shown = _names_of(module_name)
+    assert shown, f"docs/api/ has no page for {module_name}"
+    pages = {DIRECTIVES[path][0] for path in shown}
     undocumented = []
     for name in module.__all__:
-        if _documentation(module_name, name) is None:
-            # a name the page's prose gives as another spelling of a documented one
-            texts = {text for text, _ in DIRECTIVES.values() if f"::: {module_name}." in text}
-            if not any(f"`{name}`" in text or f"`{module_name}.{name}" in text for text in texts):
-                undocumented.append(name)
+        # or the module's page gives it in its prose, as another spelling of a documented name
+        if _documentation(module_name, name) is None and not any(
+                f"`{name}`" in PAGES[page] or f"`{module_name}.{name}" in PAGES[page] for page in pages):
+            undocumented.append(name)
     assert not undocumented, f"{module_name}.__all__ names that docs/api/ does not show: {undocumented}"
-    assert page is not None or any(path.startswith(f"{module_name}.") for path in DIRECTIVES), \
-        f"docs/api/ has no page for {module_name}"
-    stray = [path for path in DIRECTIVES if path.rpartition(".")[0] == module_name
-             and path not in PUBLIC_MODULES and path.rpartition(".")[2] not in module.__all__]
+    stray = [path for path in shown if path != module_name and path.rpartition(".")[2] not in module.__all__]
     assert not stray, f"docs/api/ shows names outside {module_name}.__all__: {stray}"
 
 
