@@ -45,5 +45,6 @@ MAX_TIMEOUT = 1e9
 
 # --- listeners (store server, TCP mesh, shared-memory descriptor server) ---
 HANDSHAKE_TIMEOUT = 5.0  # seconds an accepted connection has to pass the job-secret challenge
-MAX_PENDING_HANDSHAKES = 64  # connections one listener authenticates at once; more are closed
+MAX_PENDING_HANDSHAKES = 64  # connections one listener authenticates at once; the oldest yields
+MAX_SILENT_CONNECTIONS = 256  # accepted connections not yet spoken, per listener; the oldest yields
 MAX_STORE_CLIENTS = 4096  # connections a store server holds at once (pending ones included)

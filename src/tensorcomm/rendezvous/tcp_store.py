@@ -155,7 +155,7 @@ class TCPStoreServer:
         self._lock = threading.Lock()  # guards _closed and _conns
         self._closed = False
         self._conns: set[socket.socket] = set()  # pending and authenticated, at most MAX_STORE_CLIENTS
-        self._gate = Gate(f"store {host}:{self.port}", logger)
+        self._gate = Gate(f"store {host}:{self.port}", logger, dropped=self._forget)
         self._acceptor = threading.Thread(target=self._accept_loop, name=f"tensorcomm-store:{self.port}",
                                           daemon=True)
         self._acceptor.start()
@@ -176,6 +176,7 @@ class TCPStoreServer:
                 pass
         self._acceptor.join(FRAME_TIMEOUT)
         self._listener.close()
+        self._gate.close()
         self._gate.join(FRAME_TIMEOUT)
 
     def clients(self) -> int:

@@ -272,6 +272,7 @@ class _Members:
             joined, self._joined = list(self._joined.values()), {}
             os.close(self._wake_read)
             os.close(self._wake_write)
+        self._gate.close()
         for sock, _ in joined:
             sock.close()
 

@@ -156,6 +156,7 @@ class _Acceptor:
             self._closed = True
             self._done.set()
             accepted, self._accepted = list(self._accepted.values()), {}
+        self._gate.close()
         for sock in accepted:
             sock.close()
 
