@@ -28,10 +28,20 @@ class CommTimeoutError(CommError, TimeoutError):
 
 
 class PeerLostError(CommError):
-    """A peer rank died or its connection closed; ``rank`` is its global rank."""
+    """A peer rank died or its connection closed; ``rank`` is its global rank.
 
-    def __init__(self, rank: int, detail: str = "") -> None:
+    ``left`` is True when the peer said goodbye (it called ``destroy()``), and ``last_step``
+    is the last call step it announced in the group, where the transport can see it.
+    """
+
+    left = False  # also for copies made without __init__ (a transport re-raising a stored error)
+    last_step: int | None = None
+
+    def __init__(self, rank: int, detail: str = "", *, left: bool = False,
+                 last_step: int | None = None) -> None:
         self.rank = rank
+        self.left = left
+        self.last_step = last_step
         message = f"peer rank {rank} was lost"
         super().__init__(f"{message}: {detail}" if detail else message)
 

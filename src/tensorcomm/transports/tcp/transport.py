@@ -390,7 +390,8 @@ class TcpTransport(Transport):
         if kind == framing.KIND_BYE:
             link.kind = 0
             link.closed = True
-            self._peer_gone(link.peer, PeerLostError(link.peer, "it left the job (destroy() was called)"))
+            self._peer_gone(link.peer, PeerLostError(link.peer, "it left the job (destroy() was called)",
+                                                           left=True))
             return
         if kind != framing.KIND_DATA:
             link.target = memoryview(bytearray(nbytes))  # small, bounded by MAX_ABORT_BYTES
