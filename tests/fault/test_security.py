@@ -138,8 +138,9 @@ def test_the_default_directory_is_made_private(tmp_path: Path) -> None:
     host = rendezvous(f"tcp://127.0.0.1:{free_port()}", 0, 2, 10.0,
                       environ={"XDG_RUNTIME_DIR": str(runtime)})
     with host:
-        (entry,) = list(runtime.iterdir())
+        (entry,) = list((runtime / "tensorcomm").iterdir())
         assert entry.read_bytes() == host.secret
+        assert stat.S_IMODE((runtime / "tensorcomm").stat().st_mode) == 0o700
 
 
 @pytest.mark.parametrize("problem", ["group-readable", "symlink", "missing-parent", "other-owner"])

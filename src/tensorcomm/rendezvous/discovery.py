@@ -25,8 +25,8 @@ Read whatever the source::
                                MS_SCHED_PORT when MASTER_* are unset
     TENSORCOMM_SECRET          the per-job HMAC key (hex); the launcher sets it
     TENSORCOMM_SECRET_DIR      the private directory for a generated secret when TENSORCOMM_SECRET
-                               is unset (docs/security.md); else XDG_RUNTIME_DIR; else None,
-                               which means /tmp/tensorcomm-<uid>
+                               is unset (docs/security.md); else $XDG_RUNTIME_DIR/tensorcomm; else
+                               None, which means ~/.cache/tensorcomm, else /tmp/tensorcomm-<uid>
     TENSORCOMM_STORE_HOSTED    "1": the launcher serves the store, rank 0 must not; "0" or unset: no
     TENSORCOMM_HOST_ID         which ranks share a host (default: the hostname)
     TENSORCOMM_TIMEOUT         seconds, default for init(timeout=None); at most config.MAX_TIMEOUT
@@ -116,7 +116,7 @@ class JobInfo:
     transport: str = "auto"  # "tcp" or "auto"
     torch_agent_store: bool = False  # torchrun serves a torch store at MASTER_ADDR:MASTER_PORT
     restart_count: int = 0  # torchrun's restarts of the workers so far (this is attempt n + 1)
-    secret_dir: str | None = None  # where a generated secret is kept; None: /tmp/tensorcomm-<uid>
+    secret_dir: str | None = None  # where a generated secret is kept; None: private.default_dir()
     backend: str = "tensorcomm"  # a name in config.BACKENDS
     hierarchy: bool = True  # groups that span hosts get host sub-teams
     algorithms: tuple[tuple[str, str], ...] = ()  # (collective, algorithm) to run instead of choosing
@@ -190,11 +190,17 @@ def discover(environ: Mapping[str, str] | None = None) -> JobInfo:
         transport=_transport(env),
         torch_agent_store=env.get(TORCH_AGENT_STORE, "").lower() == "true",
         restart_count=_int(env, TORCH_RESTART_COUNT, minimum=0) or 0,
-        secret_dir=_text(env, ENV_SECRET_DIR) or env.get(XDG_RUNTIME_DIR) or None,
+        secret_dir=_text(env, ENV_SECRET_DIR) or _runtime_dir(env),
         backend=_backend(env),
         hierarchy=_hierarchy(env),
         algorithms=_algorithms(env),
     )
+
+
+def _runtime_dir(env: Mapping[str, str]) -> str | None:
+    """``$XDG_RUNTIME_DIR/tensorcomm`` if XDG_RUNTIME_DIR is set, else None."""
+    runtime = env.get(XDG_RUNTIME_DIR)
+    return os.path.join(runtime, "tensorcomm") if runtime else None
 
 
 def _detect(env: Mapping[str, str]) -> _Source | None:
