@@ -4,6 +4,7 @@ level agreement, and the handshake bound to the link inside ``connect_mesh``."""
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 
 import numpy as np
@@ -18,8 +19,15 @@ from tensorcomm.transports.tcp.mesh import connect_mesh
 from tensorcomm.transports.tcp.sealing import Sealer
 from tensorcomm.transports.tcp.transport import TcpTransport
 
+try:
+    import cryptography  # noqa: F401 - only whether it is there
+    HAVE_CRYPTO = True
+except ImportError:
+    HAVE_CRYPTO = False
+NEEDS_CRYPTO = pytest.mark.skipif(not HAVE_CRYPTO, reason="encrypt needs tensorcomm[crypto] (cryptography)")
 KEY_0, KEY_1 = b"0" * 32, b"1" * 32
-LEVELS = [sealing.HEADERS, sealing.MAC, sealing.ENCRYPT]
+ENCRYPT = pytest.param(sealing.ENCRYPT, marks=NEEDS_CRYPTO, id="encrypt")
+LEVELS = [pytest.param(sealing.HEADERS, id="headers"), pytest.param(sealing.MAC, id="mac"), ENCRYPT]
 TAG = collective_tag(0, 1, 0)
 
 
@@ -35,7 +43,7 @@ def _frame(sealer: Sealer, payload: bytes, kind: int = framing.KIND_DATA, tag: i
     return bytearray(b"".join(sealer.seal(header, memoryview(payload), kind == framing.KIND_DATA)))
 
 
-@pytest.mark.parametrize("level", LEVELS, ids=sealing.LEVELS)
+@pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("nbytes", [0, 8, 3 << 20])
 def test_every_level_carries_data_both_ways(level: int, nbytes: int) -> None:
     a, b = socket.socketpair()
@@ -55,7 +63,7 @@ def test_every_level_carries_data_both_ways(level: int, nbytes: int) -> None:
             end.close(linger=1.0)
 
 
-@pytest.mark.parametrize("level", LEVELS, ids=sealing.LEVELS)
+@pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("where", ["header", "header tag", "payload tag"])
 def test_an_altered_header_fails_the_link_naming_the_peer(level: int, where: str) -> None:
     transport, peer, sealer = _ends(level)
@@ -91,7 +99,7 @@ def test_a_replayed_or_dropped_frame_fails_the_link() -> None:
         transport.close(linger=0.1)
 
 
-@pytest.mark.parametrize("level", [sealing.MAC, sealing.ENCRYPT], ids=["mac", "encrypt"])
+@pytest.mark.parametrize("level", [pytest.param(sealing.MAC, id="mac"), ENCRYPT])
 def test_an_altered_payload_fails_under_mac_and_encrypt(level: int) -> None:
     transport, peer, sealer = _ends(level)
     frame = _frame(sealer, bytes(1 << 16))
@@ -127,6 +135,7 @@ def test_headers_level_covers_control_payloads_but_not_data_payloads() -> None:
         transport.close(linger=0.1)
 
 
+@NEEDS_CRYPTO
 def test_encrypt_puts_no_plaintext_on_the_wire() -> None:
     transport, peer, sealer = _ends(sealing.ENCRYPT)
     secret = b"attack at dawn! " * 64
@@ -143,6 +152,7 @@ def test_encrypt_puts_no_plaintext_on_the_wire() -> None:
         transport.close(linger=0.1)
 
 
+@NEEDS_CRYPTO
 def test_a_link_runs_at_the_stronger_level_of_its_ends() -> None:
     session = Session(b"k" * 32, 3, sealing.ENCRYPT, True)
     assert Sealer.for_session(session, sealing.HEADERS).level == sealing.ENCRYPT
@@ -153,13 +163,20 @@ def test_a_link_runs_at_the_stronger_level_of_its_ends() -> None:
 
 @pytest.mark.parametrize("value, level", [(None, sealing.HEADERS), ("", sealing.HEADERS),
                                           ("headers", sealing.HEADERS), (" MAC ", sealing.MAC),
-                                          ("encrypt", sealing.ENCRYPT)])
+                                          pytest.param("encrypt", sealing.ENCRYPT, marks=NEEDS_CRYPTO)])
 def test_configured_level(monkeypatch: pytest.MonkeyPatch, value: str | None, level: int) -> None:
     if value is None:
         monkeypatch.delenv(sealing.ENV_LINK_PROTECTION, raising=False)
     else:
         monkeypatch.setenv(sealing.ENV_LINK_PROTECTION, value)
     assert sealing.configured_level() == level
+
+
+def test_encrypt_without_cryptography_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(sealing.ENV_LINK_PROTECTION, "encrypt")
+    monkeypatch.setitem(sys.modules, "cryptography.hazmat.primitives.ciphers.aead", None)
+    with pytest.raises(ValueError, match=r"needs the 'cryptography' package \(pip install"):
+        sealing.configured_level()
 
 
 def test_configured_level_rejects_unknown_names(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -172,7 +189,7 @@ def test_configured_level_rejects_unknown_names(monkeypatch: pytest.MonkeyPatch)
 def _mesh(rank: int, size: int, store: HashStore, results: dict, **kwargs: object) -> threading.Thread:
     def main() -> None:
         try:
-            results[rank] = connect_mesh(rank, size, store, b"secret", "127.0.0.1", 5, **kwargs)  # type: ignore[arg-type]
+            results[rank] = connect_mesh(rank, size, store, b"secret", "127.0.0.1", 2, **kwargs)  # type: ignore[arg-type]
         except BaseException as exc:  # noqa: BLE001 - inspected by the test
             results[rank] = exc
 
