@@ -14,6 +14,8 @@ job raise a subclass of ``CommError``::
           │    └── ExcludedError      the other members shrank the group without this rank
           ├── RendezvousError         the job could not assemble (store unreachable, rank missing)
           └── AuthenticationError     a connection failed the job-secret challenge
+               └── LinkAuthenticationError  a frame on a data link failed its check (names the
+                                            peer; also a PeerLostError: the link is closed)
 """
 
 from __future__ import annotations
@@ -65,6 +67,15 @@ class RendezvousError(CommError):
 
 class AuthenticationError(CommError):
     """A connection did not prove knowledge of the job secret."""
+
+
+class LinkAuthenticationError(AuthenticationError, PeerLostError):
+    """A frame from peer ``rank`` failed its authentication tag: altered, injected or replayed on
+    the way (see ``transports/tcp/sealing.py``). The link to that peer is closed."""
+
+    def __init__(self, rank: int, detail: str) -> None:
+        self.rank = rank
+        CommError.__init__(self, f"the link to rank {rank} failed authentication: {detail}")
 
 
 class ArgumentMismatchError(TypeError, ValueError):

@@ -450,7 +450,7 @@ def test_a_silent_stranger_on_a_data_listener_delays_nobody() -> None:
     elapsed = time.monotonic() - start
     for mesh in meshes:
         assert len(mesh) == 2
-        for sock in mesh.values():
+        for sock, _ in mesh.values():
             sock.close()
     strangers[0].close()
     assert elapsed < 10, f"the mesh took {elapsed:.1f} s with a silent stranger (timeout 20 s)"
@@ -596,7 +596,7 @@ def test_the_server_survives_a_huge_timeout_on_the_wire() -> None:
         with TCPStoreServer("127.0.0.1", 0, SECRET) as server:
             raw = socket.create_connection(("127.0.0.1", server.port), timeout=5)
             with raw:
-                handshake_client(raw, SECRET, 5, b"store")
+                handshake_client(raw, SECRET, 5, b"store", address=f"127.0.0.1:{server.port}")
                 raw.sendall(struct.pack("!BHQd", tcp_store.GET, 1, 0, 1e300) + b"k")
                 time.sleep(0.3)
                 with TCPStore("127.0.0.1", server.port, SECRET, timeout=5) as other:

@@ -294,7 +294,7 @@ def test_wrong_secret_is_refused_and_server_keeps_serving(server: TCPStoreServer
 
 def authenticated_socket(srv: TCPStoreServer) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", srv.port), timeout=2)
-    handshake_client(sock, SECRET, 2, b"store")
+    handshake_client(sock, SECRET, 2, b"store", address=f"127.0.0.1:{srv.port}")
     return sock
 
 

@@ -97,7 +97,7 @@ class World:
         joined = [entry.decode() for entry in _await_everyone(store, self.rank, self.size, timeout)]
         self._hosts = tuple(entry[1:] for entry in joined)
         self._shm_allowed = tuple(entry[0] == "1" for entry in joined)
-        self.transport = _connect(backend, rdzv, store, timeout)
+        self.transport = _connect(backend, rdzv, store, timeout, self.generation)
         self._groups: list[Group] = []
         self._made: Counter[tuple[int, ...]] = Counter()  # groups made per member list, ever
         try:
@@ -305,8 +305,8 @@ class World:
             group._engine = Engine.refusing(group.name, self.forked)
 
 
-def _connect(backend: str, rdzv: Rendezvous, store: Store,
-             timeout: float) -> TcpTransport | MpiTransport:
+def _connect(backend: str, rdzv: Rendezvous, store: Store, timeout: float,
+             generation: int) -> TcpTransport | MpiTransport:
     """The transport between all ranks: tensorcomm's TCP mesh, or MPI's point-to-point."""
     if backend == "mpi":
         from ..transports.mpi.transport import MpiTransport
@@ -315,8 +315,9 @@ def _connect(backend: str, rdzv: Rendezvous, store: Store,
     reached = rdzv.store  # listen where the store's host is reached (a namespace has no host)
     while isinstance(reached, PrefixStore):
         reached = reached.store
-    sockets = connect_mesh(rdzv.rank, rdzv.world_size, store, rdzv.secret, _bind_address(reached), timeout)
-    return TcpTransport(rdzv.rank, rdzv.world_size, sockets, send_timeout=timeout)
+    links = connect_mesh(rdzv.rank, rdzv.world_size, store, rdzv.secret, _bind_address(reached), timeout,
+                         scope=f"world generation {generation}".encode())
+    return TcpTransport(rdzv.rank, rdzv.world_size, links, send_timeout=timeout)
 
 
 def _checked_algorithms(pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
