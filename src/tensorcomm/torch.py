@@ -54,6 +54,8 @@ class _TorchOverTcStore(dist.Store):
     """A torch ``Store`` over tensorcomm's launcher-hosted store (``store``, a namespace of a
     ``TCPStore`` client listening at ``host:port``)."""
 
+    tensorcomm_owned = True  # authenticated: TorchStore may keep tensorcomm's keys here
+
     def __init__(self, store: Store, host: str, port: int) -> None:
         super().__init__()
         self._store = store

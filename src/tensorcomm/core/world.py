@@ -35,10 +35,8 @@ ndarrays (``frontends.arrays``), the MPI backend's failure note and exit hook
 from __future__ import annotations
 
 import datetime
-import ipaddress
 import logging
 import os
-import socket
 import threading
 import time
 from collections import Counter
@@ -50,6 +48,7 @@ from ..algorithms import select
 from ..algorithms.base import Hierarchy, Plan
 from ..errors import AuthenticationError, CommTimeoutError, GroupAbortedError, RendezvousError
 from ..rendezvous.init_method import Rendezvous, from_store, rendezvous
+from ..rendezvous.own_store import address_of, reachable_address
 from ..rendezvous.store import PrefixStore, Store
 from ..signature import Signature
 from ..transports.shm import slots as shm_slots
@@ -312,10 +311,9 @@ def _connect(backend: str, rdzv: Rendezvous, store: Store, timeout: float,
         from ..transports.mpi.transport import MpiTransport
 
         return MpiTransport.open(rdzv.rank, rdzv.world_size, timeout)
-    reached = rdzv.store  # listen where the store's host is reached (a namespace has no host)
-    while isinstance(reached, PrefixStore):
-        reached = reached.store
-    links = connect_mesh(rdzv.rank, rdzv.world_size, store, rdzv.secret, _bind_address(reached), timeout,
+    # Listen where the store's host is reached.
+    links = connect_mesh(rdzv.rank, rdzv.world_size, store, rdzv.secret,
+                         reachable_address(*address_of(rdzv.store)), timeout,
                          scope=f"world generation {generation}".encode())
     return TcpTransport(rdzv.rank, rdzv.world_size, links, send_timeout=timeout)
 
@@ -361,20 +359,6 @@ def _await_everyone(store: Store, rank: int, size: int, timeout: float) -> list[
         raise RendezvousError(f"rank {rank}: ranks {missing} of {size} did not join within "
                               f"{timeout:g} s (arrived: {arrived})") from None
     return [store.get(key, timeout=timeout) for key in keys]
-
-
-def _bind_address(store: object) -> str:
-    """Address peers can reach this rank at: loopback when the store is on loopback."""
-    host = getattr(store, "host", "127.0.0.1")
-    try:
-        if ipaddress.ip_address(socket.gethostbyname(host)).is_loopback:
-            return "127.0.0.1"
-    except (OSError, ValueError):
-        pass
-    # The interface that routes to the store; a UDP connect sends no packet.
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((host, getattr(store, "port", 1)))
-        return probe.getsockname()[0]
 
 
 def _seconds(timeout: float | datetime.timedelta | None, default: float) -> float:

@@ -37,6 +37,7 @@ from tensorcomm.config import ENV_SECRET, ENV_SECRET_DIR, ENV_STORE_HOSTED, MAX_
 from tensorcomm.errors import AuthenticationError, RendezvousError
 from tensorcomm.rendezvous.auth import generate_secret, secret_bytes
 from tensorcomm.rendezvous.discovery import JobInfo, discover
+from tensorcomm.rendezvous.own_store import own_store, refuse
 from tensorcomm.rendezvous.private import (
     SecretDir,
     SecretFile,
@@ -165,10 +166,14 @@ def from_store(store: Store, rank: int | None, world_size: int | None, timeout: 
     keeps its keys apart under ``tensorcomm/<generation>/``. The secret is ``secret``, else
     ``TENSORCOMM_SECRET``, else generated and handed over in a private file on this host
     (``secret_via_store``): never through the store itself, which may be readable by others.
+    On a store tensorcomm does not own (``store.foreign``: torch's), the ranks then move to a
+    store rank 0 serves (``own_store``): the returned Rendezvous holds that one.
 
     Raises:
         TypeError / ValueError: a bad argument.
-        RendezvousError: no secret can be had (ranks on several hosts need one).
+        RendezvousError: no secret can be had (ranks on several hosts need one), or the own
+            store cannot be served or reached.
+        AuthenticationError: the own store's announcement was tampered with.
     """
     if not isinstance(store, Store):
         raise TypeError(f"store: expected a tensorcomm.rendezvous.Store, got {type(store).__name__}")
@@ -182,8 +187,23 @@ def from_store(store: Store, rank: int | None, world_size: int | None, timeout: 
         key, secret_file = secret_bytes(secret), None
     else:
         host = getattr(store, "host", "127.0.0.1")
-        key, secret_file = secret_via_store("store", scoped, host, rank, info, timeout)
-    return Rendezvous(scoped, rank, world_size, info.local_rank, info.host_id, key, secret_file=secret_file)
+        try:
+            key, secret_file = secret_via_store("store", scoped, host, rank, info, timeout)
+        except RendezvousError as exc:
+            if store.foreign and rank != 0:  # so that rank 0 stops at once too
+                refuse(scoped, f"rank {rank}: {exc}", tampered=False)
+            raise
+    if not store.foreign:
+        return Rendezvous(scoped, rank, world_size, info.local_rank, info.host_id, key,
+                          secret_file=secret_file)
+    namespace = "/".join(part for part in (getattr(store, "namespace", ""), scoped.prefix) if part)
+    try:
+        own, server = own_store("store", scoped, namespace, generation, rank, world_size, key, timeout)
+    except BaseException:
+        if secret_file is not None:
+            secret_file.remove()
+        raise
+    return Rendezvous(own, rank, world_size, info.local_rank, info.host_id, key, server, secret_file)
 
 
 def resolve_ranks(scheme: str, rank: int | None, world_size: int | None, info: JobInfo) -> tuple[int, int]:
