@@ -63,6 +63,37 @@ def test_the_site_shows_the_package_version() -> None:
     assert f"copyright: tensorcomm {tensorcomm.__version__}" in (ROOT / "mkdocs.yml").read_text()
 
 
+def test_algorithm_names_in_the_docs_are_rows_of_the_selection_table() -> None:
+    from tensorcomm.algorithms import select
+
+    text = "".join(path.read_text() for path in MARKDOWN)
+    named = [tuple(pair.split("=")) for forced in re.findall(r"TENSORCOMM_ALGORITHMS=([\w=,]+)", text)
+             for pair in forced.split(",")]
+    named += re.findall(r"\b(\w+)\(\w+\[[\d, ]*\], op=\w+\): (\w+)", text)  # tensorcomm.plan's lines
+    assert len(named) >= 5
+    assert [(c, name) for c, name in named if name not in select.names(c)] == []
+
+
+PLAN_LINE = re.compile(r"`(all_reduce on group 'world', all_reduce\((\w+)\[(\d+)\], op=(\w+)\): \w+)`")
+
+
+@pytest.mark.spawns
+def test_the_documented_plan_lines_are_what_two_ranks_log(tmp_path: Path) -> None:
+    """The ``tensorcomm.plan`` lines quoted in the docs are what a 2-rank job on this host logs."""
+    lines = PLAN_LINE.findall("".join(path.read_text() for path in MARKDOWN))
+    assert lines
+    calls = "\n".join(f"tc.all_reduce(np.ones({count}, np.{dtype}), op={op!r})"
+                      for _, dtype, count, op in lines)
+    script = tmp_path / "plan.py"
+    script.write_text("import logging, numpy as np, tensorcomm as tc\nlogging.basicConfig()\n"
+                      "logging.getLogger('tensorcomm.plan').setLevel(logging.DEBUG)\n"
+                      f"tc.init()\n{calls}\ntc.destroy()\n")
+    done = subprocess.run([sys.executable, "-m", "tensorcomm", "run", "-n", "2", "--timeout", "50",
+                           str(script)], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert [line for line, *_ in lines if line not in done.stdout + done.stderr] == []
+
+
 def test_every_public_name_is_on_the_api_page() -> None:
     page = (DOCS / "api" / "tensorcomm.md").read_text()
     missing = [name for name in tensorcomm.__all__
