@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..launch import run as launch_run
 from ..launch.env import LaunchConfigError
 from . import check, peers
 from .formulas import COLLECTIVES
@@ -105,8 +106,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("collectives", nargs="*", metavar="COLLECTIVE",
                         help=f"what to time (default all_reduce): {', '.join(COLLECTIVES)}, "
                              "or all")
-    parser.add_argument("-n", "--ranks", type=int, metavar="N", help="local ranks to start (default 2; "
-                        "omit under an existing launcher to run in its ranks)")
+    launch_run.add_nprocs_argument(parser, "ranks", "local ranks to start (default 2; omit under an "
+                                   "existing launcher to run in its ranks)", "--ranks")
     parser.add_argument("-b", "--minbytes", default="8", metavar="SIZE",
                         help="smallest size, e.g. 8, 64K, 1M (default 8)")
     parser.add_argument("-e", "--maxbytes", default="64M", metavar="SIZE",

@@ -45,6 +45,12 @@ Read whatever the source::
                                tensorcomm meets there (through torch) instead of serving one
     TORCHELASTIC_RESTART_COUNT    (torchrun) how often the agent restarted the workers; each
                                attempt meets under keys of its own in the agent's store
+    OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK (and the _SIZE ones): an MPI launcher started
+                               this process (``mpi_launcher``: the first one set), so ``env://``
+                               without MASTER_ADDR can meet through MPI
+    SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST, SLURM_NODELIST), SLURM_JOB_ID (else
+                               SLURM_JOBID): where ``env://`` under srun (SLURM_PROCID set) puts
+                               the store when MASTER_ADDR is unset (``rendezvous.slurm``)
 
 A missing variable is ``None`` (local rank: 0). A variable that is set but malformed (not an
 integer, negative, rank not below world size, port outside 0..65535, empty) is a ValueError
@@ -96,6 +102,10 @@ MS_SCHED_HOST, MS_SCHED_PORT = "MS_SCHED_HOST", "MS_SCHED_PORT"
 TORCH_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 TORCH_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 XDG_RUNTIME_DIR = "XDG_RUNTIME_DIR"
+PMIX_RANK = "PMIX_RANK"
+MPI_LAUNCHER_VARS = (OMPI_RANK, OMPI_SIZE, PMI_RANK, PMI_SIZE, PMIX_RANK)
+SLURM_NODELISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+SLURM_JOB_IDS = ("SLURM_JOB_ID", "SLURM_JOBID")
 
 
 @dataclass(frozen=True)
@@ -120,6 +130,9 @@ class JobInfo:
     backend: str = "tensorcomm"  # a name in config.BACKENDS
     hierarchy: bool = True  # groups that span hosts get host sub-teams
     algorithms: tuple[tuple[str, str], ...] = ()  # (collective, algorithm) to run instead of choosing
+    mpi_launcher: str | None = None  # the MPI launcher's variable that is set (PMI_RANK...), else None
+    slurm_nodelist: str | None = None  # under srun: the step's (else job's) node list, compressed
+    slurm_job_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -194,6 +207,10 @@ def discover(environ: Mapping[str, str] | None = None) -> JobInfo:
         backend=_backend(env),
         hierarchy=_hierarchy(env),
         algorithms=_algorithms(env),
+        mpi_launcher=next((name for name in MPI_LAUNCHER_VARS if name in env), None),
+        slurm_nodelist=(next((env[n] for n in SLURM_NODELISTS if env.get(n, "").strip()), None)
+                        if SLURM_RANK in env else None),
+        slurm_job_id=_first_int(env, SLURM_JOB_IDS, minimum=0),
     )
 
 
