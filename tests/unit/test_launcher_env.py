@@ -1,15 +1,20 @@
 """``env://`` without MASTER_ADDR: a world of one with no launcher, the store at the first host of
-srun's node list, MPI launchers without mpi4py named with the ways out; the node-list parser."""
+srun's node list, MPI launchers without mpi4py named with the ways out; the node-list parser; the
+known ``TENSORCOMM_*`` names (docs/env.md) and the warning about any other."""
 
 from __future__ import annotations
 
 import importlib.util
+import re
+import warnings
 from pathlib import Path
 
 import pytest
 
+import tensorcomm
+from tensorcomm import config
 from tensorcomm.errors import RendezvousError
-from tensorcomm.rendezvous import discover, init_method, rendezvous, slurm
+from tensorcomm.rendezvous import discover, discovery, init_method, rendezvous, slurm
 from tensorcomm.testing import free_port
 
 
@@ -109,3 +114,26 @@ def test_srun_on_one_host_meets_on_loopback(monkeypatch: pytest.MonkeyPatch,
         assert rdv.server is not None and rdv.server.port == port
     finally:
         rdv.close()
+
+
+def test_known_variables_are_the_documented_ones() -> None:
+    docs = Path(__file__).resolve().parents[2] / "docs" / "env.md"
+    documented = set(re.findall(r"TENSORCOMM_[A-Z0-9_]+", docs.read_text()))
+    assert documented == set(config.KNOWN_ENV_VARS)
+    source = Path(tensorcomm.__file__).parent
+    used = {name for path in source.rglob("*.py")
+            for name in re.findall(r"TENSORCOMM_[A-Z0-9_]*[A-Z0-9]", path.read_text())}
+    assert used <= set(config.KNOWN_ENV_VARS), used - set(config.KNOWN_ENV_VARS)
+
+
+def test_an_unknown_variable_is_warned_about_once_with_the_closest_name(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(discovery, "_warned", set())
+    env = {"TENSORCOMM_TRANSPROT": "tcp", "TENSORCOMM_SECRET": "s"}
+    with pytest.warns(RuntimeWarning, match="TENSORCOMM_TRANSPROT .*no effect; did you mean "
+                                            "TENSORCOMM_TRANSPORT"):
+        assert discover(env).transport == "auto"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        discover(env)  # once per name
+        discovery._warn_unknown(dict.fromkeys(config.KNOWN_ENV_VARS, "x"))  # known: no warning

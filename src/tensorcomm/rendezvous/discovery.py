@@ -52,7 +52,9 @@ Read whatever the source::
                                SLURM_JOBID): where ``env://`` under srun (SLURM_PROCID set) puts
                                the store when MASTER_ADDR is unset (``rendezvous.slurm``)
 
-A missing variable is ``None`` (local rank: 0). A variable that is set but malformed (not an
+A ``TENSORCOMM_*`` variable not in ``config.KNOWN_ENV_VARS`` is a misspelling: a RuntimeWarning,
+once per name and process, names the closest known one. A missing variable is ``None`` (local
+rank: 0). A variable that is set but malformed (not an
 integer, negative, rank not below world size, port outside 0..65535, empty) is a ValueError
 naming the variable and its value. msrun exports ``RANK`` as the index *on the node*, which is
 why a lone ``RANK`` next to msrun's variables does not count as torchrun. msrun also runs the
@@ -62,9 +64,11 @@ process apart from worker 0 yet.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import socket
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -86,6 +90,7 @@ from tensorcomm.config import (
     ENV_TRANSPORT,
     ENV_WIRE_DTYPE,
     ENV_WORLD_SIZE,
+    KNOWN_ENV_VARS,
     MAX_TIMEOUT,
     WIRE_DTYPES,
 )
@@ -170,6 +175,7 @@ def discover(environ: Mapping[str, str] | None = None) -> JobInfo:
         ValueError: a variable is set but malformed; the message names it and its value.
     """
     env = os.environ if environ is None else environ
+    _warn_unknown(env)
     source = _detect(env)
     rank = world_size = local_world_size = None
     local_rank = 0
@@ -212,6 +218,20 @@ def discover(environ: Mapping[str, str] | None = None) -> JobInfo:
                         if SLURM_RANK in env else None),
         slurm_job_id=_first_int(env, SLURM_JOB_IDS, minimum=0),
     )
+
+
+_warned: set[str] = set()  # the unknown TENSORCOMM_* names already warned about
+
+
+def _warn_unknown(env: Mapping[str, str]) -> None:
+    """Warn once per name about each ``TENSORCOMM_*`` variable tensorcomm does not know."""
+    for name in sorted(env):
+        if name.startswith("TENSORCOMM_") and name not in KNOWN_ENV_VARS and name not in _warned:
+            _warned.add(name)
+            close = difflib.get_close_matches(name, KNOWN_ENV_VARS, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            warnings.warn(f"{name} is not a variable tensorcomm reads, so it has no effect; {hint}"
+                          f"(every variable: docs/env.md)", RuntimeWarning, stacklevel=3)
 
 
 def _detect(env: Mapping[str, str]) -> _Source | None:
