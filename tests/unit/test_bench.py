@@ -15,6 +15,7 @@ import pytest
 
 from tensorcomm import cli
 from tensorcomm.bench import check, options, peers, report, runner, timing
+from tensorcomm.bench import cli as bench_cli
 from tensorcomm.bench.control import ControlClient, JobChannel, JobFailed
 from tensorcomm.bench.formulas import COLLECTIVES, algbw, busbw, element_count
 from tensorcomm.bench.peers.base import Task
@@ -304,6 +305,38 @@ def test_csv_and_json_shapes(tmp_path):
     assert len(document["rows"]) == 3
     assert document["ratios"] == [{"collective": "all_reduce", "size": 1024, "peer": "gloo",
                                    "tensorcomm_speedup": pytest.approx(2.0)}]
+
+
+@pytest.mark.parametrize("load, cores, warns", [([0.5, 0.4, 0.3], 2, False), ([8.1, 6.0, 5.0], 2, True),
+                                               ([2.0, 2.0, 2.0], 2, False)])
+def test_header_shows_the_load_and_warns_above_the_cores(load, cores, warns):
+    lines = report.load_lines({"load": load, "usable_cores": cores})
+    assert lines[0].startswith(f"# load: {load[0]:.2f} (1 min)") and f"on {cores} usable cores" in lines[0]
+    assert (len(lines) == 2 and "WARNING: the load" in lines[1]) == warns
+    assert report.load_lines({"load": None, "usable_cores": 2}) == ["# load: unknown"]
+    machine = report.machine_info({}, {"tensorcomm": "tensorcomm 0"})
+    assert any(line.startswith("# load: ") for line in report.header(_options(), 2, machine))
+
+
+def test_missing_dependencies_are_refused_before_the_sweep(monkeypatch, capsys):
+    real = bench_cli.importlib.util.find_spec
+    monkeypatch.setattr(bench_cli.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    monkeypatch.setattr(peers, "missing", lambda name: f"skipped: {name}'s library not installed (how)")
+    monkeypatch.setattr(runner, "start_jobs", lambda *a, **k: pytest.fail("the sweep started"))
+    assert cli.main(["bench", "-n", "2", "--plot", "x.png"]) == 2
+    assert "--plot needs matplotlib" in capsys.readouterr().err
+    assert cli.main(["bench", "-n", "2", "--compare", "gloo"]) == 2
+    assert "--compare gloo: gloo's library not installed (how)" in capsys.readouterr().err
+    bench_cli.check_dependencies(_options("--compare", "all"))  # all: the missing are skipped
+
+
+def test_plot_draws_min_max_bands(tmp_path):
+    pytest.importorskip("matplotlib")
+    from tensorcomm.bench.plot import plot
+
+    plot(_rows(), str(tmp_path / "p.png"), "title")
+    assert (tmp_path / "p.png").stat().st_size > 0
 
 
 def test_table_lines(capsys):

@@ -44,6 +44,7 @@ class BenchOptions:
     csv: str | None
     json: str | None
     plot: str | None
+    compare_all: bool = False  # --compare all: the libraries missing here are skipped, not refused
 
     def plan(self) -> Plan:
         """How each size is timed (the same on every rank and library)."""
@@ -170,4 +171,4 @@ def from_args(args: argparse.Namespace) -> BenchOptions:
         collectives=collectives, ranks=args.ranks, sizes=sizes, dtype=args.dtype, op=args.op,
         check=bool(args.check), iters=args.iters, warmup=args.warmup, budget=args.time_budget,
         compare=compare, rounds=args.rounds, timeout=args.timeout, csv=args.csv, json=args.json,
-        plot=args.plot)
+        plot=args.plot, compare_all=compare_text == "all")

@@ -86,7 +86,30 @@ def machine_info(env: Mapping[str, str], versions: Mapping[str, str]) -> dict[st
         "tensorcomm_git": _source_revision(),
         "libraries": dict(versions),
         "env": {name: env.get(name) for name in ENV_SHOWN},
+        "load": _load(),
     }
+
+
+def _load() -> list[float] | None:
+    """The 1-, 5- and 15-minute load averages, or None where the system has none."""
+    try:
+        return [round(value, 2) for value in os.getloadavg()]
+    except (OSError, AttributeError):
+        return None
+
+
+def load_lines(machine: Mapping[str, Any]) -> list[str]:
+    """The header's load line, and a warning when the load exceeds the usable cores."""
+    load, cores = machine.get("load"), machine["usable_cores"]
+    if load is None:
+        return ["# load: unknown"]
+    lines = [(f"# load: {load[0]:.2f} (1 min), {load[1]:.2f} (5 min), {load[2]:.2f} (15 min) "
+              f"on {cores} usable cores")]
+    if load[0] > cores:
+        lines.append(f"# WARNING: the load ({load[0]:.2f}) exceeds the cores ({cores}): other work "
+                     "competes for the CPUs, so these timings (and ratios between libraries) "
+                     "are not those of a quiet machine")
+    return lines
 
 
 def header(options: BenchOptions, ranks: int, machine: Mapping[str, Any]) -> list[str]:
@@ -104,6 +127,7 @@ def header(options: BenchOptions, ranks: int, machine: Mapping[str, Any]) -> lis
         + "; ".join(machine["libraries"].values())
         + (f"; tensorcomm from git {machine['tensorcomm_git']}" if machine["tensorcomm_git"]
            else ""),
+        *load_lines(machine),
         f"# env: {env}",
         (f"# timing: per size and library, {timing}, in batches after a barrier; time = median "
          f"of the batches' slowest rank (min, max beside it); {options.rounds} round(s), "
