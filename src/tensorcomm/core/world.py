@@ -47,7 +47,7 @@ from .. import config
 from ..algorithms import select
 from ..algorithms.base import Hierarchy, Plan
 from ..errors import AuthenticationError, CommTimeoutError, GroupAbortedError, RendezvousError
-from ..rendezvous.init_method import Rendezvous, from_store, rendezvous
+from ..rendezvous.init_method import Rendezvous, from_store, meets_through_mpi, rendezvous
 from ..rendezvous.own_store import address_of, reachable_address
 from ..rendezvous.store import PrefixStore, Store
 from ..signature import Signature
@@ -431,7 +431,10 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
 
     Args:
         init_method: ``env://`` (default: read the launcher's environment), ``tcp://host:port``
-            or ``file:///path``.
+            or ``file:///path``. Under mpirun/mpiexec (or srun with PMI/PMIx) without
+            ``MASTER_ADDR``, the ranks meet through MPI when mpi4py is installed; under srun
+            alone at the first host of the node list; with no launcher at all, the world is
+            this one process (docs/mpi.md).
         rank: this process's global rank (default: from the environment).
         world_size: number of ranks (default: from the environment).
         timeout: seconds (or a ``timedelta``) that bounds every blocking call, set-up included.
@@ -466,7 +469,9 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
             rdzv = from_store(store, rank, world_size, seconds, secret)
         elif secret is not None:
             raise ValueError("init: secret= goes with store=; otherwise set TENSORCOMM_SECRET")
-        elif chosen == "mpi" and init_method is None:
+        elif ((chosen == "mpi" and init_method is None)
+              or (init_method in (None, "env://") and meets_through_mpi(info))):
+            # Under mpirun without MASTER_ADDR: rank 0 serves the store, MPI hands out where.
             from ..transports.mpi.join import rendezvous as mpi_rendezvous
 
             rdzv = mpi_rendezvous(rank, world_size, seconds)

@@ -43,6 +43,7 @@ def rendezvous(rank: int | None, world_size: int | None, timeout: float) -> Rend
     try:
         mpi_rank, mpi_size = comm.Get_rank(), comm.Get_size()
         check_ranks(rank, world_size, mpi_rank, mpi_size)
+        _check_launcher(mpi_rank, mpi_size)
         return _meet(comm, mpi_rank, mpi_size, timeout)
     finally:
         comm.Free()
@@ -58,6 +59,22 @@ def check_ranks(rank: int | None, world_size: int | None, mpi_rank: int, mpi_siz
         raise ValueError(f"backend='mpi': MPI_COMM_WORLD says rank {mpi_rank} of {mpi_size}, but "
                          f"rank={rank} and world_size={world_size} were given; with MPI the ranks "
                          "are MPI's (leave rank and world_size out)")
+
+
+def _check_launcher(mpi_rank: int, mpi_size: int) -> None:
+    """Refuse an MPI whose ranks are not its launcher's: mpi4py built for another MPI makes each
+    process a world of its own.
+
+    Raises:
+        RendezvousError: names both and the fix.
+    """
+    info = discover()
+    if info.source in ("openmpi", "pmi") and (info.rank, info.world_size) != (mpi_rank, mpi_size):
+        raise RendezvousError(
+            f"MPI: the launcher says rank {info.rank} of {info.world_size} ({info.mpi_launcher}), "
+            f"but mpi4py's MPI_COMM_WORLD says rank {mpi_rank} of {mpi_size}: is mpi4py built "
+            f"against another MPI than the launcher's? Rebuild it (pip install --no-binary mpi4py "
+            f"--force-reinstall mpi4py) or use the mpiexec of the MPI it was built with")
 
 
 def _meet(comm: object, rank: int, size: int, timeout: float) -> Rendezvous:
