@@ -15,6 +15,7 @@ interface, reached by rank 0's host name.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import socket
 from typing import Any
@@ -106,7 +107,10 @@ def _meet(comm: object, rank: int, size: int, timeout: float) -> Rendezvous:
     else:
         secret = secret_bytes(info.secret)
     host = fields["host"]
-    if server is not None and bind == "0.0.0.0":
+    if server is not None and bind == "0.0.0.0" and not _routable(host):
+        # Rank 0 reaches its own store on loopback when its host name gives no other address.
+        # Otherwise it dials that name like everyone: tensorcomm's TCP mesh (a plain init()
+        # under mpirun) listens where the store is reached, which other hosts must reach too.
         host = "127.0.0.1"
     try:
         store = TCPStore(host, int(fields["port"]), secret, timeout)
@@ -115,6 +119,14 @@ def _meet(comm: object, rank: int, size: int, timeout: float) -> Rendezvous:
             server.close()
         raise
     return Rendezvous(store, rank, size, info.local_rank, info.host_id, secret, server)
+
+
+def _routable(host: str) -> bool:
+    """Whether ``host`` resolves to an address that is not loopback."""
+    try:
+        return not ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
 
 
 def _gather_hosts(comm: Any, digest: bytes, size: int, timeout: float) -> list[bytes]:
