@@ -63,19 +63,20 @@ def check_ranks(rank: int | None, world_size: int | None, mpi_rank: int, mpi_siz
 
 
 def _check_launcher(mpi_rank: int, mpi_size: int) -> None:
-    """Refuse an MPI whose ranks are not its launcher's: mpi4py built for another MPI makes each
-    process a world of its own.
+    """Refuse an MPI whose ranks are not its launcher's: mpi4py built for another MPI (or a
+    launcher that is not MPI's, such as srun without PMI) makes each process a world of its own.
 
     Raises:
         RendezvousError: names both and the fix.
     """
     info = discover()
-    if info.source in ("openmpi", "pmi") and (info.rank, info.world_size) != (mpi_rank, mpi_size):
+    if info.world_size is not None and (info.rank, info.world_size) != (mpi_rank, mpi_size):
         raise RendezvousError(
-            f"MPI: the launcher says rank {info.rank} of {info.world_size} ({info.mpi_launcher}), "
+            f"MPI: the launcher ({info.source}) says rank {info.rank} of {info.world_size}, "
             f"but mpi4py's MPI_COMM_WORLD says rank {mpi_rank} of {mpi_size}: is mpi4py built "
             f"against another MPI than the launcher's? Rebuild it (pip install --no-binary mpi4py "
-            f"--force-reinstall mpi4py) or use the mpiexec of the MPI it was built with")
+            f"--force-reinstall mpi4py), use the mpiexec of the MPI it was built with, or (a plain "
+            f"init()) set MASTER_ADDR and MASTER_PORT to meet without MPI")
 
 
 def _meet(comm: object, rank: int, size: int, timeout: float) -> Rendezvous:
