@@ -137,3 +137,9 @@ def test_an_unknown_variable_is_warned_about_once_with_the_closest_name(
         warnings.simplefilter("error")
         discover(env)  # once per name
         discovery._warn_unknown(dict.fromkeys(config.KNOWN_ENV_VARS, "x"))  # known: no warning
+
+
+def test_rank_0_dials_its_store_by_a_name_other_hosts_can_reach() -> None:
+    from tensorcomm.transports.mpi.join import _routable
+
+    assert _routable("10.1.2.3") and not _routable("127.0.0.1") and not _routable("no-such-host.invalid")

@@ -434,7 +434,7 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
             or ``file:///path``. Under mpirun/mpiexec (or srun with PMI/PMIx) without
             ``MASTER_ADDR``, the ranks meet through MPI when mpi4py is installed; under srun
             alone at the first host of the node list; with no launcher at all, the world is
-            this one process (docs/mpi.md).
+            this one process (docs/env.md).
         rank: this process's global rank (default: from the environment).
         world_size: number of ranks (default: from the environment).
         timeout: seconds (or a ``timedelta``) that bounds every blocking call, set-up included.

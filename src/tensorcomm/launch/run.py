@@ -24,7 +24,7 @@ def add_nprocs_argument(parser: argparse.ArgumentParser, dest: str, text: str,
                         *also: str, default: int | None = None) -> None:
     """Add the ranks-per-node option under every spelling of ``NPROCS_FLAGS`` (and ``also``)."""
     parser.add_argument(*NPROCS_FLAGS, *also, dest=dest, type=int, metavar="N", default=default,
-                        help=f"{text} (also spelled {', '.join(NPROCS_FLAGS[1:] + also)})")
+                        help=text)
 
 
 def _local_ranks(text: str) -> frozenset[int]:

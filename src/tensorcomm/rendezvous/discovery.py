@@ -137,7 +137,7 @@ class JobInfo:
     algorithms: tuple[tuple[str, str], ...] = ()  # (collective, algorithm) to run instead of choosing
     mpi_launcher: str | None = None  # the MPI launcher's variable that is set (PMI_RANK...), else None
     slurm_nodelist: str | None = None  # under srun: the step's (else job's) node list, compressed
-    slurm_job_id: int | None = None
+    slurm_job_id: int | None = None  # under srun
 
 
 @dataclass(frozen=True)
@@ -216,7 +216,7 @@ def discover(environ: Mapping[str, str] | None = None) -> JobInfo:
         mpi_launcher=next((name for name in MPI_LAUNCHER_VARS if name in env), None),
         slurm_nodelist=(next((env[n] for n in SLURM_NODELISTS if env.get(n, "").strip()), None)
                         if SLURM_RANK in env else None),
-        slurm_job_id=_first_int(env, SLURM_JOB_IDS, minimum=0),
+        slurm_job_id=_first_int(env, SLURM_JOB_IDS, minimum=0) if SLURM_RANK in env else None,
     )
 
 
