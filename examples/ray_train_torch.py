@@ -42,5 +42,6 @@ if __name__ == "__main__":
     trainer = TorchTrainer(train, scaling_config=ScalingConfig(num_workers=2),
                            torch_config=TorchConfig(timeout_s=120))
     result = trainer.fit()
-    print("error:", result.error)
     ray.shutdown()
+    if result.error is not None:
+        raise SystemExit(f"training failed: {result.error}")

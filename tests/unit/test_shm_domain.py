@@ -170,7 +170,8 @@ def test_a_stranger_without_the_secret_gets_no_segment():
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.connect("\0" + address)
             try:
-                auth.handshake_client(sock, b"wrong secret", 5, arena.PURPOSE)
+                auth.handshake_client(sock, b"wrong secret", 5, arena.PURPOSE, address=address, rank=1,
+                                      target=0)
             except AuthenticationError as exc:
                 result.append(exc)
 

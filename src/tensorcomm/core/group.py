@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..algorithms.base import Ctx, Hierarchy, Plan, Team
 from ..config import MAX_TIMEOUT
-from ..errors import CommError, ConcurrentUseError, GroupAbortedError
+from ..errors import CommError, ConcurrentUseError, GroupAbortedError, PeerLostError
 from ..types import TransportKind
 from .elastic import agree
 from .engine import Engine
@@ -168,7 +168,10 @@ class Group:
                     return plan.run(ctx, *args)
                 except BaseException as exc:
                     _failed(ctx, exc)
-                    raise
+                    explained = _left_before(ctx, exc)
+                    if explained is None:
+                        raise
+                    raise explained from exc
                 finally:
                     engine.leave()
 
@@ -178,7 +181,10 @@ class Group:
                 return plan.run(ctx, *args)
             except BaseException as exc:
                 _failed(ctx, exc)
-                raise
+                explained = _left_before(ctx, exc)
+                if explained is None:
+                    raise
+                raise explained from exc
 
         try:
             return engine.submit(plan.label, body, async_op)
@@ -278,6 +284,22 @@ class Group:
 
     def __repr__(self) -> str:
         return f"Group(name={self.name!r}, ranks={list(self.ranks)})"
+
+
+def _left_before(ctx: Ctx, error: BaseException) -> PeerLostError | None:
+    """If ``error`` says a peer called ``destroy()`` while this rank waited for it in a call, the
+    peer never made that call: the ranks' call sequences differ (an extra call on one rank, or a
+    missing one on the other, which no signature check can see when the calls look alike).
+    Return an error that says so, or None for any other error."""
+    if not isinstance(error, PeerLostError) or not error.left:
+        return None
+    them = (f"; its last call in the group was step {error.last_step}"
+            if error.last_step is not None else "")
+    return PeerLostError(error.rank, (
+        f"sequence mismatch: it left (destroy() was called) while rank {ctx.ranks[ctx.rank]} waited "
+        f"for it in {ctx.name} at step {ctx.seq}{them}; the "
+        f"ranks' call sequences differ (this rank made a call rank {error.rank} did not make)"),
+        left=True, last_step=error.last_step)
 
 
 def _failed(ctx: Ctx, error: BaseException) -> None:

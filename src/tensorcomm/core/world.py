@@ -35,10 +35,8 @@ ndarrays (``frontends.arrays``), the MPI backend's failure note and exit hook
 from __future__ import annotations
 
 import datetime
-import ipaddress
 import logging
 import os
-import socket
 import threading
 import time
 from collections import Counter
@@ -49,7 +47,8 @@ from .. import config
 from ..algorithms import select
 from ..algorithms.base import Hierarchy, Plan
 from ..errors import AuthenticationError, CommTimeoutError, GroupAbortedError, RendezvousError
-from ..rendezvous.init_method import Rendezvous, from_store, rendezvous
+from ..rendezvous.init_method import Rendezvous, from_store, meets_through_mpi, rendezvous
+from ..rendezvous.own_store import address_of, reachable_address
 from ..rendezvous.store import PrefixStore, Store
 from ..signature import Signature
 from ..transports.shm import slots as shm_slots
@@ -97,7 +96,7 @@ class World:
         joined = [entry.decode() for entry in _await_everyone(store, self.rank, self.size, timeout)]
         self._hosts = tuple(entry[1:] for entry in joined)
         self._shm_allowed = tuple(entry[0] == "1" for entry in joined)
-        self.transport = _connect(backend, rdzv, store, timeout)
+        self.transport = _connect(backend, rdzv, store, timeout, self.generation)
         self._groups: list[Group] = []
         self._made: Counter[tuple[int, ...]] = Counter()  # groups made per member list, ever
         try:
@@ -305,18 +304,18 @@ class World:
             group._engine = Engine.refusing(group.name, self.forked)
 
 
-def _connect(backend: str, rdzv: Rendezvous, store: Store,
-             timeout: float) -> TcpTransport | MpiTransport:
+def _connect(backend: str, rdzv: Rendezvous, store: Store, timeout: float,
+             generation: int) -> TcpTransport | MpiTransport:
     """The transport between all ranks: tensorcomm's TCP mesh, or MPI's point-to-point."""
     if backend == "mpi":
         from ..transports.mpi.transport import MpiTransport
 
         return MpiTransport.open(rdzv.rank, rdzv.world_size, timeout)
-    reached = rdzv.store  # listen where the store's host is reached (a namespace has no host)
-    while isinstance(reached, PrefixStore):
-        reached = reached.store
-    sockets = connect_mesh(rdzv.rank, rdzv.world_size, store, rdzv.secret, _bind_address(reached), timeout)
-    return TcpTransport(rdzv.rank, rdzv.world_size, sockets, send_timeout=timeout)
+    # Listen where the store's host is reached.
+    links = connect_mesh(rdzv.rank, rdzv.world_size, store, rdzv.secret,
+                         reachable_address(*address_of(rdzv.store)), timeout,
+                         scope=f"world generation {generation}".encode())
+    return TcpTransport(rdzv.rank, rdzv.world_size, links, send_timeout=timeout)
 
 
 def _checked_algorithms(pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
@@ -360,20 +359,6 @@ def _await_everyone(store: Store, rank: int, size: int, timeout: float) -> list[
         raise RendezvousError(f"rank {rank}: ranks {missing} of {size} did not join within "
                               f"{timeout:g} s (arrived: {arrived})") from None
     return [store.get(key, timeout=timeout) for key in keys]
-
-
-def _bind_address(store: object) -> str:
-    """Address peers can reach this rank at: loopback when the store is on loopback."""
-    host = getattr(store, "host", "127.0.0.1")
-    try:
-        if ipaddress.ip_address(socket.gethostbyname(host)).is_loopback:
-            return "127.0.0.1"
-    except (OSError, ValueError):
-        pass
-    # The interface that routes to the store; a UDP connect sends no packet.
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((host, getattr(store, "port", 1)))
-        return probe.getsockname()[0]
 
 
 def _seconds(timeout: float | datetime.timedelta | None, default: float) -> float:
@@ -446,7 +431,10 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
 
     Args:
         init_method: ``env://`` (default: read the launcher's environment), ``tcp://host:port``
-            or ``file:///path``.
+            or ``file:///path``. Under mpirun/mpiexec (or srun with PMI/PMIx) without
+            ``MASTER_ADDR``, the ranks meet through MPI when mpi4py is installed; under srun
+            alone at the first host of the node list; with no launcher at all, the world is
+            this one process (docs/env.md).
         rank: this process's global rank (default: from the environment).
         world_size: number of ranks (default: from the environment).
         timeout: seconds (or a ``timedelta``) that bounds every blocking call, set-up included.
@@ -481,7 +469,9 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
             rdzv = from_store(store, rank, world_size, seconds, secret)
         elif secret is not None:
             raise ValueError("init: secret= goes with store=; otherwise set TENSORCOMM_SECRET")
-        elif chosen == "mpi" and init_method is None:
+        elif ((chosen == "mpi" and init_method is None)
+              or (init_method in (None, "env://") and meets_through_mpi(info))):
+            # Under mpirun without MASTER_ADDR: rank 0 serves the store, MPI hands out where.
             from ..transports.mpi.join import rendezvous as mpi_rendezvous
 
             rdzv = mpi_rendezvous(rank, world_size, seconds)

@@ -33,9 +33,8 @@ import torch.distributed as dist
 from ..core.group import Group
 from ..types import ReduceOp, ReduceOpLike
 from . import functional as F
+from .torch_c10d import BACKEND_NAME, register_cpu_backend
 from .torch_work import TensorcommWork
-
-BACKEND_NAME = "tensorcomm"
 
 _OPS = {
     dist.ReduceOp.SUM: ReduceOp.SUM, dist.ReduceOp.AVG: ReduceOp.AVG,
@@ -123,9 +122,7 @@ def _pairs(outputs: list[torch.Tensor], inputs: list[torch.Tensor],
 
 class _BackendFacts:
     """What torch's Python code asks of a group's backend object (``pg._get_backend(device)``)
-    before it picks a path. A Python process group has no C++ backend object; it answers with
-    this, truthfully: none of the optional capabilities. (torch 2.14's ``batch_isend_irecv``
-    asks ``supports_coalescing`` of every ProcessGroup and fails where there is no backend.)"""
+    before it picks a path, on torch 2.13, where no backend object can be built in Python."""
 
     supports_coalescing = False
     supports_splitting = False
@@ -157,9 +154,9 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         self._on_shutdown = on_shutdown
         self._group_name = ""
         self._group_desc = ""
-        # torch asks a process group which devices it serves (DCP, DeviceMesh, DTensor); a
-        # Python process group has no C++ backend object, so the device type is registered alone.
-        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, None)
+        # torch asks a process group which devices it serves (DCP, DeviceMesh, DTensor) and, from
+        # 2.15, reads the CPU backend object (health check, flight recorder).
+        self._backend = register_cpu_backend(self)
 
     def getBackendName(self) -> str:  # noqa: N802 (torch's names)
         """``"tensorcomm"``."""
@@ -181,12 +178,13 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         """Keep the description torch gives the group."""
         self._group_desc = desc
 
-    def _get_backend(self, device: Any) -> _BackendFacts:
-        """What the group's backend can do on ``device`` (the CPU only)."""
+    def _get_backend(self, device: Any) -> Any:
+        """The group's backend object on ``device`` (the CPU only; on torch 2.13, where it cannot
+        be built, an object that answers torch's capability questions)."""
         if torch.device(device).type != "cpu":
             raise RuntimeError(f"tensorcomm backend: no backend for device {device}; tensorcomm "
                                f"serves CPU tensors")
-        return _BackendFacts()
+        return self._backend or _BackendFacts()
 
     def _global(self, group_rank: int) -> int:
         return self._group.global_rank(group_rank)

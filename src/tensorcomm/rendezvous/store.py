@@ -37,9 +37,14 @@ _FILE_REFCOUNT_KEY = "__tensorcomm_filestore_users"
 class Store(abc.ABC):
     """A key/value store shared by the ranks of a job.
 
+    ``foreign`` is True for a store tensorcomm does not own and others may read and write
+    (torch's): tensorcomm then keeps its keys in a store of its own (``rendezvous.own_store``).
+
     Args:
         timeout: seconds ``get``/``wait`` block when called with ``timeout=None``.
     """
+
+    foreign = False
 
     def __init__(self, timeout: float = 300.0) -> None:
         self.timeout = check_timeout(timeout, "timeout")
@@ -278,6 +283,7 @@ class PrefixStore(Store):
         super().__init__(store.timeout)
         self.prefix = prefix
         self.store = store
+        self.foreign = store.foreign
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{check_key(key)}"

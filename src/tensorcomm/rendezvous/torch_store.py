@@ -36,18 +36,25 @@ class TorchStore(Store):
 
     ``host``/``port`` say where the underlying TCP store listens (the core binds its own
     sockets on the interface that reaches it); for a store that is not TCP, ``info``'s
-    ``MASTER_ADDR``/``MASTER_PORT``, else loopback.
+    ``MASTER_ADDR``/``MASTER_PORT``, else loopback. The store is ``foreign`` (anyone who can
+    connect may read and write torch's), unless torch's store is one over tensorcomm's own
+    (it has ``tensorcomm_owned``, as ``tensorcomm.torch`` makes under ``tensorcomm run``);
+    ``namespace`` names where in torch's store ``store`` keeps its keys, when known (torch does
+    not tell a ``PrefixStore``'s prefix).
 
     Args:
         store: the torch store.
         timeout: default seconds for ``get``/``wait``.
         info: the job's environment (for the address of a store that is not TCP).
+        namespace: see above.
     """
 
-    def __init__(self, store: dist.Store, timeout: float, info: JobInfo) -> None:
+    def __init__(self, store: dist.Store, timeout: float, info: JobInfo, namespace: str = "") -> None:
         super().__init__(timeout)
         self._store = store
         self.host, self.port = _address_of(store, info)
+        self.namespace = namespace
+        self.foreign = not getattr(_innermost(store), "tensorcomm_owned", False)
 
     def set(self, key: str, value: bytes) -> None:
         # torch's stub says str; the binding takes bytes (a std::string) as well.
@@ -86,9 +93,14 @@ class TorchStore(Store):
         pass  # torch owns the store
 
 
-def _address_of(store: dist.Store, info: JobInfo) -> tuple[str, int]:
+def _innermost(store: dist.Store) -> dist.Store:
     while isinstance(store, dist.PrefixStore):
         store = store.underlying_store
+    return store
+
+
+def _address_of(store: dist.Store, info: JobInfo) -> tuple[str, int]:
+    store = _innermost(store)
     host, port = getattr(store, "host", None), getattr(store, "port", None)
     if host is None:
         host, port = info.master_addr or "127.0.0.1", info.master_port
@@ -101,5 +113,5 @@ def torchrun_store(world_size: int, timeout: float, info: JobInfo) -> TorchStore
     assert info.master_addr is not None and info.master_port is not None  # checked by env://
     client = dist.TCPStore(info.master_addr, info.master_port, world_size, is_master=False,
                            timeout=datetime.timedelta(seconds=timeout))
-    attempt = dist.PrefixStore(f"{ATTEMPT_PREFIX}{info.restart_count}", client)
-    return TorchStore(attempt, timeout, info)
+    namespace = f"{ATTEMPT_PREFIX}{info.restart_count}"
+    return TorchStore(dist.PrefixStore(namespace, client), timeout, info, namespace)
