@@ -23,7 +23,7 @@ from __future__ import annotations
 
 __all__ = ["CommError", "CommTimeoutError", "PeerLostError", "CollectiveMismatchError",
            "GroupAbortedError", "ExcludedError", "ConcurrentUseError", "RendezvousError",
-           "AuthenticationError", "ArgumentMismatchError"]
+           "AuthenticationError", "LinkAuthenticationError", "ArgumentMismatchError"]
 
 
 class CommError(RuntimeError):

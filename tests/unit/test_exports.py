@@ -16,6 +16,7 @@ import pytest
 
 import tensorcomm
 import tensorcomm.cross_device
+import tensorcomm.errors
 import tensorcomm.ops
 import tensorcomm.testing
 
@@ -39,6 +40,13 @@ def test_exports_are_pinned():
     assert set(tensorcomm.__all__) == PUBLIC
     for name in tensorcomm.__all__:
         assert hasattr(tensorcomm, name), name
+
+
+def test_errors_exports_every_exception_it_defines():
+    defined = {name for name, obj in vars(tensorcomm.errors).items()
+               if inspect.isclass(obj) and issubclass(obj, BaseException)
+               and obj.__module__ == "tensorcomm.errors"}
+    assert set(tensorcomm.errors.__all__) == defined
 
 
 def _public_callables(module):
