@@ -98,24 +98,36 @@ class Gate:
         """
         refused: str | None = None
         with self._lock:
-            if self._closed:
-                refused = "the listener is closing"
+            if self._closed:  # set-up is over: nothing to report
+                refused = ""
             elif self._selector is None:
                 try:
                     self._selector = selectors.DefaultSelector()
                 except OSError as exc:  # e.g. out of descriptors
                     refused = describe_error(exc)
+            oldest = None
             if refused is None:
                 assert self._selector is not None
-                self._silent[conn] = (peer, handshake, time.monotonic() + config.HANDSHAKE_TIMEOUT)
-                self._selector.register(conn, selectors.EVENT_READ)
-                if self._watcher is None:
-                    self._watcher = threading.Thread(target=self._watch, daemon=True,
-                                                     name=f"tensorcomm-gate-{self.where}")
-                    self._watcher.start()
-                oldest = next(iter(self._silent)) if len(self._silent) > self._silent_limit else None
+                try:
+                    self._selector.register(conn, selectors.EVENT_READ)
+                    if self._watcher is None:
+                        watcher = threading.Thread(target=self._watch, daemon=True,
+                                                   name=f"tensorcomm-gate-{self.where}")
+                        watcher.start()
+                        self._watcher = watcher
+                except (OSError, ValueError, RuntimeError) as exc:  # no thread, or a dead socket
+                    self._forget(conn)
+                    refused = f"cannot watch it: {exc}"
+                else:
+                    self._silent[conn] = (peer, handshake,
+                                          time.monotonic() + config.HANDSHAKE_TIMEOUT)
+                    if len(self._silent) > self._silent_limit:
+                        oldest = next(iter(self._silent))
         if refused is not None:
-            self.refuse(conn, peer, refused)
+            if refused:
+                self.refuse(conn, peer, refused)
+            else:
+                conn.close()
             return False
         if oldest is not None:
             self._release(oldest, f"{self._silent_limit} connections were waiting to speak; "
