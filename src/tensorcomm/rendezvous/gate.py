@@ -13,7 +13,8 @@ always speaks first, so an accepted connection waits in one selector (one thread
 them, named ``tensorcomm-gate-...``) until it sends something; at most
 ``config.MAX_SILENT_CONNECTIONS`` wait there, and the oldest is closed to make room. A
 connection that has spoken gets a handshake thread of its own (``tensorcomm-handshake-...``);
-at most ``config.MAX_PENDING_HANDSHAKES`` run at once, and the oldest is cut off to make room.
+at most ``config.MAX_PENDING_HANDSHAKES`` run at once, and the oldest is cut off to make room
+(unless it began less than ``GRACE`` ago: then the newcomer is closed, and retries).
 A real rank speaks at once and finishes its handshake in milliseconds, so a flood delays it by
 a retry or two, not by a handshake deadline. Every connection has ``config.HANDSHAKE_TIMEOUT``
 seconds to wait silent and as long again to authenticate. Drops are logged at most once per
@@ -36,6 +37,10 @@ from collections.abc import Callable
 from tensorcomm import config
 
 LOG_INTERVAL = 5.0  # seconds between two warnings about refused connections of one listener
+# A handshake younger than this is not cut off for a newcomer (which is closed, and retries):
+# a real rank's handshake takes milliseconds, and cutting it off after the server's proof would
+# fail it rather than make it retry.
+GRACE = 0.25
 
 Handshake = Callable[[socket.socket, str], Callable[[], None] | None]
 """``handshake(conn, peer)`` authenticates ``conn``; it may return the work to do afterwards
@@ -84,7 +89,8 @@ class Gate:
         self._silent: OrderedDict[socket.socket, tuple[str, Handshake, float]] = OrderedDict()
         self._selector: selectors.BaseSelector | None = None  # made at the first connection
         self._watcher: threading.Thread | None = None  # runs while anything is silent
-        self._talking: OrderedDict[socket.socket, None] = OrderedDict()  # handshakes, oldest first
+        # Handshakes running, oldest first: socket -> when it started.
+        self._talking: OrderedDict[socket.socket, float] = OrderedDict()
         self._threads: set[threading.Thread] = set()
         self._closed = False
         self._refused = 0  # since the last warning
@@ -231,12 +237,28 @@ class Gate:
     def _start(self, conn: socket.socket, peer: str, handshake: Handshake) -> None:
         thread = threading.Thread(target=self._run, args=(conn, peer, handshake), daemon=True,
                                   name=f"tensorcomm-handshake-{peer}")
+        now = time.monotonic()
         with self._lock:
-            self._talking[conn] = None
-            oldest = next(iter(self._talking)) if len(self._talking) > self._limit else None
-            if oldest is not None:
-                del self._talking[oldest]
-            self._threads.add(thread)
+            oldest = None
+            if len(self._talking) >= self._limit:
+                oldest, started = next(iter(self._talking.items()))
+                if now - started < GRACE:  # all busy and young: the newcomer retries instead
+                    oldest = None
+                    full = True
+                else:
+                    del self._talking[oldest]
+                    full = False
+            else:
+                full = False
+            if not full:
+                self._talking[conn] = now
+                self._threads.add(thread)
+        if full:
+            if self._dropped is not None:
+                self._dropped(conn)
+            self.refuse(conn, peer, f"{self._limit} handshakes are pending, each for less than "
+                                    f"{GRACE:g} s")
+            return
         if oldest is not None:  # its handshake thread sees the connection fail and gives up
             try:
                 oldest.shutdown(socket.SHUT_RDWR)
