@@ -68,11 +68,13 @@ RANK = textwrap.dedent("""
     start = time.monotonic()
     import numpy as np
     import tensorcomm as tc
+    imported = time.monotonic()
     tc.init(timeout=JOB_TIMEOUT)
-    started = time.monotonic() - start
+    init = time.monotonic() - imported
     x = np.full(4, tc.get_rank() + 1, np.float32)
     tc.all_reduce(x)
-    print(f"rank {tc.get_rank()} started in {started:.2f} s and got {x[0]:g}", flush=True)
+    print(f"rank {tc.get_rank()} started: import {imported - start:.2f} s, init {init:.2f} s; "
+          f"got {x[0]:g}", flush=True)
     tc.destroy()
 """).replace("JOB_TIMEOUT", str(JOB_TIMEOUT))
 

@@ -110,6 +110,15 @@ def test_the_default_directory_is_under_the_users_home(clean_env: dict[str, str]
     assert private.default_dir() == os.path.join(home, ".cache", "tensorcomm")
 
 
+def test_a_read_only_home_falls_back_to_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with tiny_tmpfs(tmp_path / "home") as home:
+        subprocess.run(["mount", "-o", "remount,ro", str(home)], check=True, timeout=30)
+        fields = list(pwd.getpwuid(os.geteuid()))
+        fields[5] = str(home)  # pw_dir
+        monkeypatch.setattr(private.pwd, "getpwuid", lambda uid: pwd.struct_passwd(fields))
+        assert private.default_dir() == private.DEFAULT_DIR.format(uid=os.geteuid())
+
+
 # --- a full or unusable disk ---
 
 @contextlib.contextmanager

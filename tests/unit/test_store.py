@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import struct
@@ -426,26 +427,46 @@ def test_a_gate_drops_the_oldest_silent_connection_and_logs_once_per_interval(ca
             b.close()
 
 
-def test_a_gate_cuts_off_the_oldest_handshake_for_a_newcomer(caplog) -> None:
+def test_a_gate_cuts_off_the_oldest_handshake_for_a_newcomer(monkeypatch, caplog) -> None:
     caplog.set_level(logging.WARNING, logger="test.gate")
     door = gate.Gate("test listener", logging.getLogger("test.gate"), limit=1)
     release, outcomes = threading.Event(), []
-    pairs = [socket.socketpair() for _ in range(2)]
+    pairs = [socket.socketpair() for _ in range(3)]
 
     def stalled(conn: socket.socket, peer: str) -> None:  # reads until its connection fails
         conn.settimeout(10)
         outcomes.append((peer, conn.recv(64)))
         release.wait(5)
 
+    def arrive(i: int) -> None:
+        ours, theirs = pairs[i]
+        theirs.sendall(b"x")  # it spoke: its handshake starts
+        assert door.admit(ours, f"client{i}", stalled)
+        deadline = time.monotonic() + 5
+        while (f"client{i}", b"x") not in outcomes and time.monotonic() < deadline:
+            try:
+                if theirs.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                    return  # closed by the gate
+            except BlockingIOError:
+                pass
+            except ConnectionResetError:  # closed by the gate with our byte unread
+                return
+            time.sleep(0.01)
+
     try:
-        for i, (ours, theirs) in enumerate(pairs):
-            theirs.sendall(b"x")  # it spoke: its handshake starts
-            assert door.admit(ours, f"client{i}", stalled)
-            time.sleep(0.5)
+        monkeypatch.setattr(gate, "GRACE", 0.0)  # every handshake is old enough to cut off
+        arrive(0)
+        arrive(1)
         pairs[0][1].settimeout(2)
         assert pairs[0][1].recv(1) == b""  # the oldest was cut off for the newcomer
         assert ("client1", b"x") in outcomes
         assert "cut off the oldest handshake: 1 handshakes were pending" in caplog.text
+        monkeypatch.setattr(gate, "GRACE", 60.0)  # client1 is young: the newcomer is closed
+        arrive(2)
+        pairs[2][1].settimeout(2)
+        with contextlib.suppress(ConnectionResetError):  # closed before any proof: it retries
+            assert pairs[2][1].recv(1) == b""
+        assert ("client2", b"x") not in outcomes
         release.set()
         door.join(5)
     finally:

@@ -20,6 +20,7 @@ from tensorcomm.errors import (
     LinkAuthenticationError,
     PeerLostError,
 )
+from tensorcomm.rendezvous import gate
 from tensorcomm.rendezvous.auth import recv_exact
 from tensorcomm.rendezvous.store import HashStore
 from tensorcomm.signature import signature
@@ -209,7 +210,7 @@ def test_ranks_retry_while_strangers_fill_the_listener(monkeypatch, caplog):
     for sock in strangers:
         sock.sendall(b"T")  # one byte of a handshake, then nothing
     try:
-        time.sleep(0.2)  # rank 0 takes them first
+        time.sleep(gate.GRACE + 0.3)  # rank 0 takes them first; they age past the grace
         threads += [_start_rank(r, 3, store, SECRET, results) for r in (1, 2)]
         for thread in threads:
             thread.join(30)

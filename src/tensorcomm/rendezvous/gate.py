@@ -13,7 +13,8 @@ always speaks first, so an accepted connection waits in one selector (one thread
 them, named ``tensorcomm-gate-...``) until it sends something; at most
 ``config.MAX_SILENT_CONNECTIONS`` wait there, and the oldest is closed to make room. A
 connection that has spoken gets a handshake thread of its own (``tensorcomm-handshake-...``);
-at most ``config.MAX_PENDING_HANDSHAKES`` run at once, and the oldest is cut off to make room.
+at most ``config.MAX_PENDING_HANDSHAKES`` run at once, and the oldest is cut off to make room
+(unless it began less than ``GRACE`` ago: then the newcomer is closed, and retries).
 A real rank speaks at once and finishes its handshake in milliseconds, so a flood delays it by
 a retry or two, not by a handshake deadline. Every connection has ``config.HANDSHAKE_TIMEOUT``
 seconds to wait silent and as long again to authenticate. Drops are logged at most once per
@@ -36,6 +37,10 @@ from collections.abc import Callable
 from tensorcomm import config
 
 LOG_INTERVAL = 5.0  # seconds between two warnings about refused connections of one listener
+# A handshake younger than this is not cut off for a newcomer (which is closed, and retries):
+# a real rank's handshake takes milliseconds, and cutting it off after the server's proof would
+# fail it rather than make it retry.
+GRACE = 0.25
 
 Handshake = Callable[[socket.socket, str], Callable[[], None] | None]
 """``handshake(conn, peer)`` authenticates ``conn``; it may return the work to do afterwards
@@ -84,7 +89,8 @@ class Gate:
         self._silent: OrderedDict[socket.socket, tuple[str, Handshake, float]] = OrderedDict()
         self._selector: selectors.BaseSelector | None = None  # made at the first connection
         self._watcher: threading.Thread | None = None  # runs while anything is silent
-        self._talking: OrderedDict[socket.socket, None] = OrderedDict()  # handshakes, oldest first
+        # Handshakes running, oldest first: socket -> when it started.
+        self._talking: OrderedDict[socket.socket, float] = OrderedDict()
         self._threads: set[threading.Thread] = set()
         self._closed = False
         self._refused = 0  # since the last warning
@@ -98,24 +104,36 @@ class Gate:
         """
         refused: str | None = None
         with self._lock:
-            if self._closed:
-                refused = "the listener is closing"
+            if self._closed:  # set-up is over: nothing to report
+                refused = ""
             elif self._selector is None:
                 try:
                     self._selector = selectors.DefaultSelector()
                 except OSError as exc:  # e.g. out of descriptors
                     refused = describe_error(exc)
+            oldest = None
             if refused is None:
                 assert self._selector is not None
-                self._silent[conn] = (peer, handshake, time.monotonic() + config.HANDSHAKE_TIMEOUT)
-                self._selector.register(conn, selectors.EVENT_READ)
-                if self._watcher is None:
-                    self._watcher = threading.Thread(target=self._watch, daemon=True,
-                                                     name=f"tensorcomm-gate-{self.where}")
-                    self._watcher.start()
-                oldest = next(iter(self._silent)) if len(self._silent) > self._silent_limit else None
+                try:
+                    self._selector.register(conn, selectors.EVENT_READ)
+                    if self._watcher is None:
+                        watcher = threading.Thread(target=self._watch, daemon=True,
+                                                   name=f"tensorcomm-gate-{self.where}")
+                        watcher.start()
+                        self._watcher = watcher
+                except (OSError, ValueError, RuntimeError) as exc:  # no thread, or a dead socket
+                    self._forget(conn)
+                    refused = f"cannot watch it: {exc}"
+                else:
+                    self._silent[conn] = (peer, handshake,
+                                          time.monotonic() + config.HANDSHAKE_TIMEOUT)
+                    if len(self._silent) > self._silent_limit:
+                        oldest = next(iter(self._silent))
         if refused is not None:
-            self.refuse(conn, peer, refused)
+            if refused:
+                self.refuse(conn, peer, refused)
+            else:
+                conn.close()
             return False
         if oldest is not None:
             self._release(oldest, f"{self._silent_limit} connections were waiting to speak; "
@@ -219,12 +237,28 @@ class Gate:
     def _start(self, conn: socket.socket, peer: str, handshake: Handshake) -> None:
         thread = threading.Thread(target=self._run, args=(conn, peer, handshake), daemon=True,
                                   name=f"tensorcomm-handshake-{peer}")
+        now = time.monotonic()
         with self._lock:
-            self._talking[conn] = None
-            oldest = next(iter(self._talking)) if len(self._talking) > self._limit else None
-            if oldest is not None:
-                del self._talking[oldest]
-            self._threads.add(thread)
+            oldest = None
+            if len(self._talking) >= self._limit:
+                oldest, started = next(iter(self._talking.items()))
+                if now - started < GRACE:  # all busy and young: the newcomer retries instead
+                    oldest = None
+                    full = True
+                else:
+                    del self._talking[oldest]
+                    full = False
+            else:
+                full = False
+            if not full:
+                self._talking[conn] = now
+                self._threads.add(thread)
+        if full:
+            if self._dropped is not None:
+                self._dropped(conn)
+            self.refuse(conn, peer, f"{self._limit} handshakes are pending, each for less than "
+                                    f"{GRACE:g} s")
+            return
         if oldest is not None:  # its handshake thread sees the connection fail and gives up
             try:
                 oldest.shutdown(socket.SHUT_RDWR)

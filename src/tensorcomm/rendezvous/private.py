@@ -62,7 +62,8 @@ def unsafe(info: os.stat_result, directory: bool) -> str | None:
 def default_dir() -> str:
     """The directory for generated secrets when neither ``TENSORCOMM_SECRET_DIR`` nor
     ``XDG_RUNTIME_DIR`` is set: ``~/.cache/tensorcomm`` if this user's home (and its ``.cache``)
-    is this user's and writable by nobody else, else ``/tmp/tensorcomm-<uid>``."""
+    is this user's, writable by nobody else and writable at all (not a read-only home, as in
+    some containers), else ``/tmp/tensorcomm-<uid>``."""
     euid = os.geteuid()
     try:
         parent = pwd.getpwuid(euid).pw_dir
@@ -74,7 +75,7 @@ def default_dir() -> str:
         parent = os.path.join(parent, part)
         with contextlib.suppress(FileExistsError, OSError):
             os.mkdir(parent, 0o700)
-    if not _own_directory(parent, euid):
+    if not _own_directory(parent, euid) or not os.access(parent, os.W_OK):
         return DEFAULT_DIR.format(uid=euid)
     return os.path.join(parent, HOME_DIR[-1])
 

@@ -152,6 +152,7 @@ class _Acceptor:
                 missing at the deadline.
         """
         self._done.wait(max(0.0, self._deadline - time.monotonic()) + 1.0)
+        self._gate.close()  # strangers still silent are of no more use
         with self._lock:
             self._closed = True
             self._done.set()
