@@ -20,6 +20,7 @@ from .errors import (
     CommTimeoutError,
     ExcludedError,
     GroupAbortedError,
+    LinkAuthenticationError,
     PeerLostError,
     RendezvousError,
 )
@@ -85,5 +86,5 @@ __all__ = [
     # errors
     "CommError", "CommTimeoutError", "PeerLostError", "CollectiveMismatchError",
     "GroupAbortedError", "ExcludedError", "RendezvousError", "AuthenticationError",
-    "ArgumentMismatchError",
+    "LinkAuthenticationError", "ArgumentMismatchError",
 ]

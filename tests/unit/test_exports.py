@@ -25,7 +25,7 @@ PUBLIC = {
     "ReduceOp", "PremulSum", "premul_sum", "TransportKind", "Work",
     "CommError", "CommTimeoutError", "PeerLostError", "CollectiveMismatchError",
     "GroupAbortedError", "ExcludedError", "RendezvousError", "AuthenticationError",
-    "ArgumentMismatchError",
+    "LinkAuthenticationError", "ArgumentMismatchError",
 }
 
 
