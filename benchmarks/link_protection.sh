@@ -3,9 +3,12 @@
 # (TENSORCOMM_TRANSPORT=tcp), 64 KiB to 256 MiB (x16), 2 rounds, each TENSORCOMM_LINK_PROTECTION
 # level interleaved with Gloo (which protects nothing) as the yardstick on a loaded machine.
 # BASE=<a checkout of c156846> adds the unprotected baseline: the same transport before sealing.
-# The load average is written beside the figures (load.txt). ~6 minutes on 2 busy cores.
+# With BASE, 64 KiB (the noisiest size) is then timed again, none and headers alternated 3 times
+# (ab_64k.txt). The load average is written beside the figures (load.txt). PARTS picks parts
+# (default "levels ab cpu"). ~8 minutes on 2 busy cores.
 set -euo pipefail
 out="${OUT:-benchmarks/results/link_protection}"
+parts="${PARTS:-levels ab cpu}"
 mkdir -p "$out"
 run() {  # name, then environment assignments
     local name="$1"
@@ -15,13 +18,30 @@ run() {  # name, then environment assignments
         -d float32 --compare gloo --rounds 2 --csv "$out/$name.csv" --json "$out/$name.json" \
         | tee "$out/$name.txt"
 }
-: > "$out/load.txt"
-if [ -n "${BASE:-}" ]; then
-    run none PYTHONPATH="$BASE/src"
+if [[ " $parts " == *" levels "* ]]; then
+    : > "$out/load.txt"
+    if [ -n "${BASE:-}" ]; then
+        run none PYTHONPATH="$BASE/src"
+    fi
+    for level in headers mac encrypt; do
+        run "$level" TENSORCOMM_LINK_PROTECTION="$level"
+    done
 fi
-for level in headers mac encrypt; do
-    run "$level" TENSORCOMM_LINK_PROTECTION="$level"
-done
+if [[ " $parts " == *" ab "* && -n "${BASE:-}" ]]; then
+    : > "$out/ab_64k.txt"
+    for round in 1 2 3; do
+        for name in none headers; do
+            echo "== $name, round $round: $(uptime)" | tee -a "$out/load.txt" "$out/ab_64k.txt"
+            if [ "$name" = none ]; then where="$BASE/src"; else where="$PYTHONPATH"; fi
+            PYTHONPATH="$where" TENSORCOMM_TRANSPORT=tcp python -m tensorcomm bench all_reduce -n 2 \
+                -b 64K -e 64K -d float32 --compare gloo --rounds 2 | grep -E "^ +65536 .* (tensorcomm|gloo) " \
+                | tee -a "$out/ab_64k.txt"
+        done
+    done
+fi
+if [[ " $parts " != *" cpu "* ]]; then
+    exit 0
+fi
 # The CPU cost of sealing alone (one process, no sockets): seal + open one frame per level and
 # size, best of 5 (so less sensitive to the load than the all_reduce runs above).
 echo "== sealing cpu: $(uptime)" | tee -a "$out/load.txt"
