@@ -21,6 +21,7 @@ from .errors import (
     ConcurrentUseError,
     ExcludedError,
     GroupAbortedError,
+    LinkAuthenticationError,
     PeerLostError,
     RendezvousError,
 )
@@ -86,5 +87,5 @@ __all__ = [
     # errors
     "CommError", "CommTimeoutError", "PeerLostError", "CollectiveMismatchError",
     "GroupAbortedError", "ExcludedError", "ConcurrentUseError", "RendezvousError",
-    "AuthenticationError", "ArgumentMismatchError",
+    "AuthenticationError", "LinkAuthenticationError", "ArgumentMismatchError",
 ]

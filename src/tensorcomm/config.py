@@ -23,6 +23,7 @@ ENV_BACKEND = "TENSORCOMM_BACKEND"  # what carries messages between ranks: a nam
 ENV_WIRE_DTYPE = "TENSORCOMM_WIRE_DTYPE"  # "bfloat16"/"float16": float32 sums travel compressed
 ENV_HIERARCHY = "TENSORCOMM_HIERARCHY"  # "off": groups that span hosts run flat (no host sub-teams)
 ENV_ALGORITHMS = "TENSORCOMM_ALGORITHMS"  # "all_reduce=ring,barrier=dissemination": force rows
+ENV_LINK_PROTECTION = "TENSORCOMM_LINK_PROTECTION"  # how much of each TCP frame is sealed: LINK_PROTECTIONS
 
 # Every TENSORCOMM_* variable tensorcomm reads or writes, the launcher's and the benchmark's too;
 # docs/env.md documents the same names (a test checks). Any other is taken for a misspelling and
@@ -52,6 +53,7 @@ TCP_CHUNK_BYTES = 1 << 20
 # Largest scratch buffer a transport keeps for its algorithms' next call (Transport.scratch).
 SCRATCH_KEEP_BYTES = 512 << 20
 WIRE_DTYPES = ("bfloat16", "float16")  # what ENV_WIRE_DTYPE accepts
+LINK_PROTECTIONS = ("headers", "mac", "encrypt")  # what ENV_LINK_PROTECTION accepts, weakest first
 # Longest timeout accepted anywhere (about 31 years): longer ones overflow the platform's timers.
 MAX_TIMEOUT = 1e9
 

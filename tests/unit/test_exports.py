@@ -32,7 +32,7 @@ PUBLIC = {
     "ReduceOp", "PremulSum", "premul_sum", "TransportKind", "Work",
     "CommError", "CommTimeoutError", "PeerLostError", "CollectiveMismatchError",
     "GroupAbortedError", "ExcludedError", "ConcurrentUseError", "RendezvousError",
-    "AuthenticationError", "ArgumentMismatchError",
+    "AuthenticationError", "LinkAuthenticationError", "ArgumentMismatchError",
 }
 
 

@@ -29,12 +29,12 @@ import hmac
 import os
 from typing import Any
 
+from ...config import ENV_LINK_PROTECTION, LINK_PROTECTIONS
 from ...errors import LinkAuthenticationError
 from ...rendezvous.auth import Session
 from . import framing
 
-ENV_LINK_PROTECTION = "TENSORCOMM_LINK_PROTECTION"
-LEVELS = ("headers", "mac", "encrypt")
+LEVELS = LINK_PROTECTIONS
 HEADERS, MAC, ENCRYPT = range(len(LEVELS))
 TAG_BYTES = 16
 HEADER_BYTES = framing.HEADER.size + 2 * TAG_BYTES  # a header and its trailer, as on the wire

@@ -16,6 +16,10 @@ reads in one loop, so a ring of simultaneous large sends never deadlocks and a l
 both ways at once. A send still unwritten at its deadline (the peer stopped reading) fails with
 ``CommTimeoutError`` and closes that link for good, since part of a frame may have gone out.
 
+Every frame is sealed on the way out and checked on the way in (``sealing.py``, keyed by the
+link's handshake): a header that fails its check fails the link at once, a payload that fails
+(``mac``/``encrypt``) fails the receive it was filling, both with ``LinkAuthenticationError``.
+
 Failures spread: a peer's connection closing without a goodbye fails everything pending on it
 (``PeerLostError``), and ``abort_group`` tells every peer that a group is finished, so members
 waiting on someone else learn of a failure at once instead of at their timeout.
