@@ -174,7 +174,7 @@ def nobody_python() -> str:
     pytest.skip("no Python interpreter that user nobody may run")
 
 
-def _start_job(launcher: str, work: Path, port: int) -> list[subprocess.Popen[str]]:
+def _start_job(launcher: str, work: Path, port: int, secret: bool = False) -> list[subprocess.Popen[str]]:
     script = work / "job.py"
     script.write_text(JOB)
     secrets = work / "secrets"
@@ -182,6 +182,8 @@ def _start_job(launcher: str, work: Path, port: int) -> list[subprocess.Popen[st
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("TENSORCOMM_", "MASTER_", "TORCHELASTIC"))}
     env[config.ENV_SECRET_DIR] = str(secrets)  # no TENSORCOMM_SECRET: rank 0 generates one
+    if secret:
+        env[config.ENV_SECRET] = "foreign-store-test-secret"
     if launcher == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
                "127.0.0.1", "--master-port", str(port), str(script), str(work), launcher]
@@ -244,11 +246,12 @@ def test_a_stranger_reading_torchs_store_sees_no_rendezvous_key(launcher: str, t
     assert all(f"rank {r} got {PAYLOAD!r}" in output for r in range(2)), output
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher, secret", [("torchrun", False), ("init_process_group", False),
+                                              ("torchrun", True)])
 def test_a_stranger_rewriting_an_address_in_torchs_store_redirects_nobody(
-        launcher: str, tmp_path: Path, nobody_python: str) -> None:
+        launcher: str, secret: bool, tmp_path: Path, nobody_python: str) -> None:
     port = free_port()
-    procs = _start_job(launcher, tmp_path, port)
+    procs = _start_job(launcher, tmp_path, port, secret)
     stranger = _stranger(nobody_python, port, "tamper")
     try:
         assert stranger.stdout is not None
