@@ -289,3 +289,16 @@ def test_a_stranger_cannot_make_a_group_give_up_shared_memory(launcher: str, tmp
         output = _finish(procs, tmp_path)
         stranger.communicate("", timeout=30)
     assert all(_got(output, rank, "SHM") for rank in range(2)), output
+
+
+def test_only_torch_stores_over_tensorcomms_own_are_trusted() -> None:
+    import torch.distributed as dist
+
+    from tensorcomm.rendezvous import HashStore
+    from tensorcomm.rendezvous.discovery import discover
+    from tensorcomm.rendezvous.torch_store import TorchStore
+    from tensorcomm.torch import _TorchOverTcStore
+
+    over_ours = _TorchOverTcStore(HashStore(), "127.0.0.1", 1)  # torch's env:// under tensorcomm run
+    assert not TorchStore(dist.PrefixStore("default_pg", over_ours), 5, discover({})).foreign
+    assert TorchStore(dist.PrefixStore("default_pg", dist.HashStore()), 5, discover({})).foreign

@@ -119,7 +119,8 @@ def _all_arrived(scheme: str, client: TCPStore, foreign: Store, rank: int, world
         if foreign.check([REFUSED_KEY]):
             kind, _, why = foreign.get(REFUSED_KEY).decode("utf-8", "replace")[:400].partition("\n")
             error = AuthenticationError if kind == "tampered" else RendezvousError
-            raise error(f"{scheme}: rank {rank}: the job does not start: {why}")
+            raise error(f"{scheme}: rank {rank}: the job does not start: the store (which others may "
+                        f"write to) says another rank refused: {why!r}")
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             arrived = client.get(ARRIVED_KEY) if client.check([ARRIVED_KEY]) else b"0"
