@@ -73,6 +73,7 @@ def own_store(scheme: str, foreign: Store, key_prefix: str, generation: int, ran
         else:
             host, port = _verified(scheme, foreign, full_key, generation, rank, secret, deadline)
             client = TCPStore(host, port, secret, max(deadline - time.monotonic(), 0.01))
+            client.timeout = timeout  # connecting had what was left; later requests get the whole
         try:
             _all_arrived(scheme, client, foreign, rank, world_size, deadline, timeout)
         except BaseException:
