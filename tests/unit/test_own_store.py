@@ -16,7 +16,7 @@ import pytest
 from tensorcomm.errors import AuthenticationError, RendezvousError
 from tensorcomm.rendezvous import HashStore, PrefixStore, Rendezvous, TCPStore
 from tensorcomm.rendezvous.init_method import from_store
-from tensorcomm.rendezvous.own_store import ADDRESS_KEY, own_store
+from tensorcomm.rendezvous.own_store import ADDRESS_KEY, REFUSED_KEY, own_store
 
 SECRET = b"own-store-test-secret"
 
@@ -119,3 +119,15 @@ def test_an_announcement_replayed_elsewhere_is_refused(where: str) -> None:
 def test_rank_0_that_never_announces_is_a_rendezvous_error() -> None:
     with pytest.raises(RendezvousError, match="did not announce"):
         own_store("store", ForeignStore(), "tensorcomm/0", 0, 1, 2, SECRET, 0.2)
+
+
+def test_a_rank_that_cannot_reach_the_own_store_stops_the_others_too() -> None:
+    recorded = ForeignStore()
+    scoped = PrefixStore("tensorcomm/0", recorded)
+    own, server = own_store("store", scoped, "tensorcomm/0", 0, 0, 1, SECRET, 10.0)
+    own.close()
+    assert server is not None
+    server.close()  # the announcement is genuine, but nobody serves there any more
+    with pytest.raises(RendezvousError):
+        own_store("store", scoped, "tensorcomm/0", 0, 1, 2, SECRET, 0.5)
+    assert scoped.check([REFUSED_KEY]) and b"rank 1 cannot use" in scoped.get(REFUSED_KEY)
