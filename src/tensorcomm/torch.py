@@ -22,7 +22,8 @@ The job secret is ``TENSORCOMM_SECRET`` when set (``tensorcomm run`` sets it). O
 makes one and hands it to the other ranks through a private file on this host
 (``rendezvous.init_method.secret_via_store``): never through torch's store, which any local user
 can read (torch's TCPStore does not authenticate its clients). Ranks on several hosts need
-``TENSORCOMM_SECRET``.
+``TENSORCOMM_SECRET``. For the same reason tensorcomm's rendezvous keys go to a store rank 0
+serves, announced in torch's with a MAC (``rendezvous.own_store``).
 """
 
 from __future__ import annotations

@@ -5,10 +5,11 @@ Owns the protocol below. Imports ``errors`` only (the world and its store, trans
 shared-memory set-up are handed in); ``core/group.py`` turns the agreement into a ``Group``.
 
 The survivors agree through the world's store, which must outlive the ranks that fail (the
-launcher's, torchrun's, or one passed to ``init(store=...)``; a store rank 0 hosts dies with
-it). Every decision is one ``compare_set`` on a key nobody has set yet: the first value wins,
-whoever wrote it, so every survivor reads the same decisions, and a rank that comes back after
-them (one that was stopped, say) reads them too and learns that it was left out.
+launcher's, or one passed to ``init(store=...)``; a store rank 0 hosts dies with it, as does the
+one it hosts beside a torch store, ``rendezvous.own_store``). Every decision is one
+``compare_set`` on a key nobody has set yet: the first value wins, whoever wrote it, so every
+survivor reads the same decisions, and a rank that comes back after them (one that was stopped,
+say) reads them too and learns that it was left out.
 
 Keys, under ``shrink/<group id>/<n>/`` for the n-th shrink of that group::
 
@@ -96,8 +97,8 @@ def agree(world: World, group_id: int, n: int, members: Sequence[int], name: str
         raise RendezvousError(
             f"group {name!r}: shrink() lost the store ({exc}). The survivors agree through it, so "
             "it must outlive the ranks that fail: a store rank 0 hosts (env:// or tcp:// without a "
-            "launcher) dies with rank 0; run under `tensorcomm run --keep-going` or torchrun, or "
-            "pass init(store=...)") from exc
+            "launcher, or beside torch's store) dies with rank 0; run under `tensorcomm run "
+            "--keep-going`, or pass init(store=...) a tensorcomm store that outlives the ranks") from exc
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:

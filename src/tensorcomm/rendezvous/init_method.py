@@ -3,8 +3,9 @@
 Owns :func:`rendezvous`, the registry of schemes (``env://``, ``tcp://host:port``,
 ``file:///path``; more via :func:`register_scheme`) and the choice of job secret. It connects
 every rank to one store and starts the store server on rank 0 when nobody else serves it; it does
-no barrier or rank counting, which belongs to the core. Errors name their scheme, as
-``"tcp://: ..."``. Imports the rest of ``rendezvous``, ``config`` and ``errors``.
+no barrier or rank counting, which belongs to the core, except that on a store tensorcomm does
+not own (torch's) the ranks move to one rank 0 serves (``own_store``) before they return.
+Errors name their scheme, as ``"tcp://: ..."``. Imports the rest of ``rendezvous``, ``config`` and ``errors``.
 
 The job secret (what it protects: docs/security.md) is ``TENSORCOMM_SECRET`` when set. Otherwise
 each job makes a fresh one; no job ever runs on a key a stranger can know:
@@ -18,7 +19,8 @@ each job makes a fresh one; no job ever runs on a key a stranger can know:
   this user (``FileStore`` refuses any other);
 - a store strangers can read (torch's, under torchrun: :func:`secret_via_store`): rank 0 writes
   the secret to a private file with a random name and puts only that name, a fingerprint and its
-  host in the store; a rank on another host, which cannot read the file, is refused at once;
+  host in the store; a rank on another host, which cannot read the file, is refused at once (and
+  so is every rank: ``own_store.refuse``);
 - any other store address: a RendezvousError that says how to set a secret.
 """
 

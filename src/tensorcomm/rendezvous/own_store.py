@@ -72,7 +72,13 @@ def own_store(scheme: str, foreign: Store, key_prefix: str, generation: int, ran
             client = TCPStore(server.host, server.port, secret, timeout)
         else:
             host, port = _verified(scheme, foreign, full_key, generation, rank, secret, deadline)
-            client = TCPStore(host, port, secret, max(deadline - time.monotonic(), 0.01))
+            try:
+                client = TCPStore(host, port, secret, max(deadline - time.monotonic(), 0.01))
+            except (AuthenticationError, RendezvousError) as exc:
+                refuse(foreign, f"rank {rank} cannot use tensorcomm's own store at {host}:{port}: {exc}",
+                       tampered=isinstance(exc, AuthenticationError))
+                raise
+            client.timeout = timeout  # connecting had what was left; later requests get the whole
         try:
             _all_arrived(scheme, client, foreign, rank, world_size, deadline, timeout)
         except BaseException:
@@ -98,8 +104,9 @@ def _verified(scheme: str, foreign: Store, full_key: str, generation: int, rank:
     if not (hmac.compare_digest(mac.encode(), _mac(secret, full_key, generation, address).encode()) and host
             and port.isdigit() and 0 < int(port) < 65536):
         why = (f"rank {rank} refused the announcement of tensorcomm's own store under {full_key!r}: "
-               f"it was tampered with (its MAC does not match the job secret); someone else can "
-               f"write to this store, and the job does not start")
+               f"it was tampered with (its MAC does not match this rank's job secret: someone else "
+               f"can write to this store, unless this rank's secret differs from rank 0's), and the "
+               f"job does not start")
         refuse(foreign, why, tampered=True)
         raise AuthenticationError(f"{scheme}: {why}")
     return host.strip("[]"), int(port)
@@ -119,7 +126,8 @@ def _all_arrived(scheme: str, client: TCPStore, foreign: Store, rank: int, world
         if foreign.check([REFUSED_KEY]):
             kind, _, why = foreign.get(REFUSED_KEY).decode("utf-8", "replace")[:400].partition("\n")
             error = AuthenticationError if kind == "tampered" else RendezvousError
-            raise error(f"{scheme}: rank {rank}: the job does not start: {why}")
+            raise error(f"{scheme}: rank {rank}: the job does not start: the store (which others may "
+                        f"write to) says another rank refused: {why!r}")
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             arrived = client.get(ARRIVED_KEY) if client.check([ARRIVED_KEY]) else b"0"
