@@ -58,7 +58,7 @@ def _unwrap(value: Any) -> Any:
     return value
 
 
-def _seconds(timeout: datetime.timedelta | None) -> float | None:
+def timeout_seconds(timeout: datetime.timedelta | None) -> float | None:
     # torch encodes "no timeout" as a zero or negative duration.
     if timeout is None or timeout.total_seconds() <= 0:
         return None
@@ -113,7 +113,7 @@ class TensorcommWork(dist._Work):
         super().__init__()
         self._work = work
         self._future = TensorcommFuture(work)
-        outputs = list(result)
+        outputs = self._outputs = list(result)
         if work is None:
             self._future.set_result(outputs)
             return
@@ -133,7 +133,7 @@ class TensorcommWork(dist._Work):
             CommError: the call failed.
         """
         if self._work is not None:
-            self._work.wait(_seconds(timeout))
+            self._work.wait(timeout_seconds(timeout))
         return True
 
     def is_completed(self) -> bool:
@@ -147,6 +147,11 @@ class TensorcommWork(dist._Work):
     def exception(self) -> BaseException | None:
         """The call's error once it has failed, else None."""
         return None if self._work is None else self._work.exception()
+
+    def result(self) -> list[torch.Tensor]:
+        """The call's output tensors, once it has finished (waits; raises its error)."""
+        self.wait()
+        return list(self._outputs)
 
     def get_future(self) -> torch.futures.Future[Any]:
         """A future whose value is the list of output tensors (reading it raises a failure)."""

@@ -62,6 +62,18 @@ def rank(value: Any, argument: str, fn: str, in_group: Group) -> int:
     return in_group.group_rank(global_rank)
 
 
+def root(value: Any, group_value: Any, argument: str, fn: str, in_group: Group) -> int:
+    """The group rank of a rooted call's root: ``group_value`` (``group_src``/``group_dst``, a
+    group rank, checked against the size) when given, else the global rank ``value``."""
+    if group_value is None:
+        return rank(value, argument, fn, in_group)
+    checked = integer(group_value, f"group_{argument}", fn)
+    if not 0 <= checked < in_group.size:
+        raise ValueError(f"{fn}: group_{argument}={checked} is out of range for group "
+                         f"{in_group.name!r} of size {in_group.size}")
+    return checked
+
+
 def tag(value: Any, fn: str) -> int:
     """A user message tag in ``0 .. 2**31-1``."""
     checked = integer(value, "tag", fn)
