@@ -13,10 +13,13 @@ no MkDocs.
 
 from __future__ import annotations
 
+import ast
+import inspect
 import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,6 +103,33 @@ def test_every_public_name_is_on_the_api_page() -> None:
                if f"::: tensorcomm.{name}\n" not in page and f"`{name}`" not in page
                and f"`tensorcomm.{name}" not in page]
     assert missing == []
+
+
+def test_the_api_reference_shows_no_private_base() -> None:
+    """A class's bases are listed on its API page unless the page sets ``show_bases: false``."""
+    import importlib
+
+    shown = []
+    for page in (DOCS / "api").glob("*.md"):
+        text = page.read_text()
+        if "show_bases: false" not in text:
+            shown += re.findall(r"^::: ([\w.]+)$", text, flags=re.MULTILINE)
+    private = []
+    for name in shown:
+        module, _, attribute = name.rpartition(".")
+        try:
+            target = importlib.import_module(name)
+        except ImportError:
+            target = getattr(importlib.import_module(module), attribute, None) if module else None
+        if target is None:
+            continue  # an optional dependency (Ray) is missing
+        members = [getattr(target, n) for n in getattr(target, "__all__", [])] or [target]
+        for cls in members:
+            if isinstance(cls, type):  # the bases as the source spells them, which the site shows
+                tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+                bases = [ast.unparse(b) for b in tree.body[0].bases]
+                private += [f"{cls.__qualname__}({b})" for b in bases if b.split(".")[-1].startswith("_")]
+    assert private == []
 
 
 def test_every_public_module_has_an_api_page() -> None:

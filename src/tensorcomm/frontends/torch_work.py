@@ -101,7 +101,7 @@ class TensorcommFuture(torch.futures.Future[Any]):
         super().add_done_callback(callback)
 
 
-class TensorcommWork(dist._Work):
+class TensorcommWork(dist.Work):
     """torch's ``Work`` over a tensorcomm ``Work``; the future's value is ``result``.
 
     Args:
