@@ -550,7 +550,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         if self._group.rank not in ranks:
             return None
         members = [self._group.global_rank(r) for r in ranks]
-        child = ProcessGroupTensorcomm(self._group.world.new_group(members))
+        child = ProcessGroupTensorcomm(self._group._world.new_group(members))
         child.setGroupName(group_name or "")
         child.setGroupDesc(group_desc or "")
         return child

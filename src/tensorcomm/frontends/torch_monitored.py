@@ -33,7 +33,7 @@ def monitored_barrier(group: Group, timeout: float | None, wait_all_ranks: bool)
     Raises:
         RuntimeError: a member did not arrive (rank 0), or rank 0 did not release this member.
     """
-    seconds = group.world.timeout if timeout is None else timeout
+    seconds = group._world.timeout if timeout is None else timeout
     deadline = time.monotonic() + seconds
     if group.rank != 0:
         root = group.global_rank(0)
