@@ -73,7 +73,7 @@ def default_dir() -> str:
         if not _own_directory(parent, euid):
             return DEFAULT_DIR.format(uid=euid)
         parent = os.path.join(parent, part)
-        with contextlib.suppress(FileExistsError, OSError):
+        with contextlib.suppress(OSError):  # exists already, or cannot be made: checked next
             os.mkdir(parent, 0o700)
     if not _own_directory(parent, euid) or not os.access(parent, os.W_OK):
         return DEFAULT_DIR.format(uid=euid)
