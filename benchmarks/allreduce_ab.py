@@ -44,7 +44,7 @@ def _caller(variant: str, x: np.ndarray, port: int) -> Callable[[], object]:
         algorithms.pop("all_reduce", None)
     else:
         algorithms["all_reduce"] = variant
-    WORLD.plans.clear()  # every call shape picks its row again
+    WORLD._plans.clear()  # every call shape picks its row again
     return lambda: tc.all_reduce(x)
 
 

@@ -41,6 +41,5 @@ if __name__ == "__main__":
     ray.init(num_cpus=2, include_dashboard=False)
     trainer = TorchTrainer(train, scaling_config=ScalingConfig(num_workers=2),
                            torch_config=TorchConfig(timeout_s=120))
-    result = trainer.fit()
-    print("error:", result.error)
+    trainer.fit()  # raises if training failed
     ray.shutdown()

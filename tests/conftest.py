@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-SPAWNING_DIRS = ("multiprocess", "fault", "frameworks", "mpi", "ray", "elastic", "multihost")
+SPAWNING_DIRS = ("multiprocess", "fault", "frameworks", "mpi", "with_ray", "elastic", "multihost")
 SPAWNING_MARKERS = ("multiprocess", "fault", "multihost")
 DEFAULT_MARKEXPR = "not spawns and not slow"  # addopts in pyproject.toml
 _HERE = Path(__file__).parent

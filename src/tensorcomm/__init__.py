@@ -18,8 +18,10 @@ from .errors import (
     CollectiveMismatchError,
     CommError,
     CommTimeoutError,
+    ConcurrentUseError,
     ExcludedError,
     GroupAbortedError,
+    LinkAuthenticationError,
     PeerLostError,
     RendezvousError,
 )
@@ -84,6 +86,6 @@ __all__ = [
     "ReduceOp", "PremulSum", "premul_sum", "TransportKind", "Work",
     # errors
     "CommError", "CommTimeoutError", "PeerLostError", "CollectiveMismatchError",
-    "GroupAbortedError", "ExcludedError", "RendezvousError", "AuthenticationError",
-    "ArgumentMismatchError",
+    "GroupAbortedError", "ExcludedError", "ConcurrentUseError", "RendezvousError",
+    "AuthenticationError", "LinkAuthenticationError", "ArgumentMismatchError",
 ]

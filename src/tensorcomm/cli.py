@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Protocol
 
+from tensorcomm import __version__
 from tensorcomm.bench import cli as bench_cli
 from tensorcomm.launch import demo as launch_demo
 from tensorcomm.launch import run as launch_run
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``tensorcomm`` parser with every subcommand."""
     parser = argparse.ArgumentParser(
         prog="tensorcomm", description="tensorcomm: collective communication for Python.")
+    parser.add_argument("--version", action="version", version=f"tensorcomm {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, subcommand in SUBCOMMANDS.items():
         sub = commands.add_parser(name, help=subcommand.HELP)

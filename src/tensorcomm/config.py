@@ -23,6 +23,19 @@ ENV_BACKEND = "TENSORCOMM_BACKEND"  # what carries messages between ranks: a nam
 ENV_WIRE_DTYPE = "TENSORCOMM_WIRE_DTYPE"  # "bfloat16"/"float16": float32 sums travel compressed
 ENV_HIERARCHY = "TENSORCOMM_HIERARCHY"  # "off": groups that span hosts run flat (no host sub-teams)
 ENV_ALGORITHMS = "TENSORCOMM_ALGORITHMS"  # "all_reduce=ring,barrier=dissemination": force rows
+ENV_LINK_PROTECTION = "TENSORCOMM_LINK_PROTECTION"  # how much of each TCP frame is sealed: LINK_PROTECTIONS
+
+# Every TENSORCOMM_* variable tensorcomm reads or writes, the launcher's and the benchmark's too;
+# docs/env.md documents the same names (a test checks). Any other is taken for a misspelling and
+# warned about once, naming the closest of these (rendezvous.discovery).
+KNOWN_ENV_VARS = (
+    ENV_SECRET, ENV_SECRET_DIR, ENV_STORE_HOSTED, ENV_HOST_ID, ENV_TIMEOUT, ENV_TRANSPORT,
+    ENV_BACKEND, ENV_WIRE_DTYPE, ENV_HIERARCHY, ENV_ALGORITHMS,
+    "TENSORCOMM_LINK_PROTECTION",  # transports/tcp: what a link's frames are sealed with
+    "TENSORCOMM_NPROCS", "TENSORCOMM_NNODES", "TENSORCOMM_NODE_RANK", "TENSORCOMM_MASTER",
+    "TENSORCOMM_JOB_TIMEOUT",  # read by the launcher only (launch/env.py)
+    "TENSORCOMM_BENCH_TOKEN",  # written by `tensorcomm bench` for its workers (bench/control.py)
+)
 
 # init(backend=...): "tensorcomm" is its own TCP mesh (plus shared memory within a host); "mpi"
 # is MPI point-to-point through mpi4py (plus the same shared memory), for a cluster's fabric.
@@ -40,10 +53,12 @@ TCP_CHUNK_BYTES = 1 << 20
 # Largest scratch buffer a transport keeps for its algorithms' next call (Transport.scratch).
 SCRATCH_KEEP_BYTES = 512 << 20
 WIRE_DTYPES = ("bfloat16", "float16")  # what ENV_WIRE_DTYPE accepts
+LINK_PROTECTIONS = ("headers", "mac", "encrypt")  # what ENV_LINK_PROTECTION accepts, weakest first
 # Longest timeout accepted anywhere (about 31 years): longer ones overflow the platform's timers.
 MAX_TIMEOUT = 1e9
 
 # --- listeners (store server, TCP mesh, shared-memory descriptor server) ---
 HANDSHAKE_TIMEOUT = 5.0  # seconds an accepted connection has to pass the job-secret challenge
-MAX_PENDING_HANDSHAKES = 64  # connections one listener authenticates at once; more are closed
+MAX_PENDING_HANDSHAKES = 64  # connections one listener authenticates at once; the oldest yields
+MAX_SILENT_CONNECTIONS = 256  # accepted connections not yet spoken, per listener; the oldest yields
 MAX_STORE_CLIENTS = 4096  # connections a store server holds at once (pending ones included)

@@ -12,11 +12,18 @@ job raise a subclass of ``CommError``::
           ├── CollectiveMismatchError ranks called different collectives / shapes / dtypes / ops
           ├── GroupAbortedError       the group was aborted or destroyed while a call was pending
           │    └── ExcludedError      the other members shrank the group without this rank
+          ├── ConcurrentUseError      a group was used from two threads at once (and is aborted)
           ├── RendezvousError         the job could not assemble (store unreachable, rank missing)
           └── AuthenticationError     a connection failed the job-secret challenge
+               └── LinkAuthenticationError  a frame on a data link failed its check (names the
+                                            peer; also a PeerLostError: the link is closed)
 """
 
 from __future__ import annotations
+
+__all__ = ["CommError", "CommTimeoutError", "PeerLostError", "CollectiveMismatchError",
+           "GroupAbortedError", "ExcludedError", "ConcurrentUseError", "RendezvousError",
+           "AuthenticationError", "LinkAuthenticationError", "ArgumentMismatchError"]
 
 
 class CommError(RuntimeError):
@@ -28,10 +35,20 @@ class CommTimeoutError(CommError, TimeoutError):
 
 
 class PeerLostError(CommError):
-    """A peer rank died or its connection closed; ``rank`` is its global rank."""
+    """A peer rank died or its connection closed; ``rank`` is its global rank.
 
-    def __init__(self, rank: int, detail: str = "") -> None:
+    ``left`` is True when the peer said goodbye (it called ``destroy()``), and ``last_step``
+    is the last call step it announced in the group, where the transport can see it.
+    """
+
+    left = False  # also for copies made without __init__ (a transport re-raising a stored error)
+    last_step: int | None = None
+
+    def __init__(self, rank: int, detail: str = "", *, left: bool = False,
+                 last_step: int | None = None) -> None:
         self.rank = rank
+        self.left = left
+        self.last_step = last_step
         message = f"peer rank {rank} was lost"
         super().__init__(f"{message}: {detail}" if detail else message)
 
@@ -49,12 +66,27 @@ class ExcludedError(GroupAbortedError):
     too late, or they had lost their connection to it. It cannot rejoin their group."""
 
 
+class ConcurrentUseError(CommError):
+    """A call was issued on a group from a second thread while the first thread's calls on it
+    were in flight: their order could differ between ranks, so the group is aborted on every
+    member. Use one group per thread, or finish one thread's calls before the next starts."""
+
+
 class RendezvousError(CommError):
     """The job could not be assembled."""
 
 
 class AuthenticationError(CommError):
     """A connection did not prove knowledge of the job secret."""
+
+
+class LinkAuthenticationError(AuthenticationError, PeerLostError):
+    """A frame from peer ``rank`` failed its authentication tag: altered, injected or replayed on
+    the way (see ``transports/tcp/sealing.py``). The link to that peer is closed."""
+
+    def __init__(self, rank: int, detail: str) -> None:
+        self.rank = rank
+        CommError.__init__(self, f"the link to rank {rank} failed authentication: {detail}")
 
 
 class ArgumentMismatchError(TypeError, ValueError):

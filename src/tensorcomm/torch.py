@@ -39,6 +39,7 @@ import torch.distributed as dist
 from .config import MAX_TIMEOUT
 from .core import world as core_world
 from .frontends.torch_backend import BACKEND_NAME, ProcessGroupTensorcomm
+from .frontends.torch_c10d import warn_if_untested
 from .frontends.torch_work import TensorcommWork
 from .rendezvous import PrefixStore, Store, TCPStore, discover, rendezvous
 from .rendezvous.torch_store import TorchStore
@@ -95,6 +96,7 @@ _started_for: tuple[int, ...] | None = None
 def _create(opts: Any, _backend_options: Any) -> ProcessGroupTensorcomm:
     """torch's backend creator (extended API): build the group torch asks for."""
     global _started_for
+    warn_if_untested()
     size, rank = opts.group_size, opts.group_rank
     ranks = tuple(opts.global_ranks_in_group) or tuple(range(size))
     if not core_world.is_initialized():

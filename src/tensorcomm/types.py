@@ -76,6 +76,7 @@ class PremulSum:
 
     @property
     def value(self) -> str:
+        """``"premul_sum(<factor>)"``, as a ``ReduceOp`` member's ``value`` names it."""
         return f"premul_sum({self.factor})"
 
 
@@ -88,7 +89,7 @@ SUPPORTED_DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in (
 
 
 class TransportKind(enum.Enum):
-    """How two ranks exchange bytes."""
+    """How two ranks exchange bytes: ``TCP`` or ``SHM`` (shared memory)."""
 
     TCP = "tcp"
     SHM = "shm"

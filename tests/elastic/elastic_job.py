@@ -78,7 +78,7 @@ def main(out: str, plan: dict) -> None:
             params = history[step].copy()
             shrinks.append({"failed": type(exc).__name__, "resume": step, "ranks": list(group.ranks),
                             "transport": group.transport_kind.name, "seconds": seconds,
-                            "hierarchical": group.team.hier is not None})
+                            "hierarchical": group._member_team().hier is not None})
             continue
         params -= LEARNING_RATE * (grad / group.size)
         step += 1

@@ -52,7 +52,7 @@ def body_fail_inside(collective: str, done_dir: str) -> dict:
     if rank == FAILING:  # the next call of that shape runs out of memory inside the call
         def out_of_memory(*args, **kwargs):
             raise MemoryError("injected")
-        for plan in tc.WORLD._target().plans.values():
+        for plan in tc.WORLD._target()._plans.values():
             plan.run = out_of_memory
     start = time.monotonic()
     try:

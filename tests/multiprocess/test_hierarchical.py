@@ -57,7 +57,7 @@ def body_collectives(layout: str, count: int) -> dict:
     np.testing.assert_array_equal(block, total[r * count:(r + 1) * count])
     digests["reduce_scatter"] = block.tobytes()
     tc.barrier()
-    chosen = {plan.algorithm for plan in tc.WORLD._target().plans.values()}
+    chosen = {plan.algorithm for plan in tc.WORLD._target()._plans.values()}
     tc.destroy()
     return {"digests": digests, "algorithms": chosen}
 
@@ -77,7 +77,7 @@ def body_flat(layout: str) -> set:
     x = np.ones(8, np.float32)
     tc.all_reduce(x)
     assert x[0] == tc.get_world_size()
-    chosen = {plan.algorithm for plan in tc.WORLD._target().plans.values()}
+    chosen = {plan.algorithm for plan in tc.WORLD._target()._plans.values()}
     tc.destroy()
     return chosen
 
@@ -104,7 +104,7 @@ def body_subgroup_and_failure(layout: str) -> str:
     if r == 3:  # a local failure inside a hierarchical call ends it on every member
         def out_of_memory(*args):
             raise MemoryError("injected")
-        for plan in tc.WORLD._target().plans.values():
+        for plan in tc.WORLD._target()._plans.values():
             plan.run = out_of_memory
     try:
         tc.all_reduce(np.ones(4, np.float32))

@@ -15,9 +15,10 @@ import pytest
 
 from tensorcomm import cli
 from tensorcomm.bench import check, options, peers, report, runner, timing
+from tensorcomm.bench import cli as bench_cli
 from tensorcomm.bench.control import ControlClient, JobChannel, JobFailed
 from tensorcomm.bench.formulas import COLLECTIVES, algbw, busbw, element_count
-from tensorcomm.bench.peers.base import Task
+from tensorcomm.bench.peers.base import Task, Unsupported, ping_pong
 from tensorcomm.bench.results import Row, make_row, ratios
 from tensorcomm.launch.env import LaunchConfigError
 
@@ -85,7 +86,7 @@ def test_size_sweep():
 
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4, 8])
 def test_bus_factors_are_nccl_tests(ranks):
-    expected = {"all_reduce": 2 * (ranks - 1) / ranks, "broadcast": 1.0, "reduce": 1.0}
+    expected = {"all_reduce": 2 * (ranks - 1) / ranks, "broadcast": 1.0, "reduce": 1.0, "send_recv": 1.0}
     for name in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
         expected[name] = (ranks - 1) / ranks
     assert {n: c.bus_factor(ranks) for n, c in COLLECTIVES.items()} == pytest.approx(expected)
@@ -123,8 +124,10 @@ def _simulate(collective: str, op: str, inputs: list[np.ndarray], rank: int,
         if collective == "reduce_scatter":
             return total[rank * block:(rank + 1) * block]
         return total if collective == "all_reduce" or rank == 0 else inputs[rank]
-    if collective == "broadcast":
-        return inputs[0]
+    if collective == "broadcast" or (collective == "send_recv" and rank < 2):
+        return inputs[0]  # send_recv: rank 0's buffer came back, rank 1 received it
+    if collective == "send_recv":
+        return inputs[rank]  # idle
     if collective == "all_to_all":
         return np.concatenate([x[rank * block:(rank + 1) * block] for x in inputs])
     if collective == "scatter":
@@ -145,7 +148,8 @@ def test_check_accepts_right_and_counts_wrong(collective, ranks, dtype):
         for rank in range(ranks):
             result = _simulate(collective, op, inputs, rank, ranks)
             assert check.count_wrong(*args, rank, result.copy()) == 0, (op, rank)
-            checked = not (collective in ("reduce", "gather") and rank != 0)
+            checked = not ((collective in ("reduce", "gather") and rank != 0)
+                           or (collective == "send_recv" and rank >= 2))
             if checked:
                 broken = result.copy()
                 broken[::3] = 99  # 99 is in no pattern, nor any reduction of patterns
@@ -306,6 +310,54 @@ def test_csv_and_json_shapes(tmp_path):
                                    "tensorcomm_speedup": pytest.approx(2.0)}]
 
 
+@pytest.mark.parametrize("load, cores, warns", [([0.5, 0.4, 0.3], 2, False), ([8.1, 6.0, 5.0], 2, True),
+                                               ([2.0, 2.0, 2.0], 2, False)])
+def test_header_shows_the_load_and_warns_above_the_cores(load, cores, warns):
+    lines = report.load_lines({"load": load, "usable_cores": cores})
+    assert lines[0].startswith(f"# load: {load[0]:.2f} (1 min)") and f"on {cores} usable cores" in lines[0]
+    assert (len(lines) == 2 and "WARNING: the load" in lines[1]) == warns
+    assert report.load_lines({"load": None, "usable_cores": 2}) == ["# load: unknown"]
+    machine = report.machine_info({}, {"tensorcomm": "tensorcomm 0"})
+    assert any(line.startswith("# load: ") for line in report.header(_options(), 2, machine))
+
+
+def test_missing_dependencies_are_refused_before_the_sweep(monkeypatch, capsys):
+    real = bench_cli.importlib.util.find_spec
+    monkeypatch.setattr(bench_cli.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    monkeypatch.setattr(peers, "missing", lambda name: f"skipped: {name}'s library not installed (how)")
+    monkeypatch.setattr(runner, "start_jobs", lambda *a, **k: pytest.fail("the sweep started"))
+    assert cli.main(["bench", "-n", "2", "--plot", "x.png"]) == 2
+    assert "--plot needs matplotlib" in capsys.readouterr().err
+    assert cli.main(["bench", "-n", "2", "--compare", "gloo"]) == 2
+    assert "--compare gloo: gloo's library not installed (how)" in capsys.readouterr().err
+    bench_cli.check_dependencies(_options("--compare", "all"))  # all: the missing are skipped
+
+
+def test_plot_draws_min_max_bands(tmp_path):
+    pytest.importorskip("matplotlib")
+    from tensorcomm.bench.plot import plot
+
+    plot(_rows(), str(tmp_path / "p.png"), "title")
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_send_recv_rows_are_one_way():
+    task = Task("send_recv", 256, "float32", "sum")
+    row = make_row(task, "tensorcomm", 2, 4, [{"batch_times": [2e-4, 4e-4, 6e-4], "iters": 3,
+                                                "warmup": 1, "wrong": 0}])
+    assert (row.time_us, row.min_us, row.max_us) == pytest.approx((200.0, 100.0, 300.0))
+    assert row.algbw == row.busbw == pytest.approx(1024 / 200e-6 / 1e9)
+    assert check.layout("send_recv", 256, 3, 2) == (256, None)
+    ones = np.resize(check.fill_input("send_recv", "sum", np.dtype(np.float32), 16, 2, 0), 16)
+    assert check.count_wrong("send_recv", "sum", np.dtype(np.float32), 16, 2, 1, ones) == 0
+
+
+def test_send_recv_needs_two_ranks():
+    with pytest.raises(Unsupported, match="2 ranks"):
+        ping_pong(0, 1, print, print)
+
+
 def test_table_lines(capsys):
     import sys as _sys
     writer = report.TableWriter(_sys.stdout)
@@ -349,6 +401,20 @@ def test_small_run_with_two_ranks_is_correct(tmp_path):
 
 
 @pytest.mark.multiprocess
+def test_send_recv_in_osu_columns():
+    done = _bench("bench", "send_recv", "-n", "3", "-b", "8", "-e", "64K", "-f", "64", "--iters", "3",
+                  "-w", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert report.OSU_NOTE in lines and "# tensorcomm: wrong elements 0 (OK)" in done.stdout
+    assert lines[lines.index(report.OSU_NOTE) + 1].split() == [
+        "#", "size(B)", "type", "library", "latency(us)", "min(us)", "max(us)", "bandwidth(MB/s)",
+        "#wrong", "tc/peer"]
+    rows = [line.split() for line in lines if " tensorcomm " in line and not line.startswith("#")]
+    assert [int(r[0]) for r in rows] == [8, 512, 32768] and all(r[7] == "0" for r in rows)
+
+
+@pytest.mark.multiprocess
 def test_in_process_under_tensorcomm_run():
     done = _bench("run", "-n", "2", "--timeout", str(CLI_TIMEOUT - 10), "-m", "tensorcomm",
                   "bench", "-b", "64", "-e", "64", "--iters", "2", "-w", "0", "-d", "int32",
@@ -365,7 +431,7 @@ def test_peers_agree_with_numpy():
     installed = [p for p in ("gloo", "mpi") if peers.missing(p) is None]
     if not installed:
         pytest.skip("neither torch nor mpi4py is installed")
-    done = _bench("bench", "all_reduce", "all_to_all", "gather", "-n", "2", "-b", "8",
+    done = _bench("bench", "all_reduce", "all_to_all", "gather", "send_recv", "-n", "2", "-b", "8",
                   "-e", "1K", "-f", "128", "--iters", "2", "-w", "1", "--compare",
                   ",".join(installed))
     assert done.returncode == 0, done.stdout + done.stderr

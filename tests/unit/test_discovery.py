@@ -66,8 +66,8 @@ def test_tensorcomm_variables() -> None:
 def test_secret_directory_prefers_tensorcomm_then_xdg() -> None:
     both = {"TENSORCOMM_SECRET_DIR": "/run/mine", "XDG_RUNTIME_DIR": "/run/user/7"}
     assert discover(both).secret_dir == "/run/mine"
-    assert discover({"XDG_RUNTIME_DIR": "/run/user/7"}).secret_dir == "/run/user/7"
-    assert discover({"XDG_RUNTIME_DIR": ""}).secret_dir is None  # the /tmp default
+    assert discover({"XDG_RUNTIME_DIR": "/run/user/7"}).secret_dir == "/run/user/7/tensorcomm"
+    assert discover({"XDG_RUNTIME_DIR": ""}).secret_dir is None  # ~/.cache/tensorcomm, else /tmp
     with pytest.raises(ValueError, match="TENSORCOMM_SECRET_DIR"):
         discover({"TENSORCOMM_SECRET_DIR": " "})
 

@@ -15,7 +15,7 @@ import pytest
 
 from tensorcomm.errors import AuthenticationError, RendezvousError
 from tensorcomm.rendezvous import Rendezvous, TCPStoreServer, register_scheme, rendezvous
-from tensorcomm.rendezvous.private import SecretDir
+from tensorcomm.rendezvous.private import SecretDir, default_dir
 from tensorcomm.testing import free_port
 
 
@@ -185,7 +185,7 @@ def test_loopback_hosts_generate_a_fresh_secret(host: str, private_env: dict[str
 
 def test_the_default_secret_directory_is_private_to_this_user() -> None:
     directory = SecretDir(None)
-    assert directory.path == f"/tmp/tensorcomm-{os.geteuid()}"
+    assert directory.path == default_dir()  # ~/.cache/tensorcomm, else /tmp/tensorcomm-<uid>
     info = os.lstat(directory.path)
     assert stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid()
     assert stat.S_IMODE(info.st_mode) & 0o077 == 0

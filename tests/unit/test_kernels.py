@@ -64,7 +64,7 @@ def test_every_op_and_dtype(op, dtype):
     kernels.check_op_dtype(op, dtype)
     base, acc = kernels.prepare(op, arrays[0])
     for other in arrays[1:]:
-        kernels.reduce_into(base, acc, kernels.prepare(op, other)[1])
+        kernels.combine(base, acc, kernels.prepare(op, other)[1], acc)
     out = np.empty_like(arrays[0])
     kernels.finish(op, acc, out, len(arrays))
 
@@ -90,13 +90,13 @@ def test_bool_follows_numpy_semantics():
     for op, expected in [(ReduceOp.SUM, a | b), (ReduceOp.PROD, a & b), (ReduceOp.MIN, a & b),
                          (ReduceOp.MAX, a | b), (ReduceOp.BXOR, a ^ b)]:
         acc = a.copy()
-        kernels.reduce_into(op, acc, b)
+        kernels.combine(op, acc, b, acc)
         assert acc.dtype == BOOL and np.array_equal(acc, expected), op
 
 
 def test_integer_sum_wraps_like_numpy():
     acc = np.array([127], dtype=np.int8)
-    kernels.reduce_into(ReduceOp.SUM, acc, np.array([1], dtype=np.int8))
+    kernels.combine(ReduceOp.SUM, acc, np.array([1], dtype=np.int8), acc)
     assert acc[0] == -128
 
 
@@ -111,9 +111,9 @@ def test_combine_keeps_operand_order():
 
 
 @pytest.mark.parametrize("op", [ReduceOp.AVG, ReduceOp.PREMUL_SUM], ids=op_id)
-def test_reduce_into_refuses_unprepared_ops(op):
+def test_combine_refuses_unprepared_ops(op):
     with pytest.raises(ValueError, match="prepare"):
-        kernels.reduce_into(op, np.zeros(2), np.zeros(2))
+        kernels.combine(op, np.zeros(2), np.zeros(2), np.zeros(2))
 
 
 @pytest.mark.parametrize("op, dtype, words", [
@@ -178,7 +178,7 @@ def test_prepare_premultiplies_in_the_accumulation_dtype():
 def test_finish_divides_avg_and_writes_any_shape():
     op, work = kernels.prepare(ReduceOp.AVG, np.full((2, 3), 6.0, dtype=np.float16))
     assert op is ReduceOp.SUM
-    kernels.reduce_into(op, work, work.copy())
+    kernels.combine(op, work, work.copy(), work)
     out = np.empty((3, 2), dtype=np.float16)
     kernels.finish(ReduceOp.AVG, work, out, 2)
     assert np.array_equal(out, np.full((3, 2), 6.0, dtype=np.float16))
@@ -195,7 +195,7 @@ def test_half_precision_sum_of_1000_ranks_matches_float32_accumulation(dtype):
     contribution = np.full(8, 0.1, dtype=dtype)
     op, acc = kernels.prepare(ReduceOp.SUM, contribution)
     for _ in range(999):
-        kernels.reduce_into(op, acc, kernels.prepare(ReduceOp.SUM, contribution)[1])
+        kernels.combine(op, acc, kernels.prepare(ReduceOp.SUM, contribution)[1], acc)
     out = np.empty_like(contribution)
     kernels.finish(ReduceOp.SUM, acc, out, 1000)
 

@@ -21,11 +21,12 @@ import pytest
 
 from tensorcomm import cli
 from tensorcomm.launch import env, run, spawner
+from tensorcomm.testing import free_port
 
 LAUNCH_TIMEOUT = 20.0  # hard limit of every launcher started here; jobs take well under 2 s
 NODE1_OF_2 = ["--nnodes", "2", "--node-rank", "1", "--master", "127.0.0.1:29999"]
 LAUNCHER_VARS = (env.ENV_NPROCS, env.ENV_NNODES, env.ENV_NODE_RANK, env.ENV_MASTER,
-                 env.ENV_JOB_TIMEOUT, "TENSORCOMM_SECRET")
+                 env.ENV_JOB_TIMEOUT, "TENSORCOMM_SECRET", "MASTER_ADDR", "MASTER_PORT")
 
 
 @pytest.fixture
@@ -139,6 +140,53 @@ def test_every_subcommand_is_on_the_command_line(capsys: pytest.CaptureFixture[s
     for name, subcommand in cli.SUBCOMMANDS.items():
         assert f"{name}  " in out and subcommand.HELP.split()[0] in out
     assert set(cli.SUBCOMMANDS) == {"run", "demo", "bench"}
+
+
+@pytest.mark.parametrize("command, dest", [("run", "nprocs"), ("demo", "nprocs"), ("bench", "ranks")])
+@pytest.mark.parametrize("spelling", [["-n", "3"], ["-n3"], ["-np", "3"], ["--nproc-per-node", "3"],
+                                      ["--nproc_per_node=3"], ["--nproc_per_node", "3"]])
+def test_every_spelling_of_ranks_per_node(command: str, dest: str, spelling: list[str]) -> None:
+    args = cli.build_parser().parse_args([command, *spelling, *(["x.py"] if command == "run" else [])])
+    assert getattr(args, dest) == 3
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import tensorcomm
+
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"tensorcomm {tensorcomm.__version__}"
+
+
+@pytest.mark.parametrize("argv", [["--local-ranks-filter", "0,x", "x.py"],
+                                  ["--local-ranks-filter", "-1", "x.py"],
+                                  ["-n", "2", "--local-ranks-filter", "2", "x.py"],
+                                  ["--master", "h:1", "--master-port", "2", "x.py"],
+                                  ["--master-port", "70000", "x.py"]])
+def test_output_and_master_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", *argv]) == 2
+    assert "usage: tensorcomm run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, environ, master", [
+    ({}, {}, None),
+    ({"master_addr": "h"}, {}, ("h", 0)),
+    ({"master_port": 29500}, {}, ("127.0.0.1", 29500)),
+    ({}, {"MASTER_ADDR": "h", "MASTER_PORT": "29500"}, ("h", 29500)),
+    ({}, {"MASTER_ADDR": "h"}, ("h", 0)),
+    ({}, {"MASTER_ADDR": "h", "MASTER_PORT": "1", env.ENV_MASTER: "t:2"}, ("t", 2)),
+    ({"master_addr": "f"}, {"MASTER_ADDR": "h", "MASTER_PORT": "1"}, ("f", 0)),
+    ({"master": "m:3"}, {"MASTER_ADDR": "h", "MASTER_PORT": "1"}, ("m", 3)),
+])
+def test_master_from_flags_then_tensorcomm_master_then_master_addr(
+        flags: dict[str, object], environ: dict[str, str], master: tuple[str, int] | None) -> None:
+    assert env.resolve_settings(environ, **flags).master == master  # type: ignore[arg-type]
+
+
+def test_exported_master_addr_and_port_serve_two_nodes() -> None:
+    environ = {"MASTER_ADDR": "head", "MASTER_PORT": "29500", "TENSORCOMM_SECRET": "s"}
+    assert env.resolve_settings(environ, nnodes=2, node_rank=1).master == ("head", 29500)
+    with pytest.raises(env.LaunchConfigError, match="MASTER_PORT='p'"):
+        env.resolve_settings({"MASTER_ADDR": "head", "MASTER_PORT": "p"})
 
 
 # --- the environment contract ------------------------------------------------------------------
@@ -304,6 +352,33 @@ def test_run_ranks_calls_cleanup_once_and_relays_to_given_streams(
     captured = capsys.readouterr()
     assert captured.out == "[rank 1] hi\n"
     assert "rank 1 exited with code 4" in captured.err
+
+
+@pytest.mark.spawns
+def test_output_without_prefix_filtered_and_in_log_files(tmp_path: Path) -> None:
+    script = _script(tmp_path, """\
+        import os, sys
+        print("out", os.environ["LOCAL_RANK"])
+        print("err", os.environ["LOCAL_RANK"], file=sys.stderr)
+    """)
+    logs = tmp_path / "logs" / "job"
+    result = _launch("-np", "3", "--no-prefix", "--local_ranks_filter", "0,2", "--log-dir", str(logs),
+                     script)
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == ["out 0", "out 2"]
+    assert "err 0" in result.stderr.splitlines() and "err 1" not in result.stderr
+    for rank in range(3):
+        assert (logs / f"rank{rank}.stdout").read_text() == f"out {rank}\n"
+        assert (logs / f"rank{rank}.stderr").read_text() == f"err {rank}\n"
+
+
+@pytest.mark.spawns
+def test_exported_master_port_is_where_the_store_listens(tmp_path: Path) -> None:
+    port = str(free_port())
+    script = _script(tmp_path, "import os; print(os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'])")
+    result = _launch("-n", "1", script, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"[rank 0] 127.0.0.1 {port}"]
 
 
 # --- failures and signals ----------------------------------------------------------------------

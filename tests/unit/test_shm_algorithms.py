@@ -14,6 +14,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
+from one_off import one_off_ctx  # same directory
 
 from tensorcomm.algorithms import (
     kernels,
@@ -69,12 +70,12 @@ class Group:
 
         def body(rank: int) -> Any:
             d = self.domains[rank]
-            ctx = Ctx(None, range(self.size), rank, group_id=0, seq=seq, timeout=30, name="test",
-                      signature=sig, group_name="test", shm=d)
+            ctx = one_off_ctx(None, range(self.size), rank, group_id=0, seq=seq, timeout=30, name="test",
+                              signature=sig, group_name="test", shm=d)
             try:
                 return fn(ctx)
             except BaseException as exc:
-                d.fail(exc, ctx)  # as Group.run does
+                d.fail(exc, ctx)  # as Group._run does
                 raise
 
         return run_threads(self.size, body)

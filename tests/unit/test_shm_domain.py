@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from one_off import one_off_ctx  # same directory
 
 from tensorcomm.algorithms.base import Ctx
 from tensorcomm.errors import (
@@ -97,8 +98,8 @@ BARRIER = signature("barrier")  # ctx_for's default: a call that moves no data
 
 def ctx_for(domain: ShmDomain, seq: int, sig: Signature = BARRIER,
             timeout: float = 20.0) -> Ctx:
-    return Ctx(None, range(domain.size), domain.rank, group_id=0, seq=seq, timeout=timeout,
-               name="test call", signature=sig, group_name="test", shm=domain)
+    return one_off_ctx(None, range(domain.size), domain.rank, group_id=0, seq=seq, timeout=timeout,
+                       name="test call", signature=sig, group_name="test", shm=domain)
 
 
 def close_all(domains: Sequence[ShmDomain]) -> None:
@@ -169,7 +170,8 @@ def test_a_stranger_without_the_secret_gets_no_segment():
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.connect("\0" + address)
             try:
-                auth.handshake_client(sock, b"wrong secret", 5, arena.PURPOSE)
+                auth.handshake_client(sock, b"wrong secret", 5, arena.PURPOSE, address=address, rank=1,
+                                      target=0)
             except AuthenticationError as exc:
                 result.append(exc)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import struct
@@ -294,7 +295,7 @@ def test_wrong_secret_is_refused_and_server_keeps_serving(server: TCPStoreServer
 
 def authenticated_socket(srv: TCPStoreServer) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", srv.port), timeout=2)
-    handshake_client(sock, SECRET, 2, b"store")
+    handshake_client(sock, SECRET, 2, b"store", address=f"127.0.0.1:{srv.port}")
     return sock
 
 
@@ -402,28 +403,71 @@ def test_closing_either_end_wakes_a_waiting_client(closer: str) -> None:
     srv.close()
 
 
-def test_a_gate_refuses_beyond_its_limit_and_logs_once_per_interval(caplog) -> None:
+def test_a_gate_drops_the_oldest_silent_connection_and_logs_once_per_interval(caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="test.gate")
+    door = gate.Gate("test listener", logging.getLogger("test.gate"), silent_limit=2)
+    pairs = [socket.socketpair() for _ in range(4)]
+    try:
+        assert all(door.admit(ours, f"silent{i}", lambda conn, peer: None)
+                   for i, (ours, _) in enumerate(pairs))
+        for _, theirs in pairs[:2]:  # the two oldest made room
+            theirs.settimeout(2)
+            assert theirs.recv(1) == b""
+        warnings = [r.getMessage() for r in caplog.records]
+        assert warnings == [("test listener: dropped a silent connection from silent0: "
+                             "2 connections were waiting to speak; the oldest was closed")]
+        door.close()
+        for _, theirs in pairs[2:]:  # closing the gate closes the rest
+            theirs.settimeout(2)
+            assert theirs.recv(1) == b""
+        door.join(5)
+    finally:
+        for a, b in pairs:
+            a.close()
+            b.close()
+
+
+def test_a_gate_cuts_off_the_oldest_handshake_for_a_newcomer(monkeypatch, caplog) -> None:
     caplog.set_level(logging.WARNING, logger="test.gate")
     door = gate.Gate("test listener", logging.getLogger("test.gate"), limit=1)
-    release = threading.Event()
-    pairs = [socket.socketpair() for _ in range(4)]
+    release, outcomes = threading.Event(), []
+    pairs = [socket.socketpair() for _ in range(3)]
 
-    def slow(conn: socket.socket, peer: str) -> None:
+    def stalled(conn: socket.socket, peer: str) -> None:  # reads until its connection fails
+        conn.settimeout(10)
+        outcomes.append((peer, conn.recv(64)))
         release.wait(5)
 
+    def arrive(i: int) -> None:
+        ours, theirs = pairs[i]
+        theirs.sendall(b"x")  # it spoke: its handshake starts
+        assert door.admit(ours, f"client{i}", stalled)
+        deadline = time.monotonic() + 5
+        while (f"client{i}", b"x") not in outcomes and time.monotonic() < deadline:
+            try:
+                if theirs.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                    return  # closed by the gate
+            except BlockingIOError:
+                pass
+            except ConnectionResetError:  # closed by the gate with our byte unread
+                return
+            time.sleep(0.01)
+
     try:
-        assert door.admit(pairs[0][0], "first", slow)
-        assert not any(door.admit(ours, f"extra{i}", lambda conn, peer: None)
-                       for i, (ours, _) in enumerate(pairs[1:]))
-        for _, theirs in pairs[1:]:
-            theirs.settimeout(2)
-            assert theirs.recv(1) == b""  # closed at once
-        warnings = [r.getMessage() for r in caplog.records]
-        assert warnings == [("test listener: refused a connection from extra0: "
-                             "1 handshakes are already pending")]
+        monkeypatch.setattr(gate, "GRACE", 0.0)  # every handshake is old enough to cut off
+        arrive(0)
+        arrive(1)
+        pairs[0][1].settimeout(2)
+        assert pairs[0][1].recv(1) == b""  # the oldest was cut off for the newcomer
+        assert ("client1", b"x") in outcomes
+        assert "cut off the oldest handshake: 1 handshakes were pending" in caplog.text
+        monkeypatch.setattr(gate, "GRACE", 60.0)  # client1 is young: the newcomer is closed
+        arrive(2)
+        pairs[2][1].settimeout(2)
+        with contextlib.suppress(ConnectionResetError):  # closed before any proof: it retries
+            assert pairs[2][1].recv(1) == b""
+        assert ("client2", b"x") not in outcomes
         release.set()
-        door.join(5)
-        assert door.admit(pairs[1][1], "later", lambda conn, peer: None)  # the slot is free again
         door.join(5)
     finally:
         release.set()

@@ -13,36 +13,66 @@ import numpy as np
 import pytest
 
 from tensorcomm import config
-from tensorcomm.errors import CollectiveMismatchError, CommTimeoutError, GroupAbortedError, PeerLostError
+from tensorcomm.errors import (
+    CollectiveMismatchError,
+    CommTimeoutError,
+    GroupAbortedError,
+    LinkAuthenticationError,
+    PeerLostError,
+)
+from tensorcomm.rendezvous import gate
+from tensorcomm.rendezvous.auth import recv_exact
 from tensorcomm.rendezvous.store import HashStore
 from tensorcomm.signature import signature
 from tensorcomm.transports.base import ANY_SOURCE, collective_tag, encode_abort
-from tensorcomm.transports.tcp import framing
+from tensorcomm.transports.tcp import framing, sealing
 from tensorcomm.transports.tcp import mesh as mesh_module
 from tensorcomm.transports.tcp.mesh import connect_mesh
+from tensorcomm.transports.tcp.sealing import Sealer
 from tensorcomm.transports.tcp.transport import TcpTransport
 
 SECRET = b"unit-test-secret"
+KEY_0, KEY_1 = b"0" * 32, b"1" * 32  # what ranks 0 and 1 send with on a test link
+
+
+def sealers(level: int = sealing.HEADERS) -> tuple[Sealer, Sealer]:
+    """Rank 0's sealer for its link to rank 1, and rank 1's for its link to rank 0."""
+    return Sealer(1, level, KEY_0, KEY_1), Sealer(0, level, KEY_1, KEY_0)
+
+
+class RawPeer:
+    """Plays a rank on a raw socket, sealing and opening frames as the rank's transport would."""
+
+    def __init__(self, sock: socket.socket, sealer: Sealer) -> None:
+        self.sock, self.sealer = sock, sealer
+
+    def frame(self, tag: int, payload: bytes, sig=None, kind=framing.KIND_DATA) -> bytes:
+        header = framing.pack_header(kind, tag, len(payload), sig)
+        return b"".join(self.sealer.seal(header, memoryview(payload), kind == framing.KIND_DATA))
+
+    def read_header(self):
+        header, _, _ = self.sealer.open_header(recv_exact(self.sock, sealing.HEADER_BYTES, 5))
+        return framing.parse_header(header)
+
+    def __getattr__(self, name: str):  # sendall, recv, shutdown, settimeout: the socket's
+        return getattr(self.sock, name)
 
 
 @pytest.fixture
 def pair():
     """Rank 0's transport, and the raw socket that plays rank 1."""
     mine, theirs = socket.socketpair()
-    transport = TcpTransport(0, 2, {1: mine})
-    yield transport, theirs
+    ours, peers = sealers()
+    transport = TcpTransport(0, 2, {1: (mine, ours)})
+    yield transport, RawPeer(theirs, peers)
     theirs.close()
     transport.close(linger=0.1)
-
-
-def _frame(tag: int, payload: bytes, sig=None, kind=framing.KIND_DATA) -> bytes:
-    return framing.pack_header(kind, tag, len(payload), sig) + payload
 
 
 def test_posted_and_unexpected_messages_match_in_order(pair):
     transport, peer = pair
     tag = collective_tag(0, 5, 1)
-    peer.sendall(_frame(tag, b"first---") + _frame(tag, b"second--"))
+    peer.sendall(peer.frame(tag, b"first---") + peer.frame(tag, b"second--"))
     a, b = bytearray(8), bytearray(8)
     transport.irecv(1, memoryview(a), tag).wait(5)
     transport.irecv(ANY_SOURCE, memoryview(b), tag).wait(5)
@@ -55,14 +85,14 @@ def test_signature_mismatch_names_both_calls(pair):
     mine = signature("all_reduce", np.dtype(np.float32), 2)
     theirs = signature("all_gather", np.dtype(np.float32), 2)
     request = transport.irecv(1, memoryview(bytearray(8)), tag, mine)
-    peer.sendall(_frame(tag, bytes(8), theirs))
+    peer.sendall(peer.frame(tag, bytes(8), theirs))
     with pytest.raises(CollectiveMismatchError, match=r"rank 1 called all_gather\(float32\[2\]\) "
                                                       r"while rank 0 called all_reduce"):
         request.wait(5)
     # the group is aborted for later calls too, and the peer was told (an ABORT frame)
     with pytest.raises(CollectiveMismatchError):
         transport.irecv(1, memoryview(bytearray(8)), collective_tag(0, 2, 0), mine).wait(5)
-    header = framing.read_header(peer)
+    header = peer.read_header()
     assert header is not None and header[0] == framing.KIND_ABORT and header[1] == 0
 
 
@@ -71,7 +101,7 @@ def test_size_mismatch_is_an_error_not_an_overflow(pair):
     tag = collective_tag(0, 1, 0)
     out = bytearray(4)
     request = transport.irecv(1, memoryview(out), tag)
-    peer.sendall(_frame(tag, b"12345678"))
+    peer.sendall(peer.frame(tag, b"12345678"))
     with pytest.raises(CollectiveMismatchError, match="8-byte message where a 4-byte"):
         request.wait(5)
     assert out == bytearray(4)
@@ -82,23 +112,28 @@ def test_abort_frame_fails_only_that_group(pair):
     doomed = transport.irecv(1, memoryview(bytearray(1)), collective_tag(3, 0, 0))
     fine = transport.irecv(1, memoryview(bytearray(1)), collective_tag(4, 0, 0))
     record = encode_abort(CollectiveMismatchError("rank 1 saw a mismatch"), framing.MAX_ABORT_BYTES)
-    peer.sendall(_frame(3, record, kind=framing.KIND_ABORT))
+    peer.sendall(peer.frame(3, record, kind=framing.KIND_ABORT))
     with pytest.raises(CollectiveMismatchError, match=r"saw a mismatch \(reported by rank 1\)"):
         doomed.wait(5)
-    peer.sendall(_frame(collective_tag(4, 0, 0), b"x"))
+    peer.sendall(peer.frame(collective_tag(4, 0, 0), b"x"))
     fine.wait(5)
 
 
+def _sealed(header: bytes):
+    return lambda peer: b"".join(peer.sealer.seal(header, memoryview(b""), True))
+
+
 @pytest.mark.parametrize("garbage", [
-    b"\x00" * framing.HEADER.size,  # wrong magic
-    struct.pack("<IIQQ5q", framing.MAGIC, 99, 0, 0, 0, 0, 0, 0, -1),  # unknown kind
-    struct.pack("<IIQQ5q", framing.MAGIC, framing.KIND_DATA, 0, 1 << 60, 0, 0, 0, 0, -1),  # 2**60 bytes
-    _frame(collective_tag(0, 0, 0), b"12345678")[:-3],  # truncated, then EOF
+    _sealed(b"\x00" * framing.HEADER.size),  # wrong magic
+    _sealed(struct.pack("<IIQQ5q", framing.MAGIC, 99, 0, 0, 0, 0, 0, 0, -1)),  # unknown kind
+    _sealed(struct.pack("<IIQQ5q", framing.MAGIC, framing.KIND_DATA, 0, 1 << 60, 0, 0, 0, 0, -1)),
+    lambda peer: peer.frame(collective_tag(0, 0, 0), b"12345678")[:-3],  # truncated, then EOF
 ], ids=["magic", "kind", "huge-length", "truncated"])
 def test_hostile_bytes_close_the_link_with_a_clear_error(pair, garbage):
+    # Even from a peer that holds the link's keys (a rank gone wrong).
     transport, peer = pair
     request = transport.irecv(1, memoryview(bytearray(8)), collective_tag(0, 0, 0))
-    peer.sendall(garbage)
+    peer.sendall(garbage(peer))
     peer.shutdown(socket.SHUT_WR)
     with pytest.raises(PeerLostError, match="peer rank 1 was lost"):
         request.wait(5)
@@ -106,9 +141,18 @@ def test_hostile_bytes_close_the_link_with_a_clear_error(pair, garbage):
         transport.isend(1, memoryview(b"x"), 0).wait(1)
 
 
+def test_a_frame_without_the_links_key_fails_it_naming_the_peer(pair):
+    transport, peer = pair
+    request = transport.irecv(1, memoryview(bytearray(8)), collective_tag(0, 0, 0))
+    forged = framing.pack_header(framing.KIND_DATA, collective_tag(0, 0, 0), 8) + bytes(32) + b"12345678"
+    peer.sendall(forged)  # well formed, but not sealed with the link's key
+    with pytest.raises(LinkAuthenticationError, match="link to rank 1 failed authentication"):
+        request.wait(5)
+
+
 def test_goodbye_is_not_a_crash(pair):
     transport, peer = pair
-    peer.sendall(framing.pack_header(framing.KIND_BYE, 0, 0))
+    peer.sendall(peer.frame(0, b"", kind=framing.KIND_BYE))
     with pytest.raises(PeerLostError, match="left the job"):
         transport.irecv(1, memoryview(bytearray(1)), 7).wait(5)
 
@@ -148,13 +192,13 @@ def test_stranger_cannot_join_the_mesh(intrusion, caplog):
     assert all(isinstance(m, dict) and len(m) == 2 for m in results.values()), results
     assert "refused a data connection" in caplog.text
     for mesh in results.values():
-        for sock in mesh.values():
+        for sock, _ in mesh.values():
             sock.close()
 
 
 def test_ranks_retry_while_strangers_fill_the_listener(monkeypatch, caplog):
-    # Two silent strangers take both pending-handshake slots of rank 0: the real ranks are
-    # closed at once, retry, and get in when the strangers' handshake deadline ends.
+    # Two strangers that spoke and stalled take both pending-handshake slots of rank 0: each
+    # real rank cuts off the oldest handshake and gets in without waiting for their deadline.
     monkeypatch.setattr(config, "MAX_PENDING_HANDSHAKES", 2)
     monkeypatch.setattr(mesh_module, "HANDSHAKE_TIMEOUT", 1.0)
     caplog.set_level(logging.WARNING, logger="tensorcomm.tcp")
@@ -163,8 +207,10 @@ def test_ranks_retry_while_strangers_fill_the_listener(monkeypatch, caplog):
     threads = [_start_rank(0, 3, store, SECRET, results)]
     host, port = store.get("tcp/addr/0", timeout=10).decode().rsplit(":", 1)
     strangers = [socket.create_connection((host, int(port)), timeout=5) for _ in range(2)]
+    for sock in strangers:
+        sock.sendall(b"T")  # one byte of a handshake, then nothing
     try:
-        time.sleep(0.2)  # rank 0 takes them first
+        time.sleep(gate.GRACE + 0.3)  # rank 0 takes them first; they age past the grace
         threads += [_start_rank(r, 3, store, SECRET, results) for r in (1, 2)]
         for thread in threads:
             thread.join(30)
@@ -172,9 +218,9 @@ def test_ranks_retry_while_strangers_fill_the_listener(monkeypatch, caplog):
         for sock in strangers:
             sock.close()
     assert all(isinstance(m, dict) and len(m) == 2 for m in results.values()), results
-    assert "2 handshakes are already pending" in caplog.text
+    assert "2 handshakes were pending" in caplog.text
     for mesh in results.values():
-        for sock in mesh.values():
+        for sock, _ in mesh.values():
             sock.close()
 
 
@@ -203,20 +249,20 @@ def test_progress_probe_is_answered_by_the_reader_thread(pair):
     transport, peer = pair
     # the raw peer plays a rank that has reached call 41 of group 2, a barrier
     answered = threading.Thread(target=lambda: (
-        framing.read_header(peer),
-        peer.sendall(_frame(2, framing.PROBE_REPLY.pack(41), signature("barrier"),
+        peer.read_header(),
+        peer.sendall(peer.frame(2, framing.PROBE_REPLY.pack(41), signature("barrier"),
                             kind=framing.KIND_PROBE_REPLY))))
     answered.start()
     assert transport.progress(2, [1], timeout=5) == {1: (41, signature("barrier"))}
     answered.join(5)
     # a peer that says nothing is reported as None after the wait
     assert transport.progress(3, [1], timeout=0.2) == {1: None}
-    assert framing.read_header(peer)[:2] == (framing.KIND_PROBE, 3)
+    assert peer.read_header()[:2] == (framing.KIND_PROBE, 3)
     # and this rank answers probes about its own calls
     transport.isend(1, memoryview(b"x"), collective_tag(4, 7, 0), signature("barrier"))
-    framing.read_header(peer), peer.recv(1)
-    peer.sendall(_frame(4, b"", kind=framing.KIND_PROBE))
-    kind, tag, nbytes, theirs = framing.read_header(peer)
+    peer.read_header(), peer.recv(1)
+    peer.sendall(peer.frame(4, b"", kind=framing.KIND_PROBE))
+    kind, tag, nbytes, theirs = peer.read_header()
     assert (kind, tag, theirs) == (framing.KIND_PROBE_REPLY, 4, signature("barrier"))
     assert framing.PROBE_REPLY.unpack(peer.recv(nbytes)) == (7,)
 
@@ -227,7 +273,7 @@ def test_receive_posted_while_a_message_arrives_gets_all_of_it(pair):
     transport, peer = pair
     tag = collective_tag(0, 1, 0)
     payload = np.arange(3 << 20, dtype=np.uint8).tobytes()  # larger than the socket buffers
-    sender = threading.Thread(target=peer.sendall, args=(_frame(tag, payload),))
+    sender = threading.Thread(target=peer.sendall, args=(peer.frame(tag, payload),))
     sender.start()
     time.sleep(0.2)  # part of it is in the unexpected buffer by now
     out = bytearray(len(payload))
@@ -236,10 +282,14 @@ def test_receive_posted_while_a_message_arrives_gets_all_of_it(pair):
     assert out == payload
 
 
-def _transport_pair(send_timeout: float = 30.0) -> tuple[TcpTransport, TcpTransport]:
-    a, b = socket.socketpair()
-    return (TcpTransport(0, 2, {1: a}, send_timeout=send_timeout),
-            TcpTransport(1, 2, {0: b}, send_timeout=send_timeout))
+def _transport_pair(send_timeout: float = 30.0, level: int = sealing.HEADERS,
+                    a: socket.socket | None = None,
+                    b: socket.socket | None = None) -> tuple[TcpTransport, TcpTransport]:
+    if a is None or b is None:
+        a, b = socket.socketpair()
+    ours, theirs = sealers(level)
+    return (TcpTransport(0, 2, {1: (a, ours)}, send_timeout=send_timeout),
+            TcpTransport(1, 2, {0: (b, theirs)}, send_timeout=send_timeout))
 
 
 def test_large_sends_both_ways_at_once_do_not_deadlock():
@@ -268,7 +318,7 @@ def test_large_sends_both_ways_at_once_do_not_deadlock():
 
 def test_a_peer_that_stops_reading_fails_the_send_at_its_deadline():
     mine, theirs = socket.socketpair()  # theirs never reads
-    stalled = TcpTransport(0, 2, {1: mine}, send_timeout=0.5)
+    stalled = TcpTransport(0, 2, {1: (mine, sealers()[0])}, send_timeout=0.5)
     try:
         request = stalled.isend(1, memoryview(bytes(32 << 20)), collective_tag(0, 1, 0))
         with pytest.raises(CommTimeoutError, match=r"rank 1 took no data for 0\.5 s"):
@@ -283,10 +333,10 @@ def test_a_peer_that_stops_reading_fails_the_send_at_its_deadline():
 def test_probes_are_answered_while_the_caller_is_busy(pair):
     transport, peer = pair
     transport.isend(1, memoryview(b"x"), collective_tag(6, 3, 0), signature("barrier"))
-    framing.read_header(peer), peer.recv(1)
+    peer.read_header(), peer.recv(1)
     # nobody waits on the transport: its background thread must answer
-    peer.sendall(_frame(6, b"", kind=framing.KIND_PROBE))
+    peer.sendall(peer.frame(6, b"", kind=framing.KIND_PROBE))
     peer.settimeout(5)
-    kind, tag, nbytes, theirs = framing.read_header(peer)
+    kind, tag, nbytes, theirs = peer.read_header()
     assert (kind, tag, theirs) == (framing.KIND_PROBE_REPLY, 6, signature("barrier"))
     assert framing.PROBE_REPLY.unpack(peer.recv(nbytes)) == (3,)

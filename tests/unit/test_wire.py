@@ -7,10 +7,10 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from one_off import one_off_ctx  # same directory
 
 from tensorcomm import config
 from tensorcomm.algorithms import allgather, allreduce, broadcast, reduce_scatter
-from tensorcomm.algorithms.base import Ctx
 from tensorcomm.algorithms.wire import spans
 from tensorcomm.transports.loopback import run_threads
 from tensorcomm.types import ReduceOp
@@ -26,7 +26,7 @@ def tiny_chunks(monkeypatch):
 def _run(size: int, body, wire: np.dtype | None = None) -> list:
     def rank_main(transport):
         transport.wire_dtype = wire
-        return body(Ctx(transport, range(size), transport.rank, group_id=1, seq=0, timeout=15.0))
+        return body(one_off_ctx(transport, range(size), transport.rank, group_id=1, seq=0, timeout=15.0))
 
     return run_threads(size, rank_main, timeout=60)
 

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import CollectiveMismatchError, CommError, CommTimeoutError
-from ..signature import NO_SIGNATURE, Signature
+from ..signature import Signature
 from ..transports.base import STEP_BITS, Request, Transport, as_bytes, collective_tag, p2p_tag  # noqa: F401
 
 _new = object.__new__
@@ -126,18 +126,14 @@ class Plan:
 
     __slots__ = ("label", "signature", "algorithm", "run", "op", "state")
 
-    def __init__(self, label: str, signature: Signature, algorithm: str = "",
-                 run: Callable[..., Any] | None = None, op: Any = None) -> None:
+    def __init__(self, label: str, signature: Signature, algorithm: str,
+                 run: Callable[..., Any], op: Any = None) -> None:
         self.label = label
         self.signature = signature
         self.algorithm = algorithm
-        self.run: Callable[..., Any] = _no_algorithm if run is None else run
+        self.run = run
         self.op = op
         self.state: Any = None
-
-
-def _no_algorithm(ctx: Ctx, *args: Any) -> None:
-    raise RuntimeError(f"{ctx.name}: this plan was made without an algorithm (a test's one-off Ctx)")
 
 
 class Ctx:
@@ -151,23 +147,17 @@ class Ctx:
         signature: what this call is (the plan's); peers compare it with theirs.
         deadline: ``time.monotonic()`` value the call must finish by.
 
-    ``Ctx(transport, ranks, rank, group_id, seq, timeout, ...)`` builds a one-off team and plan
-    (tests do); the core reuses its group's team and plans through ``Ctx.of``, which costs a few
-    attribute stores.
+    Made by ``Ctx.of`` from the group's team and the call's plan, which costs a few attribute
+    stores.
     """
 
     __slots__ = ("team", "plan", "seq", "name", "signature", "deadline")
-
-    def __init__(self, transport: Transport, ranks: Sequence[int], rank: int, group_id: int, seq: int,
-                 timeout: float, name: str = "collective", host_of: Sequence[str] = (),
-                 signature: Signature = NO_SIGNATURE, group_name: str = "", shm: Any = None,
-                 plan: Plan | None = None) -> None:
-        self.team = Team(transport, ranks, rank, group_id, timeout, host_of, group_name, shm)
-        self.plan = plan if plan is not None else Plan(name, signature)
-        self.seq = seq
-        self.name = name
-        self.signature = signature
-        self.deadline = time.monotonic() + timeout
+    team: Team
+    plan: Plan
+    seq: int
+    name: str
+    signature: Signature
+    deadline: float
 
     @classmethod
     def of(cls, team: Team, seq: int, plan: Plan) -> Ctx:

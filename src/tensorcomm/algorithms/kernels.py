@@ -130,15 +130,6 @@ def combine(op: ReduceOp, left: np.ndarray, right: np.ndarray, out: np.ndarray) 
     ufunc(op)(left, right, out=out)
 
 
-def reduce_into(op: ReduceOp, acc: np.ndarray, other: np.ndarray) -> None:
-    """``acc = acc op other`` in place.
-
-    Raises:
-        ValueError: ``op`` is AVG or PREMUL_SUM, which ``prepare`` turns into SUM first.
-    """
-    combine(op, acc, other, acc)
-
-
 def prepare(op: ReduceOp | PremulSum, data: np.ndarray, work: np.ndarray | None = None,
             copy: bool = True) -> tuple[ReduceOp, np.ndarray]:
     """Return the op to run and the values to reduce for reducing ``data``.

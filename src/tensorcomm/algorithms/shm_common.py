@@ -11,7 +11,7 @@ reduce's root, broadcast's receivers) are left untouched or complete by a failed
 ``Journal``); arrays that are outputs only (all-gather, gather, scatter, reduce-scatter, all-to-all)
 may be left partly written by a call that fails after its first round, as MPI and NCCL leave them:
 saving them would cost a copy of every output. A call that raises leaves the members' post counts
-out of step: whoever runs the algorithm must then call ``ShmDomain.fail`` (the core's ``Group.run``
+out of step: whoever runs the algorithm must then call ``ShmDomain.fail`` (the core's ``Group._run``
 does), which refuses later calls and tells the peers. This module must not import ``core``.
 
 A *round*: every member writes its part of the round into its IN slot ``round & 1``, posts, waits

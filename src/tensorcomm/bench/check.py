@@ -40,6 +40,7 @@ def layout(collective: str, count: int, ranks: int, rank: int) -> tuple[int, int
         "all_gather": (block, count), "reduce_scatter": (count, block),
         "all_to_all": (count, count),
         "gather": (block, count if root else 0), "scatter": (count if root else 0, block),
+        "send_recv": (count, None),
     }[collective]
 
 
@@ -101,7 +102,8 @@ def count_wrong(collective: str, op: str, dtype: np.dtype, count: int, ranks: in
         return _mismatches(result, reduce_reference(ReduceOp.parse(op), patterns), 0, tol)
     if collective == "reduce_scatter":
         return _mismatches(result, reduce_reference(ReduceOp.parse(op), patterns), rank * block, tol)
-    if collective == "broadcast":
+    if collective == "broadcast" or (collective == "send_recv" and rank in (0, 1)):
+        # send_recv: rank 1 received rank 0's buffer and sent it back
         return _mismatches(result, patterns[ROOT], 0, 0)
     if collective == "scatter":
         return _mismatches(result, patterns[rank], 0, 0)

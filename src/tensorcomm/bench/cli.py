@@ -14,6 +14,7 @@ Exit code: 0, or 1 when tensorcomm returned a wrong element or could not run.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import signal
 import statistics
@@ -67,9 +68,12 @@ def _finish(opts: BenchOptions, rows: list[Row], machine: Mapping[str, Any],
         from .plot import PlotUnavailable, plot
         try:
             transport = machine["env"]["TENSORCOMM_TRANSPORT"]
+            load = machine.get("load")
             plot(rows, opts.plot, f"tensorcomm bench: {ranks} ranks, {opts.dtype}, "
                                   f"{machine['cpu']}, {machine['cores']} cores"
-                                  + (f", TENSORCOMM_TRANSPORT={transport}" if transport else ""))
+                                  + (f", load {load[0]:.1f}" if load else "")
+                                  + (f", TENSORCOMM_TRANSPORT={transport}" if transport else "")
+                                  + "; bands: fastest to slowest batch")
         except PlotUnavailable as exc:
             _say(str(exc))
             return 1
@@ -142,9 +146,29 @@ HELP = "time collectives nccl-tests style, optionally side by side with gloo, mp
 add_arguments = bench_options.add_arguments
 
 
+def check_dependencies(opts: BenchOptions) -> None:
+    """Refuse, before anything runs, a run that would miss what it was asked for: matplotlib for
+    ``--plot``, a library named in ``--compare`` (``--compare all`` skips the missing ones).
+
+    Raises:
+        LaunchConfigError: names what is missing and how to install it.
+    """
+    if opts.plot and importlib.util.find_spec("matplotlib") is None:
+        raise LaunchConfigError("--plot needs matplotlib: pip install 'tensorcomm[bench]' (or leave "
+                                "--plot out)")
+    if opts.compare_all:
+        return
+    for name in opts.compare:
+        reason = peers.missing(name)
+        if reason:
+            raise LaunchConfigError(f"--compare {name}: {reason.removeprefix('skipped: ')}; "
+                                    f"install it or leave {name} out")
+
+
 def main(args: argparse.Namespace) -> int:
     """Run ``tensorcomm bench`` with its parsed arguments; return its exit code."""
     opts = bench_options.from_args(args)
+    check_dependencies(opts)
     try:
         under_launcher = discover().world_size is not None
     except ValueError as exc:  # a malformed launcher variable

@@ -14,6 +14,12 @@ memory) bandwidth whatever the rank count (nccl-tests' doc/PERFORMANCE.md):
     gather, scatter  (n-1)/n           count/n, count   count, count/n  (root side)
     broadcast        1                 count            (in place)
     reduce           1                 count            (in place, on the root)
+    send_recv        1                 count            (in place; OSU's osu_latency)
+
+``send_recv`` is point to point, not a collective: rank 0 sends the buffer to rank 1, which sends
+it back (the other ranks idle). Its time is the one-way latency, half the round trip, as
+osu_latency reports it, so its algbw (= busbw) is size / latency, the bandwidth that latency
+implies (not osu_bw's, which streams a window of messages back to back).
 
 Pure functions, no numpy: imported by the parent and by every rank.
 """
@@ -34,6 +40,7 @@ class Collective:
     blocked: bool  # the buffer splits into n equal per-rank blocks
     reduces: bool  # takes a reduction op
     rooted: bool  # has a root rank (always 0 here)
+    round_trip: bool = False  # one call is a ping-pong: its time is halved (one-way latency)
 
     def bus_factor(self, ranks: int) -> float:
         """busbw / algbw for ``ranks`` ranks (nccl-tests' formula)."""
@@ -51,6 +58,7 @@ COLLECTIVES: dict[str, Collective] = {c.name: c for c in (
     Collective("reduce", 0, blocked=False, reduces=True, rooted=True),
     Collective("gather", 1, blocked=True, reduces=False, rooted=True),
     Collective("scatter", 1, blocked=True, reduces=False, rooted=True),
+    Collective("send_recv", 0, blocked=False, reduces=False, rooted=False, round_trip=True),
 )}
 
 

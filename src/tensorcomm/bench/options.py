@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..launch import run as launch_run
 from ..launch.env import LaunchConfigError
 from . import check, peers
 from .formulas import COLLECTIVES
@@ -43,6 +44,7 @@ class BenchOptions:
     csv: str | None
     json: str | None
     plot: str | None
+    compare_all: bool = False  # --compare all: the libraries missing here are skipped, not refused
 
     def plan(self) -> Plan:
         """How each size is timed (the same on every rank and library)."""
@@ -105,8 +107,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("collectives", nargs="*", metavar="COLLECTIVE",
                         help=f"what to time (default all_reduce): {', '.join(COLLECTIVES)}, "
                              "or all")
-    parser.add_argument("-n", "--ranks", type=int, metavar="N", help="local ranks to start (default 2; "
-                        "omit under an existing launcher to run in its ranks)")
+    launch_run.add_nprocs_argument(parser, "ranks", "local ranks to start (default 2; omit under an "
+                                   "existing launcher to run in its ranks)", "--ranks")
     parser.add_argument("-b", "--minbytes", default="8", metavar="SIZE",
                         help="smallest size, e.g. 8, 64K, 1M (default 8)")
     parser.add_argument("-e", "--maxbytes", default="64M", metavar="SIZE",
@@ -169,4 +171,4 @@ def from_args(args: argparse.Namespace) -> BenchOptions:
         collectives=collectives, ranks=args.ranks, sizes=sizes, dtype=args.dtype, op=args.op,
         check=bool(args.check), iters=args.iters, warmup=args.warmup, budget=args.time_budget,
         compare=compare, rounds=args.rounds, timeout=args.timeout, csv=args.csv, json=args.json,
-        plot=args.plot)
+        plot=args.plot, compare_all=compare_text == "all")

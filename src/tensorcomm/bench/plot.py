@@ -1,5 +1,8 @@
 """``--plot FILE.png``: busbw and time per call against size, log-log, one line per library.
 
+Each line is the median; a shaded band around it spans the fastest and slowest batch (the
+table's min and max), so a spread from a busy machine shows.
+
 One row of two panels per collective. matplotlib is an optional dependency (the ``bench``
 extra); it is imported only here, with the non-interactive Agg backend.
 """
@@ -20,6 +23,13 @@ def _size_label(size: float, _position: object = None) -> str:
         if size >= scale:
             return f"{size / scale:g}{unit}"
     return f"{size:g}"
+
+
+def _band(rows: Sequence[Row]) -> tuple[list[float], list[float]]:
+    """Each row's fastest and slowest batch time in µs (the median where a bound is missing)."""
+    low = [r.min_us or r.time_us or 1.0 for r in rows]
+    high = [r.max_us or r.time_us or 1.0 for r in rows]
+    return low, high
 
 
 def plot(rows: Sequence[Row], path: str, title: str) -> None:
@@ -47,9 +57,17 @@ def plot(rows: Sequence[Row], path: str, title: str) -> None:
             if not mine:
                 continue
             sizes = [r.size for r in mine]
-            bw_axis.plot(sizes, [r.busbw for r in mine], marker="o", markersize=3, label=library)
+            line, = bw_axis.plot(sizes, [r.busbw for r in mine], marker="o", markersize=3,
+                                 label=library)
             time_axis.plot(sizes, [r.time_us for r in mine], marker="o", markersize=3,
-                           label=library)
+                           label=library, color=line.get_color())
+            low, high = _band(mine)
+            time_axis.fill_between(sizes, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+            # busbw is inversely proportional to the time: the slowest batch is the lowest busbw
+            scaled = [(r.busbw or 0.0) * (r.time_us or 0.0) for r in mine]
+            bw_axis.fill_between(sizes, [b / t for b, t in zip(scaled, high, strict=True)],
+                                 [b / t for b, t in zip(scaled, low, strict=True)],
+                                 color=line.get_color(), alpha=0.2, linewidth=0)
         for axis, ylabel in ((bw_axis, "busbw (GB/s)"), (time_axis, "time per call (µs)")):
             axis.set_xscale("log", base=2)
             axis.set_yscale("log")

@@ -86,7 +86,30 @@ def machine_info(env: Mapping[str, str], versions: Mapping[str, str]) -> dict[st
         "tensorcomm_git": _source_revision(),
         "libraries": dict(versions),
         "env": {name: env.get(name) for name in ENV_SHOWN},
+        "load": _load(),
     }
+
+
+def _load() -> list[float] | None:
+    """The 1-, 5- and 15-minute load averages, or None where the system has none."""
+    try:
+        return [round(value, 2) for value in os.getloadavg()]
+    except (OSError, AttributeError):
+        return None
+
+
+def load_lines(machine: Mapping[str, Any]) -> list[str]:
+    """The header's load line, and a warning when the load exceeds the usable cores."""
+    load, cores = machine.get("load"), machine["usable_cores"]
+    if load is None:
+        return ["# load: unknown"]
+    lines = [(f"# load: {load[0]:.2f} (1 min), {load[1]:.2f} (5 min), {load[2]:.2f} (15 min) "
+              f"on {cores} usable cores")]
+    if load[0] > cores:
+        lines.append(f"# WARNING: the load ({load[0]:.2f}) exceeds the cores ({cores}): other work "
+                     "competes for the CPUs, so these timings (and ratios between libraries) "
+                     "are not those of a quiet machine")
+    return lines
 
 
 def header(options: BenchOptions, ranks: int, machine: Mapping[str, Any]) -> list[str]:
@@ -104,6 +127,7 @@ def header(options: BenchOptions, ranks: int, machine: Mapping[str, Any]) -> lis
         + "; ".join(machine["libraries"].values())
         + (f"; tensorcomm from git {machine['tensorcomm_git']}" if machine["tensorcomm_git"]
            else ""),
+        *load_lines(machine),
         f"# env: {env}",
         (f"# timing: per size and library, {timing}, in batches after a barrier; time = median "
          f"of the batches' slowest rank (min, max beside it); {options.rounds} round(s), "
@@ -114,24 +138,38 @@ def header(options: BenchOptions, ranks: int, machine: Mapping[str, Any]) -> lis
 _COLUMNS = (("size(B)", ">12"), ("count", ">11"), ("type", ">9"), ("redop", ">6"),
             ("library", "<11"), ("time(us)", ">10"), ("min(us)", ">10"), ("max(us)", ">10"),
             ("algbw(GB/s)", ">12"), ("busbw(GB/s)", ">12"), ("#wrong", ">7"), ("tc/peer", ">8"))
+# send_recv (point to point) in OSU's osu_latency terms: one-way latency and the bandwidth it implies.
+_OSU_COLUMNS = (("size(B)", ">12"), ("type", ">9"), ("library", "<11"), ("latency(us)", ">12"),
+                ("min(us)", ">10"), ("max(us)", ">10"), ("bandwidth(MB/s)", ">16"), ("#wrong", ">7"),
+                ("tc/peer", ">8"))
+OSU_NOTE = ("# latency: half the round trip of a ping-pong between ranks 0 and 1 (osu_latency); "
+            "bandwidth = size / latency")
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
 
 
 def _cells(row: Row, ratio: float | None, reduces: bool) -> list[str]:
-    def num(value: float | None, digits: int = 2) -> str:
-        return "" if value is None else f"{value:.{digits}f}"
-
+    tail = ["n/a" if row.wrong is None else str(row.wrong), "" if ratio is None else f"{ratio:.2f}x"]
+    if COLLECTIVES[row.collective].round_trip:
+        base = [str(row.size), row.dtype, row.library]
+        if row.time_us is None:
+            return [*base, row.note]
+        megabytes = None if row.algbw is None else row.algbw * 1e3
+        return [*base, _num(row.time_us), _num(row.min_us), _num(row.max_us), _num(megabytes),
+                *tail]
     base = [str(row.size), str(row.count), row.dtype, row.op if reduces else "none",
             row.library]
     if row.time_us is None:
         return [*base, row.note]
-    return [*base, num(row.time_us, 1), num(row.min_us, 1), num(row.max_us, 1), num(row.algbw),
-            num(row.busbw), "n/a" if row.wrong is None else str(row.wrong),
-            "" if ratio is None else f"{ratio:.2f}x"]
+    return [*base, _num(row.time_us, 1), _num(row.min_us, 1), _num(row.max_us, 1), _num(row.algbw),
+            _num(row.busbw), *tail]
 
 
-def _line(cells: Sequence[str]) -> str:
-    parts = [f"{cell:{fmt}}" for cell, (_, fmt) in zip(cells, _COLUMNS, strict=False)]  # a row may stop early
-    parts += cells[len(_COLUMNS):]  # a note past the last column
+def _line(cells: Sequence[str], columns: Sequence[tuple[str, str]] = _COLUMNS) -> str:
+    parts = [f"{cell:{fmt}}" for cell, (_, fmt) in zip(cells, columns, strict=False)]  # a row may stop early
+    parts += cells[len(columns):]  # a note past the last column
     return " ".join(parts).rstrip()
 
 
@@ -146,15 +184,19 @@ class TableWriter:
         """Print the rows of one size (every library's)."""
         if not rows:
             return
+        collective = COLLECTIVES[rows[0].collective]
+        columns = _OSU_COLUMNS if collective.round_trip else _COLUMNS
         if rows[0].collective != self._collective:
             self._collective = rows[0].collective
             print(f"#\n# {self._collective}", file=self._out)
-            names = [name for name, _ in _COLUMNS]
-            print(_line(["#" + names[0].rjust(11), *names[1:]]), file=self._out)
+            if collective.round_trip:
+                print(OSU_NOTE, file=self._out)
+            names = [name for name, _ in columns]
+            print(_line(["#" + names[0].rjust(11), *names[1:]], columns), file=self._out)
         speed = ratios(rows)
         for row in rows:
             ratio = speed.get((row.collective, row.size, row.library))
-            print(_line(_cells(row, ratio, COLLECTIVES[row.collective].reduces)), file=self._out)
+            print(_line(_cells(row, ratio, collective.reduces), columns), file=self._out)
         self._out.flush()
 
 

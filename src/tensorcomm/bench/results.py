@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .formulas import algbw, busbw
+from .formulas import COLLECTIVES, algbw, busbw
 from .peers.base import Task
 
 TENSORCOMM = "tensorcomm"
@@ -28,7 +28,7 @@ class Row:
     count: int
     dtype: str
     op: str
-    time_us: float | None  # median per call
+    time_us: float | None  # median per call (send_recv: per one-way message, half the round trip)
     min_us: float | None
     max_us: float | None
     algbw: float | None  # GB/s
@@ -53,7 +53,9 @@ def make_row(task: Task, library: str, ranks: int, itemsize: int,
     if not measurements:
         return Row(task.collective, library, ranks, size, task.count, task.dtype, op,
                    None, None, None, None, None, None, 0, note)
-    times = [t for m in measurements for t in m["batch_times"]]
+    # A ping-pong (send_recv) call is a round trip: the row shows the one-way latency.
+    share = 0.5 if COLLECTIVES[task.collective].round_trip else 1.0
+    times = [t * share for m in measurements for t in m["batch_times"]]
     median = statistics.median(times)
     checked = [m["wrong"] for m in measurements if m["wrong"] is not None]
     return Row(task.collective, library, ranks, size, task.count, task.dtype, op,

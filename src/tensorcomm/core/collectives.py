@@ -6,7 +6,7 @@ element counts where blocks are involved (see ``algorithms/select.py`` for the l
 function names the call's *shape* (collective, dtype, sizes, op, root) and looks up the group's
 ``Plan`` for it; the first call of a shape makes the plan: it parses the op and checks it
 against the dtype, builds the signature peers compare, and picks the algorithm. The plan's
-algorithm then runs in the group's issue order (``Group.run``).
+algorithm then runs in the group's issue order (``Group._run``).
 
 A failed call leaves arrays it updates in place (all_reduce, reduce's root, broadcast's
 receivers) untouched or complete; outputs-only arrays may be left partly written by a failed
@@ -32,7 +32,7 @@ log = logging.getLogger("tensorcomm.plan")
 
 
 def _make(group: Group, collective: str, nbytes: int, sig: Any, op: Any = None) -> Plan:
-    row = select.pick(collective, group.team, nbytes, group.world.algorithms.get(collective))
+    row = select.pick(collective, group._member_team(), nbytes, group._world.algorithms.get(collective))
     log.debug("%s on group %r, %s: %s", collective, group.name, sig.describe(), row.name)
     return Plan(f"{collective} on group {group.name!r}", sig, row.name, row.fn, op)
 
@@ -64,10 +64,10 @@ def all_reduce(group: Group, x: np.ndarray, op: ReduceOpLike, async_op: bool,
     """Reduce ``x`` across the group, in place on every member."""
     x = _flat(x)
     key = ("all_reduce", x.dtype, x.size, _op_key(op))
-    plan = group.plans.get(key)
+    plan = group._plans.get(key)
     if plan is None:
-        plan = group.keep_plan(key, _reduction(group, "all_reduce", fn, x, op))
-    return group.run(plan, async_op, x, plan.op)
+        plan = group._keep_plan(key, _reduction(group, "all_reduce", fn, x, op))
+    return group._run(plan, async_op, x, plan.op)
 
 
 def reduce(group: Group, x: np.ndarray, root: int, op: ReduceOpLike, async_op: bool,
@@ -75,21 +75,21 @@ def reduce(group: Group, x: np.ndarray, root: int, op: ReduceOpLike, async_op: b
     """Reduce ``x`` onto group rank ``root``; other members' arrays are left as they are."""
     x = _flat(x)
     key = ("reduce", x.dtype, x.size, _op_key(op), root)
-    plan = group.plans.get(key)
+    plan = group._plans.get(key)
     if plan is None:
-        plan = group.keep_plan(key, _reduction(group, "reduce", fn, x, op, root))
-    return group.run(plan, async_op, x, root, plan.op)
+        plan = group._keep_plan(key, _reduction(group, "reduce", fn, x, op, root))
+    return group._run(plan, async_op, x, root, plan.op)
 
 
 def broadcast(group: Group, x: np.ndarray, root: int, async_op: bool) -> Work | None:
     """Copy group rank ``root``'s ``x`` into every member's."""
     x = _flat(x)
     key = ("broadcast", x.dtype, x.size, root)
-    plan = group.plans.get(key)
+    plan = group._plans.get(key)
     if plan is None:
-        plan = group.keep_plan(key, _make(group, "broadcast", x.nbytes,
+        plan = group._keep_plan(key, _make(group, "broadcast", x.nbytes,
                                           signature("broadcast", x.dtype, x.size, root=root)))
-    return group.run(plan, async_op, x, root)
+    return group._run(plan, async_op, x, root)
 
 
 def all_gather(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequence[int],
@@ -98,11 +98,11 @@ def all_gather(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequence
     ``q``, back to back) on every member."""
     counts = tuple(counts)
     key = ("all_gather", send.dtype, counts)
-    plan = group.plans.get(key)
+    plan = group._plans.get(key)
     if plan is None:
-        plan = group.keep_plan(key, _make(group, "all_gather", out.nbytes,
+        plan = group._keep_plan(key, _make(group, "all_gather", out.nbytes,
                                           signature("all_gather", send.dtype, sum(counts))))
-    return group.run(plan, async_op, _flat(send), _flat(out), counts)
+    return group._run(plan, async_op, _flat(send), _flat(out), counts)
 
 
 def gather(group: Group, send: np.ndarray, out: np.ndarray | None, counts: Sequence[int], root: int,
@@ -111,11 +111,11 @@ def gather(group: Group, send: np.ndarray, out: np.ndarray | None, counts: Seque
     elsewhere)."""
     counts = tuple(counts)
     key = ("gather", send.dtype, counts, root)
-    plan = group.plans.get(key)
+    plan = group._plans.get(key)
     if plan is None:
-        plan = group.keep_plan(key, _make(group, "gather", sum(counts) * send.itemsize,
+        plan = group._keep_plan(key, _make(group, "gather", sum(counts) * send.itemsize,
                                           signature("gather", send.dtype, sum(counts), root=root)))
-    return group.run(plan, async_op, _flat(send), None if out is None else _flat(out), counts, root)
+    return group._run(plan, async_op, _flat(send), None if out is None else _flat(out), counts, root)
 
 
 def scatter(group: Group, send: np.ndarray | None, out: np.ndarray, counts: Sequence[int], root: int,
@@ -123,11 +123,11 @@ def scatter(group: Group, send: np.ndarray | None, out: np.ndarray, counts: Sequ
     """Block ``q`` of ``send`` on ``root`` (None elsewhere) lands in member ``q``'s ``out``."""
     counts = tuple(counts)
     key = ("scatter", out.dtype, counts, root)
-    plan = group.plans.get(key)
+    plan = group._plans.get(key)
     if plan is None:
-        plan = group.keep_plan(key, _make(group, "scatter", sum(counts) * out.itemsize,
+        plan = group._keep_plan(key, _make(group, "scatter", sum(counts) * out.itemsize,
                                           signature("scatter", out.dtype, sum(counts), root=root)))
-    return group.run(plan, async_op, None if send is None else _flat(send), _flat(out), counts, root)
+    return group._run(plan, async_op, None if send is None else _flat(send), _flat(out), counts, root)
 
 
 def reduce_scatter(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequence[int],
@@ -137,10 +137,10 @@ def reduce_scatter(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequ
     counts = tuple(counts)
     send = _flat(send)
     key = ("reduce_scatter", send.dtype, counts, _op_key(op))
-    plan = group.plans.get(key)
+    plan = group._plans.get(key)
     if plan is None:
-        plan = group.keep_plan(key, _reduction(group, "reduce_scatter", fn, send, op, count=sum(counts)))
-    return group.run(plan, async_op, send, _flat(out), counts, plan.op)
+        plan = group._keep_plan(key, _reduction(group, "reduce_scatter", fn, send, op, count=sum(counts)))
+    return group._run(plan, async_op, send, _flat(out), counts, plan.op)
 
 
 def all_to_all(group: Group, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
@@ -152,16 +152,16 @@ def all_to_all(group: Group, send: np.ndarray, send_counts: Sequence[int], out: 
     """
     send_counts, recv_counts = tuple(send_counts), tuple(recv_counts)
     key = ("all_to_all", send.dtype, send_counts, recv_counts)
-    plan = group.plans.get(key)
+    plan = group._plans.get(key)
     if plan is None:
-        plan = group.keep_plan(key, _make(group, "all_to_all", send.nbytes,
+        plan = group._keep_plan(key, _make(group, "all_to_all", send.nbytes,
                                           signature("all_to_all", send.dtype, UNCHECKED)))
-    return group.run(plan, async_op, _flat(send), send_counts, _flat(out), recv_counts)
+    return group._run(plan, async_op, _flat(send), send_counts, _flat(out), recv_counts)
 
 
 def barrier(group: Group, async_op: bool) -> Work | None:
     """Return once every member has entered the barrier."""
-    plan = group.plans.get(("barrier",))
+    plan = group._plans.get(("barrier",))
     if plan is None:
-        plan = group.keep_plan(("barrier",), _make(group, "barrier", 0, signature("barrier")))
-    return group.run(plan, async_op)
+        plan = group._keep_plan(("barrier",), _make(group, "barrier", 0, signature("barrier")))
+    return group._run(plan, async_op)

@@ -24,13 +24,10 @@ from collections.abc import Callable
 from threading import get_ident
 from typing import Any
 
+from ..errors import ConcurrentUseError
 from .work import Work
 
 Body = Callable[[int], Any]  # takes the call's sequence number
-
-
-class ConcurrentUseError(RuntimeError):
-    """A call was issued on a group from a second thread while the first's calls were in flight."""
 
 
 class Engine:

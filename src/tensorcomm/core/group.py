@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..algorithms.base import Ctx, Hierarchy, Plan, Team
 from ..config import MAX_TIMEOUT
-from ..errors import CommError, GroupAbortedError
+from ..errors import CommError, ConcurrentUseError, GroupAbortedError, PeerLostError
 from ..types import TransportKind
 from .elastic import agree
-from .engine import ConcurrentUseError, Engine
+from .engine import Engine
 from .work import Work
 
 PLANS_KEPT = 256  # call shapes a group remembers; the oldest is forgotten beyond that
@@ -49,7 +49,7 @@ class Group:
             self._team = Team(world.transport, self._ranks, self._index[world.rank], group_id,
                               world.timeout, world.hosts_of(self._ranks), name, shm, hier)
         # One plan per call shape (``core/collectives.py`` makes them), gone with the group.
-        self.plans: dict[Hashable, Plan] = {}
+        self._plans: dict[Hashable, Plan] = {}
         self._shrinks = 0  # calls of shrink() so far: the members match them by this count
 
     # The WORLD handle overrides this to follow whichever world is current.
@@ -115,14 +115,15 @@ class Group:
                           f"{self._name!r} (ranks {list(self._ranks)})")
 
     def _member_team(self) -> Team:
-        """This process's ``Team`` in the group (``self`` is resolved: ``_target()``).
+        """This process's ``Team`` in the group: what the algorithms see of it.
 
         Raises:
             ValueError: this process is not a member.
         """
-        team = self._team
+        target = self._target()
+        team = target._team
         if team is None:
-            raise self._not_member(self._world.rank)
+            raise target._not_member(target._world.rank)
         return team
 
     def global_rank(self, group_rank: int) -> int:
@@ -140,29 +141,16 @@ class Group:
 
     # -- used by the core's collectives ---------------------------------------------------------
 
-    @property
-    def world(self) -> World:
-        return self._target()._world
-
-    @property
-    def group_id(self) -> int:
-        return self._target()._group_id
-
-    @property
-    def team(self) -> Team:
-        """What the algorithms see of the group (members only)."""
-        return self._target()._member_team()
-
-    def keep_plan(self, key: Hashable, plan: Plan) -> Plan:
-        """Keep ``plan`` for the call shape ``key`` (``plans``), forgetting the oldest beyond
+    def _keep_plan(self, key: Hashable, plan: Plan) -> Plan:
+        """Keep ``plan`` for the call shape ``key`` (``_plans``), forgetting the oldest beyond
         ``PLANS_KEPT``; return it."""
-        plans = self._target().plans
+        plans = self._target()._plans
         if len(plans) >= PLANS_KEPT:
             del plans[next(iter(plans))]
         plans[key] = plan
         return plan
 
-    def run(self, plan: Plan, async_op: bool, *args: Any) -> Work | Any:
+    def _run(self, plan: Plan, async_op: bool, *args: Any) -> Work | Any:
         """Run ``plan``'s algorithm on ``args`` in this group's issue order.
 
         A call that fails ends the group on every member (see ``_failed``).
@@ -180,7 +168,10 @@ class Group:
                     return plan.run(ctx, *args)
                 except BaseException as exc:
                     _failed(ctx, exc)
-                    raise
+                    explained = _left_before(ctx, exc)
+                    if explained is None:
+                        raise
+                    raise explained from exc
                 finally:
                     engine.leave()
 
@@ -190,7 +181,10 @@ class Group:
                 return plan.run(ctx, *args)
             except BaseException as exc:
                 _failed(ctx, exc)
-                raise
+                explained = _left_before(ctx, exc)
+                if explained is None:
+                    raise
+                raise explained from exc
 
         try:
             return engine.submit(plan.label, body, async_op)
@@ -282,7 +276,7 @@ class Group:
         if self._shm is not None:
             self._shm.abort(error, tell_peers=False)  # peers learn we left from close()
         self._engine.stop(error)
-        self.plans.clear()  # they hold views of the domain's memory
+        self._plans.clear()  # they hold views of the domain's memory
         if self._shm is not None:
             self._shm.close()
         for part in self._parts:
@@ -290,6 +284,22 @@ class Group:
 
     def __repr__(self) -> str:
         return f"Group(name={self.name!r}, ranks={list(self.ranks)})"
+
+
+def _left_before(ctx: Ctx, error: BaseException) -> PeerLostError | None:
+    """If ``error`` says a peer called ``destroy()`` while this rank waited for it in a call, the
+    peer never made that call: the ranks' call sequences differ (an extra call on one rank, or a
+    missing one on the other, which no signature check can see when the calls look alike).
+    Return an error that says so, or None for any other error."""
+    if not isinstance(error, PeerLostError) or not error.left:
+        return None
+    them = (f"; its last call in the group was step {error.last_step}"
+            if error.last_step is not None else "")
+    return PeerLostError(error.rank, (
+        f"sequence mismatch: it left (destroy() was called) while rank {ctx.ranks[ctx.rank]} waited "
+        f"for it in {ctx.name} at step {ctx.seq}{them}; the "
+        f"ranks' call sequences differ (this rank made a call rank {error.rank} did not make)"),
+        left=True, last_step=error.last_step)
 
 
 def _failed(ctx: Ctx, error: BaseException) -> None:

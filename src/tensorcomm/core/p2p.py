@@ -46,10 +46,10 @@ class P2PWork(Work):
 def isend(group: Group, array: np.ndarray, dst: int, tag: int) -> P2PWork:
     """Start sending ``array`` to global rank ``dst``."""
     group.group_rank(dst)
-    world = group.world
+    world = group._world
     if world.forked is not None:
         raise world.forked
-    request = world.transport.isend(dst, as_bytes(np.ascontiguousarray(array)), p2p_tag(group.group_id, tag))
+    request = world.transport.isend(dst, as_bytes(np.ascontiguousarray(array)), p2p_tag(group._group_id, tag))
     return P2PWork(f"send to rank {dst}", request, world.timeout)
 
 
@@ -58,11 +58,11 @@ def irecv(group: Group, array: np.ndarray, src: int | None, tag: int) -> P2PWork
     peer = ANY_SOURCE if src is None else src
     if src is not None:
         group.group_rank(src)
-    world = group.world
+    world = group._world
     if world.forked is not None:
         raise world.forked
     # Receive into scratch: a failed or partial message never touches the caller's array.
     scratch = np.empty_like(array, order="C")
-    request = world.transport.irecv(peer, as_bytes(scratch), p2p_tag(group.group_id, tag))
+    request = world.transport.irecv(peer, as_bytes(scratch), p2p_tag(group._group_id, tag))
     source = "any rank" if src is None else f"rank {src}"
     return P2PWork(f"recv from {source}", request, world.timeout, scratch, array)

@@ -20,7 +20,7 @@ class Work:
     """
 
     def __init__(self, description: str) -> None:
-        self.description = description
+        self._description = description
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._result: Any = None
@@ -40,7 +40,7 @@ class Work:
             CommError: the call itself failed (its own exception is re-raised).
         """
         if not self._done.wait(timeout):
-            raise CommTimeoutError(f"{self.description} did not complete within {timeout:g} s")
+            raise CommTimeoutError(f"{self._description} did not complete within {timeout:g} s")
         if self._error is not None:
             raise self._error
         return True
@@ -62,7 +62,7 @@ class Work:
         self.wait()
         return self._result
 
-    def after(self, callback: Callable[[], None]) -> None:
+    def _after(self, callback: Callable[[], None]) -> None:
         """Run ``callback()`` once the call succeeds, before ``wait`` returns.
 
         Frontends use it to copy results into the caller's own array. An exception from the
@@ -75,13 +75,13 @@ class Work:
         if self._error is None:
             callback()
 
-    def on_done(self, hook: Callable[[Work], None]) -> None:
+    def _on_done(self, hook: Callable[[Work], None]) -> None:
         """Run ``hook(work)`` once the call has finished, successfully or not, before ``wait``
         returns (at once, on this thread, if it has finished already).
 
         For frameworks whose own handles must learn the outcome, failures included (the torch
         backend completes torch futures here). Hooks run on the thread that completes the call
-        (an engine's worker for async collectives) after ``after`` callbacks; ``exception()``
+        (an engine's worker for async collectives) after ``_after`` callbacks; ``exception()``
         tells how it ended. An exception from a hook is logged, never raised: the call's
         outcome is decided already.
         """
@@ -110,11 +110,11 @@ class Work:
 
     def __repr__(self) -> str:
         state = "failed" if self._error else "done" if self._done.is_set() else "pending"
-        return f"<Work {self.description} {state}>"
+        return f"<Work {self._description} {state}>"
 
 
 def _run_hook(hook: Callable[[Work], None], work: Work) -> None:
     try:
         hook(work)
     except Exception:
-        log.exception("a completion hook of %s raised; the call's own outcome stands", work.description)
+        log.exception("a completion hook of %s raised; the call's own outcome stands", work._description)

@@ -47,7 +47,7 @@ from .. import config
 from ..algorithms import select
 from ..algorithms.base import Hierarchy, Plan
 from ..errors import AuthenticationError, CommTimeoutError, GroupAbortedError, RendezvousError
-from ..rendezvous.init_method import Rendezvous, from_store, rendezvous
+from ..rendezvous.init_method import Rendezvous, from_store, meets_through_mpi, rendezvous
 from ..rendezvous.own_store import address_of, reachable_address
 from ..rendezvous.store import PrefixStore, Store
 from ..signature import Signature
@@ -96,7 +96,7 @@ class World:
         joined = [entry.decode() for entry in _await_everyone(store, self.rank, self.size, timeout)]
         self._hosts = tuple(entry[1:] for entry in joined)
         self._shm_allowed = tuple(entry[0] == "1" for entry in joined)
-        self.transport = _connect(backend, rdzv, store, timeout)
+        self.transport = _connect(backend, rdzv, store, timeout, self.generation)
         self._groups: list[Group] = []
         self._made: Counter[tuple[int, ...]] = Counter()  # groups made per member list, ever
         try:
@@ -195,7 +195,7 @@ class World:
             return None, []
         grid = [order.index(where) * len(mine) + members[where].index(r)
                 for r, where in zip(ranks, hosts, strict=True)]
-        return Hierarchy(host.team, cross.team, grid, select.pick), [host, cross]
+        return Hierarchy(host._member_team(), cross._member_team(), grid, select.pick), [host, cross]
 
     def _part(self, ranks: tuple[int, ...], label: str, key: str) -> Group:
         """An internal group of a hierarchical group (not registered, used by its calls only)."""
@@ -304,17 +304,18 @@ class World:
             group._engine = Engine.refusing(group.name, self.forked)
 
 
-def _connect(backend: str, rdzv: Rendezvous, store: Store,
-             timeout: float) -> TcpTransport | MpiTransport:
+def _connect(backend: str, rdzv: Rendezvous, store: Store, timeout: float,
+             generation: int) -> TcpTransport | MpiTransport:
     """The transport between all ranks: tensorcomm's TCP mesh, or MPI's point-to-point."""
     if backend == "mpi":
         from ..transports.mpi.transport import MpiTransport
 
         return MpiTransport.open(rdzv.rank, rdzv.world_size, timeout)
     # Listen where the store's host is reached.
-    sockets = connect_mesh(rdzv.rank, rdzv.world_size, store, rdzv.secret,
-                           reachable_address(*address_of(rdzv.store)), timeout)
-    return TcpTransport(rdzv.rank, rdzv.world_size, sockets, send_timeout=timeout)
+    links = connect_mesh(rdzv.rank, rdzv.world_size, store, rdzv.secret,
+                         reachable_address(*address_of(rdzv.store)), timeout,
+                         scope=f"world generation {generation}".encode())
+    return TcpTransport(rdzv.rank, rdzv.world_size, links, send_timeout=timeout)
 
 
 def _checked_algorithms(pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
@@ -430,7 +431,10 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
 
     Args:
         init_method: ``env://`` (default: read the launcher's environment), ``tcp://host:port``
-            or ``file:///path``.
+            or ``file:///path``. Under mpirun/mpiexec (or srun with PMI/PMIx) without
+            ``MASTER_ADDR``, the ranks meet through MPI when mpi4py is installed; under srun
+            alone at the first host of the node list; with no launcher at all, the world is
+            this one process (docs/env.md).
         rank: this process's global rank (default: from the environment).
         world_size: number of ranks (default: from the environment).
         timeout: seconds (or a ``timedelta``) that bounds every blocking call, set-up included.
@@ -465,7 +469,9 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
             rdzv = from_store(store, rank, world_size, seconds, secret)
         elif secret is not None:
             raise ValueError("init: secret= goes with store=; otherwise set TENSORCOMM_SECRET")
-        elif chosen == "mpi" and init_method is None:
+        elif ((chosen == "mpi" and init_method is None)
+              or (init_method in (None, "env://") and meets_through_mpi(info))):
+            # Under mpirun without MASTER_ADDR: rank 0 serves the store, MPI hands out where.
             from ..transports.mpi.join import rendezvous as mpi_rendezvous
 
             rdzv = mpi_rendezvous(rank, world_size, seconds)
@@ -526,11 +532,19 @@ class _WorldHandle(Group):
     def _target(self) -> Group:
         return current_world().world_group
 
-    # Group.plans is a plain attribute (read on every call) that is never reassigned; the
+    # Group._plans is a plain attribute (read on every call) that is never reassigned; the
     # handle reads the current world group's.
     @property
-    def plans(self) -> dict[Hashable, Plan]:  # type: ignore[override]
-        return self._target().plans
+    def _plans(self) -> dict[Hashable, Plan]:  # type: ignore[override]
+        return self._target()._plans
+
+    @property
+    def _world(self) -> World:  # type: ignore[override]
+        return self._target()._world
+
+    @property
+    def _group_id(self) -> int:  # type: ignore[override]
+        return self._target()._group_id
 
     def __repr__(self) -> str:
         return "tensorcomm.WORLD"

@@ -58,8 +58,9 @@ class Staged:
                             f"{_SUPPORTED_NAMES}")
         flags = array.flags
         if writable and not flags.writeable:
-            raise ValueError(f"{_text(where)}: the output array is read-only; pass a writable array "
-                             f"(numpy scalars and bytes never are)")
+            raise ValueError(f"{_text(where)}: the output array is read-only (as are arrays that Ray "
+                             f"passes to actors from its object store, views of bytes and numpy "
+                             f"scalars); pass a writable copy, e.g. arr.copy()")
         self.writable = writable
         if flags.c_contiguous and array.ndim:
             self.buf = array

@@ -41,7 +41,8 @@ Destinations = Any  # None | "all" | int | Sequence[int]; see the module docstri
 
 
 class ReduceOp(enum.Enum):
-    """How a cross-device reduction combines values, as ``tf.distribute.ReduceOp``."""
+    """How a cross-device reduction combines values, as ``tf.distribute.ReduceOp``: ``SUM`` or
+    ``MEAN``."""
 
     SUM = "SUM"
     MEAN = "MEAN"

@@ -1,7 +1,8 @@
 """torch.distributed / MindSpore ``mint.distributed`` style: in place, ``async_op`` -> ``Work``.
 
 Every function validates its arguments on the calling rank, then calls ``core.collectives``.
-Ranks in ``src``/``dst`` are global ranks, as in torch and MindSpore. With ``async_op=False`` a
+Ranks in ``src``/``dst`` are global ranks, as in torch and MindSpore; the rooted calls also take
+``group_src``/``group_dst``, a rank of the group, as torch does. With ``async_op=False`` a
 call returns ``None`` once done; with ``async_op=True`` it returns a ``Work`` at once and the
 outputs are written when the call completes.
 """
@@ -28,7 +29,7 @@ def _done(result: Work | None, outputs: Sequence[Staged], async_op: bool) -> Wor
                 staged.commit()
 
         assert result is not None
-        result.after(commit)
+        result._after(commit)
         return result
     for staged in outputs:
         if staged.needs_commit:  # else the call wrote into the caller's own array
@@ -76,23 +77,25 @@ def all_reduce(tensor: Any, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
 
 
 def reduce(tensor: Any, dst: int = 0, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
-           async_op: bool = False) -> Work | None:
-    """Reduce ``tensor`` across the group onto global rank ``dst``; others' tensors are unchanged."""
+           async_op: bool = False, *, group_dst: int | None = None) -> Work | None:
+    """Reduce ``tensor`` across the group onto global rank ``dst`` (or group rank ``group_dst``);
+    others' tensors are unchanged."""
     fn = "reduce"
     g = validate.group(group, fn)
     validate.flag(async_op, "async_op", fn)
-    root = validate.rank(dst, "dst", fn, g)
+    root = validate.root(dst, group_dst, "dst", fn, g)
     staged = validate.array(tensor, "tensor", fn, writable=g.rank == root)
     outputs = [staged] if g.rank == root else []
     return _done(collectives.reduce(g, staged.buf, root, op, async_op), outputs, async_op)
 
 
-def broadcast(tensor: Any, src: int = 0, group: Any = None, async_op: bool = False) -> Work | None:
-    """Copy global rank ``src``'s ``tensor`` into every member's ``tensor``."""
+def broadcast(tensor: Any, src: int = 0, group: Any = None, async_op: bool = False, *,
+              group_src: int | None = None) -> Work | None:
+    """Copy global rank ``src``'s (or group rank ``group_src``'s) ``tensor`` into every member's."""
     fn = "broadcast"
     g = validate.group(group, fn)
     validate.flag(async_op, "async_op", fn)
-    root = validate.rank(src, "src", fn, g)
+    root = validate.root(src, group_src, "src", fn, g)
     staged = validate.array(tensor, "tensor", fn, writable=g.rank != root)
     outputs = [staged] if g.rank != root else []
     return _done(collectives.broadcast(g, staged.buf, root, async_op), outputs, async_op)
@@ -137,21 +140,23 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
 
 
 def gather(tensor: Any, gather_list: Any = None, dst: int = 0, group: Any = None,
-           async_op: bool = False) -> Work | None:
-    """Collect every member's ``tensor`` into ``gather_list`` on global rank ``dst`` only.
+           async_op: bool = False, *, group_dst: int | None = None) -> Work | None:
+    """Collect every member's ``tensor`` into ``gather_list`` on global rank ``dst`` (or group
+    rank ``group_dst``) only.
 
     Other ranks may pass ``None`` or a list; a list passed there is left untouched.
     """
     fn = "gather"
     g = validate.group(group, fn)
     validate.flag(async_op, "async_op", fn)
-    root = validate.rank(dst, "dst", fn, g)
+    root = validate.root(dst, group_dst, "dst", fn, g)
     staged = validate.array(tensor, "tensor", fn)
     outputs: list[Staged] = []
     out = None
     if g.rank == root:
         if gather_list is None:
-            raise ValueError(f"{fn}: gather_list is required on the destination rank {dst}")
+            raise ValueError(f"{fn}: gather_list is required on the destination rank "
+                             f"{g.global_rank(root)}")
         outputs = validate.array_list(gather_list, "gather_list", fn, g.size, writable=True)
         validate.same_layout(outputs, staged, "gather_list", fn)
         validate.distinct(outputs, "gather_list", fn)
@@ -161,17 +166,19 @@ def gather(tensor: Any, gather_list: Any = None, dst: int = 0, group: Any = None
 
 
 def scatter(tensor: Any, scatter_list: Any = None, src: int = 0, group: Any = None,
-            async_op: bool = False) -> Work | None:
-    """Send ``scatter_list[i]`` from global rank ``src`` into member ``i``'s ``tensor``."""
+            async_op: bool = False, *, group_src: int | None = None) -> Work | None:
+    """Send ``scatter_list[i]`` from global rank ``src`` (or group rank ``group_src``) into
+    member ``i``'s ``tensor``."""
     fn = "scatter"
     g = validate.group(group, fn)
     validate.flag(async_op, "async_op", fn)
-    root = validate.rank(src, "src", fn, g)
+    root = validate.root(src, group_src, "src", fn, g)
     output = validate.array(tensor, "tensor", fn, writable=True)
     send = None
     if g.rank == root:
         if scatter_list is None:
-            raise ValueError(f"{fn}: scatter_list is required on the source rank {src}")
+            raise ValueError(f"{fn}: scatter_list is required on the source rank "
+                             f"{g.global_rank(root)}")
         inputs = validate.array_list(scatter_list, "scatter_list", fn, g.size)
         validate.same_layout(inputs, output, "scatter_list", fn)
         send = _joined(inputs)
@@ -292,7 +299,7 @@ def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0) 
         validate.rank(src, "src", fn, g)
     staged = validate.array(tensor, "tensor", fn, writable=True)
     work = p2p.irecv(g, staged.buf, src, validate.tag(tag, fn))
-    work.after(staged.commit)
+    work._after(staged.commit)
     return work
 
 

@@ -111,6 +111,9 @@ class AllGather(_Operator):
     """Concatenate every member's input along dim 0, in rank order (``mindspore.ops.AllGather``).
 
     Every member passes the same shape; for different dim-0 sizes use ``tensorcomm.all_gather_v``.
+
+    Args:
+        group: a group name (str) or ``Group``.
     """
 
     def __init__(self, group: str | Group = WORLD) -> None:

@@ -33,9 +33,9 @@ import torch.distributed as dist
 from ..core.group import Group
 from ..types import ReduceOp, ReduceOpLike
 from . import functional as F
-from .torch_work import TensorcommWork
-
-BACKEND_NAME = "tensorcomm"
+from .torch_c10d import BACKEND_NAME, register_cpu_backend
+from .torch_monitored import monitored_barrier
+from .torch_work import TensorcommWork, timeout_seconds
 
 _OPS = {
     dist.ReduceOp.SUM: ReduceOp.SUM, dist.ReduceOp.AVG: ReduceOp.AVG,
@@ -80,19 +80,14 @@ def _op_of(opts: Any, op: Any) -> ReduceOpLike:
     return _reduce_op(getattr(opts, "reduceOp", None))
 
 
-def _root_of(opts: Any, root: int | None, what: str) -> int:
-    """The root (group rank) from an options object, or from a positional/keyword ``root``."""
+def _root_of(opts: Any, root: int | None) -> int:
+    """The root (group rank) from an options object, or from a positional/keyword ``root``;
+    c10d's default, 0, when neither gives one."""
     if root is not None:
         return root
     if isinstance(opts, int) and not isinstance(opts, bool):
         return opts
-    if opts is None or not hasattr(opts, "rootRank"):
-        raise TypeError(f"tensorcomm backend: {what} needs a root rank (root= or options.rootRank)")
-    return int(opts.rootRank)
-
-
-def _listed(tensors: Any) -> list[Any]:
-    return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+    return int(getattr(opts, "rootRank", 0))
 
 
 def _one(tensors: Any, what: str) -> torch.Tensor:
@@ -121,11 +116,36 @@ def _pairs(outputs: list[torch.Tensor], inputs: list[torch.Tensor],
     return zip(outputs, inputs, strict=True)
 
 
+def _combine(tensors: list[torch.Tensor], op: ReduceOpLike) -> torch.Tensor:
+    """Several same-shaped tensors reduced into one, locally, by ``op`` (AVG: their mean; a
+    pre-multiplied sum: their plain sum, which the group's call then scales)."""
+    if len({(t.dtype, t.shape) for t in tensors}) != 1:
+        raise ValueError("tensorcomm backend: allreduce's tensors must share one dtype and shape, "
+                         f"got {[(str(t.dtype), list(t.shape)) for t in tensors]}")
+    stacked = torch.stack([t.detach() for t in tensors])
+    kind = op if isinstance(op, (ReduceOp, str)) else ReduceOp.SUM  # PremulSum: a sum
+    kind = ReduceOp(kind) if isinstance(kind, str) else kind
+    if kind in _LOCAL:
+        return _LOCAL[kind](stacked)
+    bitwise = _BITWISE[kind]
+    combined = stacked[0].clone()
+    for tensor in stacked[1:]:
+        combined = bitwise(combined, tensor)
+    return combined
+
+
+_LOCAL = {
+    ReduceOp.SUM: lambda t: t.sum(0, dtype=t.dtype), ReduceOp.AVG: lambda t: t.mean(0),
+    ReduceOp.PROD: lambda t: t.prod(0, dtype=t.dtype), ReduceOp.MIN: lambda t: t.amin(0),
+    ReduceOp.MAX: lambda t: t.amax(0),
+}
+_BITWISE = {ReduceOp.BAND: torch.bitwise_and, ReduceOp.BOR: torch.bitwise_or,
+            ReduceOp.BXOR: torch.bitwise_xor}
+
+
 class _BackendFacts:
     """What torch's Python code asks of a group's backend object (``pg._get_backend(device)``)
-    before it picks a path. A Python process group has no C++ backend object; it answers with
-    this, truthfully: none of the optional capabilities. (torch 2.14's ``batch_isend_irecv``
-    asks ``supports_coalescing`` of every ProcessGroup and fails where there is no backend.)"""
+    before it picks a path, on torch 2.13, where no backend object can be built in Python."""
 
     supports_coalescing = False
     supports_splitting = False
@@ -157,9 +177,9 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         self._on_shutdown = on_shutdown
         self._group_name = ""
         self._group_desc = ""
-        # torch asks a process group which devices it serves (DCP, DeviceMesh, DTensor); a
-        # Python process group has no C++ backend object, so the device type is registered alone.
-        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, None)
+        # torch asks a process group which devices it serves (DCP, DeviceMesh, DTensor) and, from
+        # 2.15, reads the CPU backend object (health check, flight recorder).
+        self._backend = register_cpu_backend(self)
 
     def getBackendName(self) -> str:  # noqa: N802 (torch's names)
         """``"tensorcomm"``."""
@@ -181,15 +201,13 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         """Keep the description torch gives the group."""
         self._group_desc = desc
 
-    def _get_backend(self, device: Any) -> _BackendFacts:
-        """What the group's backend can do on ``device`` (the CPU only)."""
+    def _get_backend(self, device: Any) -> Any:
+        """The group's backend object on ``device`` (the CPU only; on torch 2.13, where it cannot
+        be built, an object that answers torch's capability questions)."""
         if torch.device(device).type != "cpu":
             raise RuntimeError(f"tensorcomm backend: no backend for device {device}; tensorcomm "
                                f"serves CPU tensors")
-        return _BackendFacts()
-
-    def _global(self, group_rank: int) -> int:
-        return self._group.global_rank(group_rank)
+        return self._backend or _BackendFacts()
 
     def _work(self, work: Any, outputs: Sequence[torch.Tensor]) -> TensorcommWork:
         return TensorcommWork(work, outputs)
@@ -198,11 +216,25 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
 
     def allreduce(self, tensors: Any, opts: Any = None, timeout: Any = None, *,
                   op: Any = None) -> TensorcommWork:
-        """Reduce one tensor in place across the group (also ``allreduce(tensor, op)``)."""
+        """Reduce in place across the group (also ``allreduce(tensor, op)``).
+
+        With several tensors per process, as on Gloo, every tensor ends with the reduction of
+        all of them on every member.
+        """
         _, run_async = _options(opts)
-        tensor = _one(tensors, "allreduce")
-        work = F.all_reduce(tensor, _op_of(opts, op), self._group, run_async)
-        return self._work(work, [tensor])
+        reduce_op = _op_of(opts, op)
+        if isinstance(tensors, torch.Tensor) or len(tensors) == 1:
+            tensor = _one(tensors, "allreduce")
+            return self._work(F.all_reduce(tensor, reduce_op, self._group, run_async), [tensor])
+        tensors = list(tensors)
+        combined = _combine(tensors, reduce_op)
+
+        def unpack() -> None:
+            with torch.no_grad():
+                for tensor in tensors:
+                    tensor.copy_(combined)
+
+        return self._finish(F.all_reduce(combined, reduce_op, self._group, run_async), unpack, tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> TensorcommWork:
         """Reduce several tensors of one dtype in place, as one flat message."""
@@ -227,7 +259,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         if work is None:
             unpack()
         else:
-            work.after(unpack)
+            work._after(unpack)
         return self._work(work, outputs)
 
     def reduce(self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None, *,
@@ -235,8 +267,8 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         """Reduce one tensor onto the root (also ``reduce(tensor, root, op)``)."""
         options, run_async = _options(opts)
         tensor = _one(tensors, "reduce")
-        dst = self._global(_root_of(opts, root, "reduce"))
-        work = F.reduce(tensor, dst, _op_of(options, op), self._group, run_async)
+        work = F.reduce(tensor, 0, _op_of(options, op), self._group, run_async,
+                        group_dst=_root_of(opts, root))
         return self._work(work, [tensor])
 
     def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None,
@@ -284,7 +316,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         if work is None:
             unpack()
         else:
-            work.after(unpack)
+            work._after(unpack)
         return work
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
@@ -312,12 +344,33 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
 
     def broadcast(self, tensors: Any, opts: Any = None, timeout: Any = None, *,
                   root: int | None = None) -> TensorcommWork:
-        """Copy the root's tensor into everyone's (also ``broadcast(tensor, root)``)."""
+        """Copy the root's tensor into everyone's (also ``broadcast(tensor, root)``; root 0 when
+        neither names one).
+
+        With several tensors per process, as on Gloo, the root's ``tensors[opts.rootTensor]``
+        lands in every tensor of every member.
+        """
         _, run_async = _options(opts)
-        tensor = _one(tensors, "broadcast")
-        src = self._global(_root_of(opts, root, "broadcast"))
-        work = F.broadcast(tensor, src, self._group, run_async)
-        return self._work(work, [tensor])
+        group_root = _root_of(opts, root)
+        if isinstance(tensors, torch.Tensor) or len(tensors) == 1:
+            tensor = _one(tensors, "broadcast")
+            work = F.broadcast(tensor, 0, self._group, run_async, group_src=group_root)
+            return self._work(work, [tensor])
+        tensors = list(tensors)
+        source = int(getattr(opts, "rootTensor", 0))
+        if not 0 <= source < len(tensors):
+            raise ValueError(f"tensorcomm backend: broadcast rootTensor={source} is out of range "
+                             f"for {len(tensors)} tensors")
+        tensor = tensors[source]
+
+        def unpack() -> None:
+            with torch.no_grad():
+                for other in tensors:
+                    if other is not tensor:
+                        other.copy_(tensor)
+
+        work = F.broadcast(tensor, 0, self._group, run_async, group_src=group_root)
+        return self._finish(work, unpack, tensors)
 
     def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> TensorcommWork:
         """Gather everyone's tensor into a list on every member.
@@ -327,10 +380,34 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         _, run_async = _options(opts)
         if isinstance(input_tensors, torch.Tensor):
             outputs, tensor = list(output_tensors), input_tensors
+        elif len(input_tensors) != 1:
+            return self._allgather_several(list(output_tensors), list(input_tensors), run_async)
         else:
             outputs, tensor = _single(output_tensors, "allgather"), _one(input_tensors, "allgather")
         work = F.all_gather(outputs, tensor, self._group, run_async)
         return self._work(work, outputs)
+
+    def _allgather_several(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                           run_async: bool) -> TensorcommWork:
+        # Gloo's form: n inputs per process, n output lists of size * n tensors each, every list
+        # holding member r's input i at r * n + i.
+        size, n = self._group.size, len(inputs)
+        if len(output_lists) != n or any(len(outputs) != size * n for outputs in output_lists):
+            raise ValueError(f"tensorcomm backend: allgather with {n} inputs needs {n} output lists "
+                             f"of {size * n} tensors, got {[len(o) for o in output_lists]}")
+        if len({(t.dtype, t.shape) for t in inputs}) != 1:
+            raise ValueError("tensorcomm backend: allgather's inputs must share one dtype and shape")
+        joined = inputs[0].new_empty((size * n, *inputs[0].shape))
+        work = F.all_gather_into_tensor(joined, torch.stack([t.detach() for t in inputs]),
+                                        self._group, run_async)
+
+        def unpack() -> None:
+            with torch.no_grad():
+                for outputs in output_lists:
+                    for output, part in zip(outputs, joined, strict=True):
+                        output.copy_(part)
+
+        return self._finish(work, unpack, [t for outputs in output_lists for t in outputs])
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                           opts: Any = None) -> TensorcommWork:
@@ -385,14 +462,14 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         ``gather(outputs, tensor, root)``.
         """
         _, run_async = _options(opts)
-        group_root = _root_of(opts, root, "gather")
+        group_root = _root_of(opts, root)
         if isinstance(input_tensors, torch.Tensor):
             tensor, outputs = input_tensors, list(output_tensors)
         else:
             tensor = _one(input_tensors, "gather")
             outputs = _single(output_tensors, "gather") if self._group.rank == group_root else []
         gather_list = outputs if self._group.rank == group_root else None
-        work = F.gather(tensor, gather_list, self._global(group_root), self._group, run_async)
+        work = F.gather(tensor, gather_list, 0, self._group, run_async, group_dst=group_root)
         return self._work(work, outputs)
 
     def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None,
@@ -403,7 +480,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         ``scatter(tensor, inputs, root)``.
         """
         _, run_async = _options(opts)
-        group_root = _root_of(opts, root, "scatter")
+        group_root = _root_of(opts, root)
         tensor = _one(output_tensors, "scatter")
         if self._group.rank != group_root:
             inputs = None
@@ -411,7 +488,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
             inputs = list(input_tensors)
         else:
             inputs = _single(input_tensors, "scatter")
-        work = F.scatter(tensor, inputs, self._global(group_root), self._group, run_async)
+        work = F.scatter(tensor, inputs, 0, self._group, run_async, group_src=group_root)
         return self._work(work, [tensor])
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
@@ -437,22 +514,46 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         _, run_async = _options(opts)
         return self._work(F.barrier(self._group, run_async), [])
 
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """A barrier that names the members that did not arrive within ``timeout``.
+
+        Group rank 0 waits for every other member in turn, then releases them all. Raises
+        RuntimeError naming the first member that did not arrive (every such member with
+        ``wait_all_ranks=True``); on the others, when rank 0 does not release them in time.
+        """
+        monitored_barrier(self._group, timeout_seconds(timeout), wait_all_ranks)
+
     # -- point to point ---------------------------------------------------------------------
 
     def send(self, tensors: Any, dst: int, tag: int = 0) -> TensorcommWork:
         """Start sending one tensor to group rank ``dst``."""
         tensor = _one(tensors, "send")
-        return self._work(F.isend(tensor, self._global(dst), self._group, tag), [tensor])
+        return self._work(F.isend(tensor, self._group.global_rank(dst), self._group, tag), [tensor])
 
     def recv(self, tensors: Any, src: int, tag: int = 0) -> TensorcommWork:
         """Start receiving one tensor from group rank ``src``."""
         tensor = _one(tensors, "recv")
-        return self._work(F.irecv(tensor, self._global(src), self._group, tag), [tensor])
+        return self._work(F.irecv(tensor, self._group.global_rank(src), self._group, tag), [tensor])
 
     def recv_anysource(self, tensors: Any, tag: int = 0) -> TensorcommWork:
         """Not supported: torch reads the sender from a C++ field a Python Work cannot set."""
         raise ValueError("tensorcomm backend: recv needs src= (receiving from any source is not "
                          "supported; torch cannot read the sender from a Python backend's Work)")
+
+    # -- groups and lifecycle ---------------------------------------------------------------
+
+    def split_group(self, ranks: list[int], timeout: Any = None, opts: Any = None,
+                    group_name: str | None = None, group_desc: str | None = None,
+                    device_types: Any = None) -> ProcessGroupTensorcomm | None:
+        """The group of ``ranks`` (this group's ranks, in their order), or None for a
+        non-member (``torch.distributed.split_group`` calls this on every member)."""
+        if self._group.rank not in ranks:
+            return None
+        members = [self._group.global_rank(r) for r in ranks]
+        child = ProcessGroupTensorcomm(self._group._world.new_group(members))
+        child.setGroupName(group_name or "")
+        child.setGroupDesc(group_desc or "")
+        return child
 
     # -- lifecycle --------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 The backend's collectives run on the group's worker thread, so DDP's gradient all-reduces go on
 beside the rest of backward; the torch future of each call is completed by that worker when the
-call ends (``Work.on_done``).
+call ends (``Work._on_done``).
 
 How a failure reaches torch. ``torch.futures.Future.set_exception`` does not mark the C++ future
 as failed: it stores the exception object as the future's *value*, and only Python's
@@ -58,7 +58,7 @@ def _unwrap(value: Any) -> Any:
     return value
 
 
-def _seconds(timeout: datetime.timedelta | None) -> float | None:
+def timeout_seconds(timeout: datetime.timedelta | None) -> float | None:
     # torch encodes "no timeout" as a zero or negative duration.
     if timeout is None or timeout.total_seconds() <= 0:
         return None
@@ -101,7 +101,7 @@ class TensorcommFuture(torch.futures.Future[Any]):
         super().add_done_callback(callback)
 
 
-class TensorcommWork(dist._Work):
+class TensorcommWork(dist.Work):
     """torch's ``Work`` over a tensorcomm ``Work``; the future's value is ``result``.
 
     Args:
@@ -113,7 +113,7 @@ class TensorcommWork(dist._Work):
         super().__init__()
         self._work = work
         self._future = TensorcommFuture(work)
-        outputs = list(result)
+        outputs = self._outputs = list(result)
         if work is None:
             self._future.set_result(outputs)
             return
@@ -123,7 +123,7 @@ class TensorcommWork(dist._Work):
             error = done.exception()
             future.set_result(outputs if error is None else _Failed(error))
 
-        work.on_done(finish)
+        work._on_done(finish)
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         """Block until the call has finished; raise its error if it failed.
@@ -133,7 +133,7 @@ class TensorcommWork(dist._Work):
             CommError: the call failed.
         """
         if self._work is not None:
-            self._work.wait(_seconds(timeout))
+            self._work.wait(timeout_seconds(timeout))
         return True
 
     def is_completed(self) -> bool:
@@ -147,6 +147,11 @@ class TensorcommWork(dist._Work):
     def exception(self) -> BaseException | None:
         """The call's error once it has failed, else None."""
         return None if self._work is None else self._work.exception()
+
+    def result(self) -> list[torch.Tensor]:
+        """The call's output tensors, once it has finished (waits; raises its error)."""
+        self.wait()
+        return list(self._outputs)
 
     def get_future(self) -> torch.futures.Future[Any]:
         """A future whose value is the list of output tensors (reading it raises a failure)."""

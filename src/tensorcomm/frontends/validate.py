@@ -31,7 +31,7 @@ def group(value: Any, fn: str) -> Group:
         raise TypeError(f"{fn}: group must be a tensorcomm.Group, a group name (str) or None, "
                         f"got {_type_name(value)}")
     if not resolved.is_member:
-        raise ValueError(f"{fn}: this process (global rank {resolved.world.rank}) is not a member "
+        raise ValueError(f"{fn}: this process (global rank {resolved._world.rank}) is not a member "
                          f"of group {resolved.name!r} (ranks {list(resolved.ranks)})")
     return resolved
 
@@ -54,12 +54,24 @@ def rank(value: Any, argument: str, fn: str, in_group: Group) -> int:
     """A global rank that belongs to ``in_group``; returns its group rank."""
     global_rank = integer(value, argument, fn)
     if global_rank not in in_group.ranks:
-        if 0 <= global_rank < in_group.world.size:
+        if 0 <= global_rank < in_group._world.size:
             raise ValueError(f"{fn}: {argument}={global_rank} is not a member of group "
                              f"{in_group.name!r} (ranks {list(in_group.ranks)})")
         raise ValueError(f"{fn}: {argument}={global_rank} is out of range for a world of size "
-                         f"{in_group.world.size}")
+                         f"{in_group._world.size}")
     return in_group.group_rank(global_rank)
+
+
+def root(value: Any, group_value: Any, argument: str, fn: str, in_group: Group) -> int:
+    """The group rank of a rooted call's root: ``group_value`` (``group_src``/``group_dst``, a
+    group rank, checked against the size) when given, else the global rank ``value``."""
+    if group_value is None:
+        return rank(value, argument, fn, in_group)
+    checked = integer(group_value, f"group_{argument}", fn)
+    if not 0 <= checked < in_group.size:
+        raise ValueError(f"{fn}: group_{argument}={checked} is out of range for group "
+                         f"{in_group.name!r} of size {in_group.size}")
+    return checked
 
 
 def tag(value: Any, fn: str) -> int:

@@ -11,6 +11,7 @@ import os
 import sys
 
 from . import env as launch_env
+from . import run as launch_run
 from . import spawner
 
 HELP = "run every collective on N local ranks and check it against numpy"
@@ -18,7 +19,8 @@ HELP = "run every collective on N local ranks and check it against numpy"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``tensorcomm demo``'s options to ``parser``."""
-    parser.add_argument("-n", "--nprocs", type=int, default=4, help="number of local ranks (default 4)")
+    launch_run.add_nprocs_argument(parser, "nprocs", "number of local ranks (default 4)", "--nprocs",
+                                   default=4)
     parser.add_argument("--sizes", type=int, nargs="+", help="float32 element counts per collective")
     parser.add_argument("--iterations", type=int, help="timed calls per row")
 

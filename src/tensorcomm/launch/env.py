@@ -7,6 +7,9 @@ Variables the launcher *reads*; each is the fallback of a ``tensorcomm run`` fla
 - ``TENSORCOMM_NODE_RANK`` (``--node-rank``): this node's index, ``0..nnodes-1``; default 0.
 - ``TENSORCOMM_MASTER`` (``--master``): ``host:port`` where node 0's launcher hosts the store;
   required (with a non-zero port) for nnodes > 1; default on one node: ``127.0.0.1``, free port.
+- ``MASTER_ADDR``, ``MASTER_PORT`` (``--master-addr``, ``--master-port``, as torchrun): the same
+  address in two parts, read when neither ``--master`` nor ``TENSORCOMM_MASTER`` is given; an
+  address without a port means a free port (one node only).
 - ``TENSORCOMM_JOB_TIMEOUT`` (``--timeout``): wall-clock limit of the job in seconds; on expiry
   all ranks are stopped and the launcher exits 124. Default: none.
 - ``TENSORCOMM_SECRET`` (no flag): the job secret. Unset on one node: a fresh
@@ -103,6 +106,43 @@ def parse_master(text: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
+def resolve_master(environ: Mapping[str, str], master: str | None, master_addr: str | None,
+                   master_port: int | None) -> tuple[str, int] | None:
+    """Where node 0 hosts the store: ``--master``, else ``--master-addr``/``--master-port``, else
+    ``TENSORCOMM_MASTER``, else ``MASTER_ADDR``/``MASTER_PORT``; None if none is given.
+
+    A missing address is ``127.0.0.1``, a missing port 0 (any free port).
+
+    Raises:
+        LaunchConfigError: ``--master`` beside ``--master-addr``/``--master-port``, or a
+            malformed address or port.
+    """
+    flags = master_addr is not None or master_port is not None
+    if master is not None:
+        if flags:
+            raise LaunchConfigError("--master: give either --master HOST:PORT or --master-addr and "
+                                    "--master-port, not both")
+        return parse_master(master)
+    port_name = "--master-port"
+    if not flags:
+        if environ.get(ENV_MASTER):
+            return parse_master(environ[ENV_MASTER])
+        master_addr = environ.get(config.ENV_MASTER_ADDR) or None
+        raw = environ.get(config.ENV_MASTER_PORT) or None
+        if master_addr is None and raw is None:
+            return None
+        port_name = f"{config.ENV_MASTER_PORT}={raw!r}"
+        if raw is not None and not (raw.strip().isascii() and raw.strip().isdigit()):
+            raise LaunchConfigError(f"{port_name}: expected a port number 0..65535")
+        master_port = None if raw is None else int(raw)
+    if master_port is not None and not 0 <= master_port <= 65535:
+        raise LaunchConfigError(f"{port_name}: expected a port number 0..65535, got {master_port}")
+    if master_addr is not None and not master_addr.strip():
+        raise LaunchConfigError("--master-addr: expected a host name or address, got ''")
+    host = LOCAL_STORE_HOST if master_addr is None else master_addr.strip().strip("[]")
+    return host, master_port or 0
+
+
 def _int_setting(flag: str, value: int | None, environ: Mapping[str, str], name: str,
                  default: int) -> int:
     """The flag's value, else the environment variable's, else ``default``."""
@@ -139,7 +179,8 @@ def resolve_secret(environ: Mapping[str, str], nnodes: int) -> str:
 
 def resolve_settings(environ: Mapping[str, str], *, nprocs: int | None = None,
                      nnodes: int | None = None, node_rank: int | None = None,
-                     master: str | None = None, timeout: float | None = None) -> LaunchSettings:
+                     master: str | None = None, master_addr: str | None = None,
+                     master_port: int | None = None, timeout: float | None = None) -> LaunchSettings:
     """Merge the flags given (``None`` = not given) with their environment fallbacks and check them.
 
     Raises:
@@ -155,12 +196,11 @@ def resolve_settings(environ: Mapping[str, str], *, nprocs: int | None = None,
     if not 0 <= node < nodes:
         raise LaunchConfigError(f"--node-rank: expected 0..{nodes - 1}, got {node}")
 
-    master_text = master if master is not None else environ.get(ENV_MASTER) or None
-    address = parse_master(master_text) if master_text is not None else None
+    address = resolve_master(environ, master, master_addr, master_port)
     if nodes > 1 and (address is None or address[1] == 0):
         # Other nodes must know where to dial before node 0 has bound anything.
-        raise LaunchConfigError(f"--nnodes {nodes} needs --master host:port (or {ENV_MASTER}) "
-                                "with a fixed, non-zero port")
+        raise LaunchConfigError(f"--nnodes {nodes} needs --master host:port (or --master-addr and "
+                                f"--master-port, or {ENV_MASTER}) with a fixed, non-zero port")
 
     if timeout is None and environ.get(ENV_JOB_TIMEOUT):
         try:

@@ -22,6 +22,10 @@ The process rules, in one place:
 - Every child is reaped and the store closed before returning, whatever happened.
 - Ranks read stdin from ``/dev/null``: several ranks cannot share the terminal, and a rank in its
   own session has no controlling terminal anyway.
+- Output (``Output``): each line of a rank goes to the launcher's stdout or stderr as the rank wrote
+  it, prefixed ``[rank N] `` unless ``prefix`` is off, and only for the ranks in ``shown`` (all by
+  default); with ``log_dir`` also, unprefixed, to ``<log_dir>/rank<N>.stdout`` and ``.stderr``.
+  A rank's output is read to its end whether shown or not, so no rank blocks on a full pipe.
 
 This module imports ``rendezvous`` lazily (only to host the store) and never ``core``.
 """
@@ -60,6 +64,15 @@ class RankSpec:
     rank: int
     argv: list[str]
     env: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where the ranks' output goes (see the module docstring): ``shown`` holds global ranks."""
+
+    prefix: bool = True
+    shown: frozenset[int] | None = None  # None: every rank
+    log_dir: str | None = None
 
 
 @dataclass
@@ -144,14 +157,23 @@ class _OutputSink:
                 self._broken = True
 
 
-def _relay(pipe: IO[bytes], prefix: str, sink: _OutputSink) -> None:
-    """Copy ``pipe`` to ``sink`` line by line, each line prefixed; runs until EOF."""
-    with pipe:
-        for raw in iter(lambda: pipe.readline(_LINE_LIMIT), b""):
-            text = raw.decode("utf-8", errors="replace")
-            if not text.endswith("\n"):
-                text += "\n"  # the last line had no newline (or was cut at _LINE_LIMIT)
-            sink.write_line(prefix + text)
+def _relay(pipe: IO[bytes], prefix: str, sink: _OutputSink | None, copy: TextIO | None) -> None:
+    """Copy ``pipe`` to ``sink`` (unless None) line by line, each line prefixed, and unprefixed to
+    ``copy`` (unless None, closed at the end); runs until EOF."""
+    try:
+        with pipe:
+            for raw in iter(lambda: pipe.readline(_LINE_LIMIT), b""):
+                text = raw.decode("utf-8", errors="replace")
+                if not text.endswith("\n"):
+                    text += "\n"  # the last line had no newline (or was cut at _LINE_LIMIT)
+                if copy is not None:
+                    copy.write(text)
+                    copy.flush()
+                if sink is not None:
+                    sink.write_line(prefix + text)
+    finally:
+        if copy is not None:
+            copy.close()
 
 
 class _SignalCatcher:
@@ -183,8 +205,9 @@ class _Job:
 
     def __init__(self, specs: Sequence[RankSpec], grace: float, stdout: TextIO,
                  stderr: TextIO, keep_going: bool = False,
-                 store_users: Callable[[], int] | None = None) -> None:
+                 store_users: Callable[[], int] | None = None, output: Output = Output()) -> None:
         self._specs = specs
+        self._output = output
         self._grace = grace
         self._keep_going = keep_going
         self._store_users = store_users
@@ -223,14 +246,21 @@ class _Job:
                 self.say(f"cannot start rank {spec.rank} ({spec.argv[0]}): {exc.strerror}")
                 return 127 if isinstance(exc, FileNotFoundError) else 126
             rank = _Rank(spec, process)
-            prefix = f"[rank {spec.rank}] "
+            self._ranks.append(rank)
+            out = self._output
+            prefix = f"[rank {spec.rank}] " if out.prefix else ""
+            shown = out.shown is None or spec.rank in out.shown
             assert process.stdout is not None and process.stderr is not None
-            for pipe, sink in ((process.stdout, self._out), (process.stderr, self._err)):
-                reader = threading.Thread(target=_relay, args=(pipe, prefix, sink),
+            for pipe, sink, name in ((process.stdout, self._out, "stdout"),
+                                     (process.stderr, self._err, "stderr")):
+                copy = None
+                if out.log_dir is not None:
+                    path = os.path.join(out.log_dir, f"rank{spec.rank}.{name}")
+                    copy = open(path, "w", encoding="utf-8", errors="replace")  # noqa: SIM115 - closed by _relay
+                reader = threading.Thread(target=_relay, args=(pipe, prefix, sink if shown else None, copy),
                                           name=f"tensorcomm-relay-{spec.rank}", daemon=True)
                 reader.start()
                 rank.readers.append(reader)
-            self._ranks.append(rank)
         return None
 
     def _supervise(self, timeout: float | None) -> int:
@@ -312,8 +342,9 @@ class _Job:
 def run_ranks(specs: Sequence[RankSpec], *, timeout: float | None = None,
               grace: float = KILL_GRACE_SECONDS, cleanup: Callable[[], None] | None = None,
               stdout: TextIO | None = None, stderr: TextIO | None = None,
-              keep_going: bool = False, store_users: Callable[[], int] | None = None) -> int:
-    """Run the given ranks to completion with rank-prefixed output; return the job's exit code.
+              keep_going: bool = False, store_users: Callable[[], int] | None = None,
+              output: Output = Output()) -> int:
+    """Run the given ranks to completion, relaying their output; return the job's exit code.
 
     Args:
         specs: the ranks of this node.
@@ -321,17 +352,18 @@ def run_ranks(specs: Sequence[RankSpec], *, timeout: float | None = None,
         grace: seconds between SIGTERM and SIGKILL when stopping ranks.
         cleanup: called once after every rank is reaped (e.g. to remove the job's shared memory);
             an exception from it is reported on stderr and does not change the exit code.
-        stdout, stderr: where the ranks' prefixed output goes (default: the launcher's own).
+        stdout, stderr: where the ranks' output goes (default: the launcher's own).
         keep_going: a failing rank does not stop the others (see the module docstring).
         store_users: how many clients use the store this node hosts; the job lasts until it is 0
             too (node 0's launcher under ``keep_going``: ranks of other nodes still need it).
+        output: prefix, the ranks shown and the log directory (which must exist).
 
     Returns:
         0 if every rank succeeded (with ``keep_going``: if any did); else the first failing rank's
         code (``128 + N`` for a death by signal N), ``128 + N`` for signal N sent to the launcher,
         124 on timeout, 127/126 if a command cannot be started.
     """
-    job = _Job(specs, grace, stdout or sys.stdout, stderr or sys.stderr, keep_going, store_users)
+    job = _Job(specs, grace, stdout or sys.stdout, stderr or sys.stderr, keep_going, store_users, output)
     try:
         return job.run(timeout)
     finally:
@@ -359,12 +391,20 @@ def _host_store(host: str, port: int, secret_hex: str) -> _StoreServer:
 
 
 def launch(settings: launch_env.LaunchSettings, argv: list[str], *,
-           cleanup: Callable[[], None] | None = None, keep_going: bool = False) -> int:
+           cleanup: Callable[[], None] | None = None, keep_going: bool = False,
+           output: Output = Output()) -> int:
     """Run ``argv`` as this node's ranks of the job ``settings`` describes; return the exit code.
 
     Node 0's launcher hosts the store for the whole job and closes it after its ranks end (with
     ``keep_going`` and several nodes: once no rank of another node is connected to it either).
+    ``output.log_dir`` is made if missing.
     """
+    if output.log_dir is not None:
+        try:
+            os.makedirs(output.log_dir, exist_ok=True)
+        except OSError as exc:
+            print(f"tensorcomm: cannot make the log directory {output.log_dir}: {exc}", file=sys.stderr)
+            return 1
     server: _StoreServer | None = None
     if settings.hosts_store:
         host, port = launch_env.store_bind_address(settings)
@@ -385,7 +425,7 @@ def launch(settings: launch_env.LaunchSettings, argv: list[str], *,
                  for local in range(settings.nprocs)]
         users = server.clients if keep_going and server is not None and settings.nnodes > 1 else None
         return run_ranks(specs, timeout=settings.timeout, cleanup=cleanup, keep_going=keep_going,
-                         store_users=users)
+                         store_users=users, output=output)
     finally:
         if server is not None:
             server.close()

@@ -25,8 +25,8 @@ Read whatever the source::
                                MS_SCHED_PORT when MASTER_* are unset
     TENSORCOMM_SECRET          the per-job HMAC key (hex); the launcher sets it
     TENSORCOMM_SECRET_DIR      the private directory for a generated secret when TENSORCOMM_SECRET
-                               is unset (docs/security.md); else XDG_RUNTIME_DIR; else None,
-                               which means /tmp/tensorcomm-<uid>
+                               is unset (docs/security.md); else $XDG_RUNTIME_DIR/tensorcomm; else
+                               None, which means ~/.cache/tensorcomm, else /tmp/tensorcomm-<uid>
     TENSORCOMM_STORE_HOSTED    "1": the launcher serves the store, rank 0 must not; "0" or unset: no
     TENSORCOMM_HOST_ID         which ranks share a host (default: the hostname)
     TENSORCOMM_TIMEOUT         seconds, default for init(timeout=None); at most config.MAX_TIMEOUT
@@ -45,8 +45,16 @@ Read whatever the source::
                                tensorcomm meets there (through torch) instead of serving one
     TORCHELASTIC_RESTART_COUNT    (torchrun) how often the agent restarted the workers; each
                                attempt meets under keys of its own in the agent's store
+    OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK (and the _SIZE ones): an MPI launcher started
+                               this process (``mpi_launcher``: the first one set), so ``env://``
+                               without MASTER_ADDR can meet through MPI
+    SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST, SLURM_NODELIST), SLURM_JOB_ID (else
+                               SLURM_JOBID): where ``env://`` under srun (SLURM_PROCID set) puts
+                               the store when MASTER_ADDR is unset (``rendezvous.slurm``)
 
-A missing variable is ``None`` (local rank: 0). A variable that is set but malformed (not an
+A ``TENSORCOMM_*`` variable not in ``config.KNOWN_ENV_VARS`` is a misspelling: a RuntimeWarning,
+once per name and process, names the closest known one. A missing variable is ``None`` (local
+rank: 0). A variable that is set but malformed (not an
 integer, negative, rank not below world size, port outside 0..65535, empty) is a ValueError
 naming the variable and its value. msrun exports ``RANK`` as the index *on the node*, which is
 why a lone ``RANK`` next to msrun's variables does not count as torchrun. msrun also runs the
@@ -56,9 +64,11 @@ process apart from worker 0 yet.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import socket
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -80,6 +90,7 @@ from tensorcomm.config import (
     ENV_TRANSPORT,
     ENV_WIRE_DTYPE,
     ENV_WORLD_SIZE,
+    KNOWN_ENV_VARS,
     MAX_TIMEOUT,
     WIRE_DTYPES,
 )
@@ -96,6 +107,10 @@ MS_SCHED_HOST, MS_SCHED_PORT = "MS_SCHED_HOST", "MS_SCHED_PORT"
 TORCH_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 TORCH_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 XDG_RUNTIME_DIR = "XDG_RUNTIME_DIR"
+PMIX_RANK = "PMIX_RANK"
+MPI_LAUNCHER_VARS = (OMPI_RANK, OMPI_SIZE, PMI_RANK, PMI_SIZE, PMIX_RANK)
+SLURM_NODELISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+SLURM_JOB_IDS = ("SLURM_JOB_ID", "SLURM_JOBID")
 
 
 @dataclass(frozen=True)
@@ -116,10 +131,13 @@ class JobInfo:
     transport: str = "auto"  # "tcp" or "auto"
     torch_agent_store: bool = False  # torchrun serves a torch store at MASTER_ADDR:MASTER_PORT
     restart_count: int = 0  # torchrun's restarts of the workers so far (this is attempt n + 1)
-    secret_dir: str | None = None  # where a generated secret is kept; None: /tmp/tensorcomm-<uid>
+    secret_dir: str | None = None  # where a generated secret is kept; None: private.default_dir()
     backend: str = "tensorcomm"  # a name in config.BACKENDS
     hierarchy: bool = True  # groups that span hosts get host sub-teams
     algorithms: tuple[tuple[str, str], ...] = ()  # (collective, algorithm) to run instead of choosing
+    mpi_launcher: str | None = None  # the MPI launcher's variable that is set (PMI_RANK...), else None
+    slurm_nodelist: str | None = None  # under srun: the step's (else job's) node list, compressed
+    slurm_job_id: int | None = None  # under srun
 
 
 @dataclass(frozen=True)
@@ -157,6 +175,7 @@ def discover(environ: Mapping[str, str] | None = None) -> JobInfo:
         ValueError: a variable is set but malformed; the message names it and its value.
     """
     env = os.environ if environ is None else environ
+    _warn_unknown(env)
     source = _detect(env)
     rank = world_size = local_world_size = None
     local_rank = 0
@@ -190,11 +209,35 @@ def discover(environ: Mapping[str, str] | None = None) -> JobInfo:
         transport=_transport(env),
         torch_agent_store=env.get(TORCH_AGENT_STORE, "").lower() == "true",
         restart_count=_int(env, TORCH_RESTART_COUNT, minimum=0) or 0,
-        secret_dir=_text(env, ENV_SECRET_DIR) or env.get(XDG_RUNTIME_DIR) or None,
+        secret_dir=_text(env, ENV_SECRET_DIR) or _runtime_dir(env),
         backend=_backend(env),
         hierarchy=_hierarchy(env),
         algorithms=_algorithms(env),
+        mpi_launcher=next((name for name in MPI_LAUNCHER_VARS if name in env), None),
+        slurm_nodelist=(next((env[n] for n in SLURM_NODELISTS if env.get(n, "").strip()), None)
+                        if SLURM_RANK in env else None),
+        slurm_job_id=_first_int(env, SLURM_JOB_IDS, minimum=0) if SLURM_RANK in env else None,
     )
+
+
+def _runtime_dir(env: Mapping[str, str]) -> str | None:
+    """``$XDG_RUNTIME_DIR/tensorcomm`` if XDG_RUNTIME_DIR is set, else None."""
+    runtime = env.get(XDG_RUNTIME_DIR)
+    return os.path.join(runtime, "tensorcomm") if runtime else None
+
+
+_warned: set[str] = set()  # the unknown TENSORCOMM_* names already warned about
+
+
+def _warn_unknown(env: Mapping[str, str]) -> None:
+    """Warn once per name about each ``TENSORCOMM_*`` variable tensorcomm does not know."""
+    for name in sorted(env):
+        if name.startswith("TENSORCOMM_") and name not in KNOWN_ENV_VARS and name not in _warned:
+            _warned.add(name)
+            close = difflib.get_close_matches(name, KNOWN_ENV_VARS, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            warnings.warn(f"{name} is not a variable tensorcomm reads, so it has no effect; {hint}"
+                          f"(every variable: docs/env.md)", RuntimeWarning, stacklevel=3)
 
 
 def _detect(env: Mapping[str, str]) -> _Source | None:

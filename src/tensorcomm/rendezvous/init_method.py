@@ -27,6 +27,7 @@ each job makes a fresh one; no job ever runs on a key a stranger can know:
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import ipaddress
 import math
 import os
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 
 from tensorcomm.config import ENV_SECRET, ENV_SECRET_DIR, ENV_STORE_HOSTED, MAX_TIMEOUT
 from tensorcomm.errors import AuthenticationError, RendezvousError
+from tensorcomm.rendezvous import slurm
 from tensorcomm.rendezvous.auth import generate_secret, secret_bytes
 from tensorcomm.rendezvous.discovery import JobInfo, discover
 from tensorcomm.rendezvous.own_store import own_store, refuse
@@ -395,6 +397,10 @@ def _env_handler(url: str, rank: int | None, world_size: int | None, timeout: fl
     if url != "env://":
         raise ValueError(f"env://: takes no address or options, got {url!r}; "
                          f"the address comes from MASTER_ADDR and MASTER_PORT")
+    if info.master_addr is None and info.master_port is None:
+        unset = _without_master(rank, world_size, timeout, info)
+        if unset is not None:
+            return unset
     rank, world_size = resolve_ranks("env://", rank, world_size, info)
     if info.master_addr is None:
         raise ValueError("env://: MASTER_ADDR is not set; set it to the address of the host that "
@@ -409,6 +415,53 @@ def _env_handler(url: str, rank: int | None, world_size: int | None, timeout: fl
 
         return from_store(torchrun_store(world_size, timeout, info), rank, world_size, timeout)
     return _tcp_rendezvous("env://", info.master_addr, info.master_port, rank, world_size, timeout, info)
+
+
+def _without_master(rank: int | None, world_size: int | None, timeout: float,
+                    info: JobInfo) -> Rendezvous | None:
+    """``env://`` with neither MASTER_ADDR nor MASTER_PORT: meet as the launcher allows.
+
+    srun's ranks meet at the first host of the node list (``rendezvous.slurm``); a process no
+    launcher started is a world of one, as with mpi4py. An MPI launcher's ranks meet through MPI
+    (``meets_through_mpi``), which ``init()`` does before it comes here. None: nothing applies
+    (the caller says what to set).
+
+    Raises:
+        ValueError: an MPI launcher without Slurm (the message names the ways out).
+    """
+    if info.slurm_nodelist is not None and info.slurm_job_id is not None:
+        try:
+            hosts = slurm.expand_nodelist(info.slurm_nodelist)
+        except ValueError as exc:
+            raise ValueError(f"env://: MASTER_ADDR is not set and the Slurm {exc}; set MASTER_ADDR "
+                             f"and MASTER_PORT") from None
+        rank, world_size = resolve_ranks("env://", rank, world_size, info)
+        host = "127.0.0.1" if len(set(hosts)) == 1 else hosts[0]  # one host: a generated secret works
+        port = slurm.store_port(info.slurm_job_id)
+        return _tcp_rendezvous("env://", host, port, rank, world_size, timeout, info)
+    if info.mpi_launcher is not None:
+        if importlib.util.find_spec("mpi4py") is None:
+            way = ("mpi4py is not installed, through which the ranks would meet. Install it (pip "
+                   "install 'tensorcomm[mpi]'; then a plain init() meets through MPI, and "
+                   "init(backend='mpi') also carries the messages over MPI)")
+        else:
+            way = ("tensorcomm.init() without init_method meets through MPI (mpi4py), this "
+                   "rendezvous cannot: call that, or init(backend='mpi')")
+        raise ValueError(f"env://: MASTER_ADDR is not set; an MPI launcher started this process "
+                         f"({info.mpi_launcher} is set) and {way}, or set MASTER_ADDR and "
+                         f"MASTER_PORT to where rank 0 serves the store")
+    if info.source == "none" and rank is None and world_size is None:
+        # No launcher: a world of one, on a store of its own (a free loopback port).
+        return _tcp_rendezvous("env://", "127.0.0.1", 0, 0, 1, timeout, info)
+    return None
+
+
+def meets_through_mpi(info: JobInfo) -> bool:
+    """Whether ``init()`` without ``init_method`` meets through MPI: an MPI launcher started this
+    process, MASTER_ADDR and MASTER_PORT are unset and mpi4py is installed (``core`` then calls
+    the MPI transport's rendezvous, which this layer cannot import)."""
+    return (info.mpi_launcher is not None and info.master_addr is None and info.master_port is None
+            and importlib.util.find_spec("mpi4py") is not None)
 
 
 def _tcp_handler(url: str, rank: int | None, world_size: int | None, timeout: float,

@@ -10,6 +10,13 @@ on loopback are open to every local user). A 0600 file in a directory only this 
 is such a channel on one host: the process that makes the secret writes it there, the other
 ranks read it. Other users cannot; processes of the same user and root can (docs/security.md).
 
+Which directory: ``TENSORCOMM_SECRET_DIR`` if set, else ``$XDG_RUNTIME_DIR/tensorcomm`` (both
+chosen by ``discovery``), else :func:`default_dir`: ``~/.cache/tensorcomm`` under this user's
+own home (from the password database, not ``$HOME``), and only for a user without a private home
+``/tmp/tensorcomm-<uid>``, a name any local user could create first (docs/security.md). Every
+rank probes that it can write there, so a full or read-only disk is a prompt error naming the
+directory on every rank, not a wait for a file that never comes.
+
 Every path is opened with ``O_NOFOLLOW`` and checked on the open descriptor (owner = this
 process's effective uid, no permission bits for group or other, the right kind of file), so a
 link or a file planted by another user is refused, never followed or trusted. A secret file is
@@ -22,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import pwd
 import secrets
 import stat
 from collections.abc import Iterator
@@ -29,9 +37,11 @@ from dataclasses import dataclass
 
 from tensorcomm.errors import RendezvousError
 
-DEFAULT_DIR = "/tmp/tensorcomm-{uid}"  # when neither TENSORCOMM_SECRET_DIR nor XDG_RUNTIME_DIR is set
+DEFAULT_DIR = "/tmp/tensorcomm-{uid}"  # the last resort: for a user without a private home
+HOME_DIR = (".cache", "tensorcomm")  # under the home directory, before DEFAULT_DIR
 FILE_PREFIX = "tensorcomm-"
 _MAX_SECRET_BYTES = 4096
+_PROBE_BYTES = 64  # a secret file's size: what the probe writes
 
 
 def unsafe(info: os.stat_result, directory: bool) -> str | None:
@@ -47,6 +57,37 @@ def unsafe(info: os.stat_result, directory: bool) -> str | None:
         return (f"has mode {stat.S_IMODE(info.st_mode):04o}: group or other users have "
                 f"permission bits on it")
     return None
+
+
+def default_dir() -> str:
+    """The directory for generated secrets when neither ``TENSORCOMM_SECRET_DIR`` nor
+    ``XDG_RUNTIME_DIR`` is set: ``~/.cache/tensorcomm`` if this user's home (and its ``.cache``)
+    is this user's, writable by nobody else and writable at all (not a read-only home, as in
+    some containers), else ``/tmp/tensorcomm-<uid>``."""
+    euid = os.geteuid()
+    try:
+        parent = pwd.getpwuid(euid).pw_dir
+    except KeyError:
+        return DEFAULT_DIR.format(uid=euid)
+    for part in HOME_DIR[:-1]:
+        if not _own_directory(parent, euid):
+            return DEFAULT_DIR.format(uid=euid)
+        parent = os.path.join(parent, part)
+        with contextlib.suppress(FileExistsError, OSError):
+            os.mkdir(parent, 0o700)
+    if not _own_directory(parent, euid) or not os.access(parent, os.W_OK):
+        return DEFAULT_DIR.format(uid=euid)
+    return os.path.join(parent, HOME_DIR[-1])
+
+
+def _own_directory(path: str, euid: int) -> bool:
+    """Whether ``path`` (a link is followed: homes may be links) is a directory of ``euid`` that
+    no other user may write to."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == euid and not info.st_mode & 0o022
 
 
 def open_nofollow(path: str, flags: int, mode: int = 0o600, dir_fd: int | None = None) -> int:
@@ -87,16 +128,18 @@ class SecretDir:
     """The directory generated job secrets live in, created (mode 0700) if missing.
 
     Args:
-        path: the directory; None means ``/tmp/tensorcomm-<uid>``.
+        path: the directory; None means :func:`default_dir`.
         hint: what to set instead, for the error message (e.g. the variable names).
 
     Raises:
         RendezvousError: the directory cannot be created or opened, is a link, is not this
-            user's, or lets group or other users in; the message names it and what is wrong.
+            user's, lets group or other users in, or a file cannot be written in it (a full
+            disk, a quota, a read-only file system or directory); the message names it and
+            what is wrong.
     """
 
     def __init__(self, path: str | None, hint: str = "") -> None:
-        self.path = DEFAULT_DIR.format(uid=os.geteuid()) if path is None else path
+        self.path = default_dir() if path is None else path
         self._hint = hint
         try:
             os.mkdir(self.path, 0o700)
@@ -104,8 +147,23 @@ class SecretDir:
             pass
         except OSError as exc:
             raise self._error(f"cannot create it: {exc}") from None
-        with self.opened():
-            pass  # checks it
+        with self.opened() as dir_fd:  # checks it
+            probe = f".probe-{secrets.token_hex(8)}"
+            try:
+                fd = open_nofollow(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd)
+                try:
+                    os.write(fd, bytes(_PROBE_BYTES))
+                finally:
+                    os.close(fd)
+                    with contextlib.suppress(OSError):
+                        os.unlink(probe, dir_fd=dir_fd)
+            except OSError as exc:
+                raise self._unwritable(exc) from None
+
+    def _unwritable(self, exc: OSError) -> RendezvousError:
+        return RendezvousError(f"secret directory {self.path}: cannot write a file in it: "
+                               f"{exc.strerror or exc} (a full disk, a quota, a read-only file "
+                               f"system or directory?)" + (f". {self._hint}" if self._hint else ""))
 
     def _error(self, problem: str) -> RendezvousError:
         return RendezvousError(f"secret directory {self.path}: {problem}; it must be a directory "
@@ -133,7 +191,10 @@ class SecretDir:
         """Write ``secret`` to ``name`` (mode 0600), replacing a stale file of that name."""
         temporary = f".{name}.{secrets.token_hex(8)}"
         with self.opened() as dir_fd:
-            fd = open_nofollow(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd)
+            try:
+                fd = open_nofollow(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd)
+            except OSError as exc:
+                raise self._unwritable(exc) from None
             try:
                 try:
                     view = memoryview(secret)
@@ -142,9 +203,11 @@ class SecretDir:
                 finally:
                     os.close(fd)
                 os.rename(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            except BaseException:
+            except BaseException as exc:
                 with contextlib.suppress(OSError):
                     os.unlink(temporary, dir_fd=dir_fd)
+                if isinstance(exc, OSError):
+                    raise self._unwritable(exc) from None
                 raise
         return SecretFile(self, name, secret)
 
@@ -176,14 +239,20 @@ def store_secret_name(host: str, port: int) -> str:
     """The secret file of the tensorcomm store at ``host:port`` on this host.
 
     The network namespace is part of the name: the same loopback address in two namespaces is
-    two different stores.
+    two different stores. So is the kernel's boot id: a home directory may be shared by several
+    hosts (NFS), whose loopback addresses and namespace numbers repeat.
     """
     try:
         namespace = str(os.stat("/proc/self/ns/net").st_ino)
     except OSError:
         namespace = "host"
-    printable = "".join(c if c.isalnum() or c in ".-" else "_" for c in host)
-    return f"{FILE_PREFIX}store-{namespace}-{printable}-{port}.key"
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as file:
+            boot = file.read().strip().replace("-", "")
+    except OSError:
+        boot = "boot"
+    printable = "".join(c if c.isalnum() or c in ".-" else "_" for c in f"{boot}-{namespace}-{host}")
+    return f"{FILE_PREFIX}store-{printable}-{port}.key"
 
 
 def job_secret_name() -> str:

@@ -155,7 +155,7 @@ class TCPStoreServer:
         self._lock = threading.Lock()  # guards _closed and _conns
         self._closed = False
         self._conns: set[socket.socket] = set()  # pending and authenticated, at most MAX_STORE_CLIENTS
-        self._gate = Gate(f"store {host}:{self.port}", logger)
+        self._gate = Gate(f"store {host}:{self.port}", logger, dropped=self._forget)
         self._acceptor = threading.Thread(target=self._accept_loop, name=f"tensorcomm-store:{self.port}",
                                           daemon=True)
         self._acceptor.start()
@@ -176,6 +176,7 @@ class TCPStoreServer:
                 pass
         self._acceptor.join(FRAME_TIMEOUT)
         self._listener.close()
+        self._gate.close()
         self._gate.join(FRAME_TIMEOUT)
 
     def clients(self) -> int:
@@ -217,13 +218,18 @@ class TCPStoreServer:
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.settimeout(FRAME_TIMEOUT)
-            handshake_server(conn, self._secret, HANDSHAKE_TIMEOUT, b"store")
+            handshake_server(conn, self._secret, HANDSHAKE_TIMEOUT, b"store", addresses=self._dialled_us)
         except (AuthenticationError, OSError) as exc:
             if not self._closed:
                 self._gate.warn(f"rejected connection from {peer}: {exc}")
             self._forget(conn)
             return None
         return lambda: self._serve(conn, peer)
+
+    def _dialled_us(self, address: str) -> bool:
+        """Whether a client that dialled ``address`` meant this server: the same port (a relay on
+        this host cannot hold it; the host part names us in as many ways as we have names)."""
+        return address.rpartition(":")[2] == str(self.port)
 
     def _serve(self, conn: socket.socket, peer: str) -> None:
         threading.current_thread().name = f"tensorcomm-store-client:{peer}"  # no longer a handshake
@@ -446,7 +452,7 @@ def _connect(host: str, port: int, secret: bytes, timeout: float) -> socket.sock
         sock = _dial(host, port, deadline, timeout)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            handshake_client(sock, secret, HANDSHAKE_TIMEOUT, b"store")
+            handshake_client(sock, secret, HANDSHAKE_TIMEOUT, b"store", address=f"{host}:{port}")
             return sock
         except HandshakeRefused as exc:
             sock.close()

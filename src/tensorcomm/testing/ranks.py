@@ -28,7 +28,8 @@ _OUTPUT_TAIL = 4000  # characters of each rank's output shown in a failure
 
 @dataclass
 class RankOutcome:
-    """How one rank ended: ``exitcode`` (None: killed at the timeout), output and return value."""
+    """How one rank ended: its ``rank``, ``exitcode`` (None: killed at the timeout), ``output``
+    (stdout and stderr) and ``result`` (the function's return value)."""
 
     rank: int
     exitcode: int | None
@@ -37,11 +38,13 @@ class RankOutcome:
 
     @property
     def ok(self) -> bool:
+        """Whether the rank exited with code 0."""
         return self.exitcode == 0
 
 
 class RanksFailed(AssertionError):
-    """At least one rank failed or the job timed out; the message holds every rank's output."""
+    """At least one rank failed or the job timed out; the message holds every rank's output,
+    ``outcomes`` every rank's ``RankOutcome``."""
 
     def __init__(self, summary: str, outcomes: list[RankOutcome]) -> None:
         self.outcomes = outcomes

@@ -104,6 +104,31 @@ class Peer(abc.ABC):
         """Leave the job."""
 
 
+def ping_pong(rank: int, ranks: int, send: Callable[[int], object],
+              recv: Callable[[int], object]) -> Callable[[], None]:
+    """One ``send_recv`` call: rank 0 sends to rank 1 and receives the echo; other ranks idle.
+
+    ``send(peer)`` and ``recv(peer)`` move the case's buffer with the library's point-to-point
+    calls.
+
+    Raises:
+        Unsupported: fewer than 2 ranks.
+    """
+    require(ranks >= 2, "send_recv needs 2 ranks")
+    if rank == 0:
+        def run() -> None:
+            send(1)
+            recv(1)
+    elif rank == 1:
+        def run() -> None:
+            recv(0)
+            send(0)
+    else:
+        def run() -> None:
+            pass
+    return run
+
+
 def require(condition: bool, reason: str) -> None:
     """Raise ``Unsupported(reason)`` unless ``condition``."""
     if not condition:

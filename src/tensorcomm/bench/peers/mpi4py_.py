@@ -27,7 +27,7 @@ from ..check import ROOT
 from ..formulas import COLLECTIVES
 from ..timing import Case
 from . import Command
-from .base import ArrayCase, Peer, Task, require
+from .base import ArrayCase, Peer, Task, ping_pong, require
 
 _REDUCIBLE = ("float32", "float64", "int8", "uint8", "int32", "int64")
 _VERSION = re.compile(r"(\d+(?:\.\d+)+)")
@@ -139,6 +139,9 @@ class MpiPeer(Peer):
             "gather": lambda: comm.Gather(xb, ob if root else None, ROOT),
             "scatter": lambda: comm.Scatter(xb if root else None, ob, ROOT),
         }
+        if task.collective == "send_recv":
+            calls["send_recv"] = ping_pong(self.rank, self.size, lambda peer: comm.Send(xb, peer),
+                                           lambda peer: comm.Recv(xb, peer))
         case.run = calls[task.collective]
         return case
 

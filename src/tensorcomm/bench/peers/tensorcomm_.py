@@ -19,7 +19,7 @@ from ..check import DTYPES, ROOT
 from ..formulas import COLLECTIVES
 from ..timing import Case
 from . import Command
-from .base import ArrayCase, Peer, Task, Unsupported
+from .base import ArrayCase, Peer, Task, Unsupported, ping_pong
 
 
 def commands(ranks: int, worker: list[str], env: dict[str, str]) -> list[Command]:
@@ -37,6 +37,8 @@ def _call(task: Task, case: ArrayCase) -> Callable[[], Any]:
     if task.collective == "scatter":
         pieces = list(x.reshape(size, -1)) if rank == ROOT else None
         return lambda: tc.scatter(out, pieces, src=ROOT)
+    if task.collective == "send_recv":
+        return ping_pong(rank, size, lambda peer: tc.send(x, peer), lambda peer: tc.recv(x, peer))
     return {
         "all_reduce": lambda: tc.all_reduce(x, op),
         "broadcast": lambda: tc.broadcast(x, src=ROOT),

@@ -18,7 +18,7 @@ from ...testing import free_port
 from ..check import ROOT
 from ..timing import Case
 from . import LOOPBACK, Command
-from .base import ArrayCase, Peer, Task, require
+from .base import ArrayCase, Peer, Task, ping_pong, require
 
 
 def commands(ranks: int, worker: list[str], env: dict[str, str]) -> list[Command]:
@@ -83,6 +83,9 @@ class GlooPeer(Peer):
         if task.collective == "scatter":
             pieces = list(x.reshape(self.size, -1)) if root else None
             calls["scatter"] = lambda: dist.scatter(out, pieces, ROOT)
+        if task.collective == "send_recv":
+            calls["send_recv"] = ping_pong(self.rank, self.size, lambda peer: dist.send(x, peer),
+                                           lambda peer: dist.recv(x, peer))
         case.run = calls[task.collective]
         return case
 

@@ -15,6 +15,7 @@ interface, reached by rank 0's host name.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import socket
 from typing import Any
@@ -43,6 +44,7 @@ def rendezvous(rank: int | None, world_size: int | None, timeout: float) -> Rend
     try:
         mpi_rank, mpi_size = comm.Get_rank(), comm.Get_size()
         check_ranks(rank, world_size, mpi_rank, mpi_size)
+        _check_launcher(mpi_rank, mpi_size)
         return _meet(comm, mpi_rank, mpi_size, timeout)
     finally:
         comm.Free()
@@ -58,6 +60,23 @@ def check_ranks(rank: int | None, world_size: int | None, mpi_rank: int, mpi_siz
         raise ValueError(f"backend='mpi': MPI_COMM_WORLD says rank {mpi_rank} of {mpi_size}, but "
                          f"rank={rank} and world_size={world_size} were given; with MPI the ranks "
                          "are MPI's (leave rank and world_size out)")
+
+
+def _check_launcher(mpi_rank: int, mpi_size: int) -> None:
+    """Refuse an MPI whose ranks are not its launcher's: mpi4py built for another MPI (or a
+    launcher that is not MPI's, such as srun without PMI) makes each process a world of its own.
+
+    Raises:
+        RendezvousError: names both and the fix.
+    """
+    info = discover()
+    if info.world_size is not None and (info.rank, info.world_size) != (mpi_rank, mpi_size):
+        raise RendezvousError(
+            f"MPI: the launcher ({info.source}) says rank {info.rank} of {info.world_size}, "
+            f"but mpi4py's MPI_COMM_WORLD says rank {mpi_rank} of {mpi_size}: is mpi4py built "
+            f"against another MPI than the launcher's? Rebuild it (pip install --no-binary mpi4py "
+            f"--force-reinstall mpi4py), use the mpiexec of the MPI it was built with, or (a plain "
+            f"init()) set MASTER_ADDR and MASTER_PORT to meet without MPI")
 
 
 def _meet(comm: object, rank: int, size: int, timeout: float) -> Rendezvous:
@@ -89,7 +108,10 @@ def _meet(comm: object, rank: int, size: int, timeout: float) -> Rendezvous:
     else:
         secret = secret_bytes(info.secret)
     host = fields["host"]
-    if server is not None and bind == "0.0.0.0":
+    if server is not None and bind == "0.0.0.0" and not _routable(host):
+        # Rank 0 reaches its own store on loopback when its host name gives no other address.
+        # Otherwise it dials that name like everyone: tensorcomm's TCP mesh (a plain init()
+        # under mpirun) listens where the store is reached, which other hosts must reach too.
         host = "127.0.0.1"
     try:
         store = TCPStore(host, int(fields["port"]), secret, timeout)
@@ -98,6 +120,14 @@ def _meet(comm: object, rank: int, size: int, timeout: float) -> Rendezvous:
             server.close()
         raise
     return Rendezvous(store, rank, size, info.local_rank, info.host_id, secret, server)
+
+
+def _routable(host: str) -> bool:
+    """Whether ``host`` resolves to an address that is not loopback."""
+    try:
+        return not ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
 
 
 def _gather_hosts(comm: Any, digest: bytes, size: int, timeout: float) -> list[bytes]:

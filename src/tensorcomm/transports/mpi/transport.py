@@ -205,7 +205,8 @@ class MpiTransport(Transport):
             self._answers[(tag, source)] = (nbytes - 1, signature)
         elif kind == framing.BYE:
             self._goodbyes.add(source)
-            self._peer_gone(source, PeerLostError(source, "it left the job (destroy() was called)"))
+            self._peer_gone(source, PeerLostError(source, "it left the job (destroy() was called)",
+                                                   left=True))
 
     def _complete(self) -> None:
         # An MPI error here (Testsome's MPI_ERR_IN_STATUS) reaches ``poll``, which fails the

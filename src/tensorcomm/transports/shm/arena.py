@@ -13,8 +13,8 @@ Why this shape:
   segment outlives a SIGKILL.
 - Group rank 0 (the *leader*) creates the segment and serves it on an abstract-namespace Unix
   socket (again no file name: the name vanishes with the socket). Each other member connects,
-  both sides run the job-secret HMAC handshake (``rendezvous/auth.py``, purpose ``b"shm"``), the
-  member says which group rank it is, and the leader sends the descriptor with ``SCM_RIGHTS``
+  both sides run the job-secret HMAC handshake (``rendezvous/auth.py``, purpose ``b"shm"``,
+  bound to the socket's name and both group ranks), and the leader sends the descriptor with ``SCM_RIGHTS``
   (``socket.send_fds``) together with every member's pid. A process that does not know the job
   secret never gets the descriptor.
 - Abstract sockets have no file permissions (anyone on the host can connect, and read the name
@@ -58,7 +58,6 @@ from ...rendezvous.gate import Gate, describe_error
 log = logging.getLogger("tensorcomm.shm")
 
 PURPOSE = b"shm"
-_RANK = struct.Struct("<I")
 _OFFER = struct.Struct("<QQ")  # segment bytes, number of members; then one u64 pid per member
 _MAX_MEMBERS = 1 << 16
 _POLL = 0.05  # seconds between checks of the store while waiting for members
@@ -183,7 +182,7 @@ def _lead(size: int, nbytes: int, secret: bytes, publish: Callable[[str], None],
             return Arena(mm, nbytes, (os.getpid(),))
         address = f"tensorcomm-{secrets.token_hex(16)}"
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        members = _Members(size, secret, deadline)
+        members = _Members(size, secret, deadline, address)
         try:
             listener.bind("\0" + address)
             listener.listen(size)
@@ -213,8 +212,8 @@ class _Members:
     concurrently through a ``rendezvous.gate.Gate`` (each within ``config.HANDSHAKE_TIMEOUT``),
     so a silent or slow local stranger delays no member."""
 
-    def __init__(self, size: int, secret: bytes, deadline: float) -> None:
-        self._size, self._secret, self._deadline = size, secret, deadline
+    def __init__(self, size: int, secret: bytes, deadline: float, address: str) -> None:
+        self._size, self._secret, self._deadline, self._address = size, secret, deadline, address
         self._lock = threading.Lock()
         self._joined: dict[int, tuple[socket.socket, int]] = {}
         self._error: str | None = None
@@ -272,6 +271,7 @@ class _Members:
             joined, self._joined = list(self._joined.values()), {}
             os.close(self._wake_read)
             os.close(self._wake_write)
+        self._gate.close()
         for sock, _ in joined:
             sock.close()
 
@@ -279,8 +279,8 @@ class _Members:
         limit = min(self._deadline, time.monotonic() + HANDSHAKE_TIMEOUT)
         try:
             pid = _check_same_user(sock, "connecting process")
-            auth.handshake_server(sock, self._secret, max(0.01, limit - time.monotonic()), PURPOSE)
-            (member,) = _RANK.unpack(_recv_exact(sock, _RANK.size, limit))
+            member = auth.handshake_server(sock, self._secret, max(0.01, limit - time.monotonic()), PURPOSE,
+                                           addresses=(self._address,), rank=0).peer_rank
         except (AuthenticationError, OSError) as exc:
             # A stranger (or a broken client): refuse it and keep waiting for the real members.
             sock.close()
@@ -353,8 +353,8 @@ def _connect_leader(address: str, rank: int, secret: bytes, deadline: float) -> 
             sock.settimeout(max(0.01, deadline - time.monotonic()))
             sock.connect("\0" + address)
             _check_same_user(sock, "shared-memory leader")
-            auth.handshake_client(sock, secret, max(0.01, deadline - time.monotonic()), PURPOSE)
-            sock.sendall(_RANK.pack(rank))
+            auth.handshake_client(sock, secret, max(0.01, deadline - time.monotonic()), PURPOSE,
+                                  address=address, rank=rank, target=0)
             return sock
         except auth.HandshakeRefused:
             sock.close()

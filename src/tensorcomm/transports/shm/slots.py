@@ -342,7 +342,9 @@ class Slots:
                 raise self.fault()
             for q in behind:  # the counter is read again after the state: a peer posts, then leaves
                 if words[self._base[q] + R_STATE] == STATE_LEFT and words[counters[q]] < target:
-                    raise PeerLostError(self.global_ranks[q], "it left the group (destroy() was called)")
+                    last = max(words[self._entry[q][0]], words[self._entry[q][1]])
+                    raise PeerLostError(self.global_ranks[q], "it left the group (destroy() was called)",
+                                        left=True, last_step=last)
             now = time.monotonic()
             if now >= ctx.deadline:
                 raise self._timeout(ranks, target, ctx)

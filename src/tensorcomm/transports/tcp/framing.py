@@ -9,7 +9,6 @@ error that closes the link; nothing is allocated from an unchecked length.
 
 from __future__ import annotations
 
-import socket
 import struct
 
 from ...signature import NO_SIGNATURE, Signature
@@ -36,17 +35,6 @@ def pack_header(kind: int, tag: int, nbytes: int, signature: Signature | None = 
     return HEADER.pack(MAGIC, kind, tag, nbytes, *(signature or NO_SIGNATURE))
 
 
-def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
-    """Fill ``view`` from ``sock`` (zero-copy ``recv_into``); EOF midway raises ConnectionError."""
-    got = 0
-    total = len(view)
-    while got < total:
-        n = sock.recv_into(view[got:], total - got)
-        if n == 0:
-            raise ConnectionError(f"connection closed after {got} of {total} bytes")
-        got += n
-
-
 def parse_header(raw: bytes | bytearray) -> tuple[int, int, int, Signature | None]:
     """Decode and check one header; return ``(kind, tag, nbytes, signature)``.
 
@@ -61,15 +49,3 @@ def parse_header(raw: bytes | bytearray) -> tuple[int, int, int, Signature | Non
         raise ProtocolError(f"frame of {nbytes} bytes exceeds the {limit}-byte limit")
     signature = Signature(*fields)
     return kind, tag, nbytes, None if signature == NO_SIGNATURE else signature
-
-
-def read_header(sock: socket.socket) -> tuple[int, int, int, Signature | None] | None:
-    """Read one header from a blocking socket; ``None`` on a clean EOF (tests play peers so)."""
-    raw = bytearray(HEADER.size)
-    view = memoryview(raw)
-    first = sock.recv_into(view, HEADER.size)
-    if first == 0:
-        return None
-    if first < HEADER.size:
-        recv_exact_into(sock, view[first:])
-    return parse_header(raw)

@@ -2,8 +2,11 @@
 
 Each rank listens on its own address and publishes it in the store; a rank connects to every
 lower rank and accepts every higher one. Accepting runs in a thread beside the connects, so no
-ordering of arrivals can deadlock. Every link passes the job-secret challenge (``purpose=b"data"``)
-before the ranks are exchanged, so a stranger can neither join nor impersonate a rank. Accepted
+ordering of arrivals can deadlock. Every link passes the job-secret handshake (``purpose=b"data"``)
+bound to the address dialled, both ranks and the scope, so a stranger can neither join nor
+impersonate a rank, and a relay put in a rank's place (its address swapped in the store) is
+refused; each link's session key seals its frames (``sealing.py``) at the level both ends' wishes
+give (the stronger one, sent in the handshake's options). Accepted
 connections authenticate concurrently through a ``rendezvous.gate.Gate``, each within
 ``config.HANDSHAKE_TIMEOUT``: a silent or slow stranger delays no rank, and a flood of them
 costs a bounded number of threads (the excess is closed at once; a refused rank retries).
@@ -13,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import struct
 import threading
 import time
 
@@ -22,8 +24,8 @@ from ...errors import AuthenticationError, RendezvousError
 from ...rendezvous import auth
 from ...rendezvous.gate import Gate, describe_error, out_of_descriptors
 from ...rendezvous.store import Store
+from .sealing import Sealer, configured_level
 
-_RANK = struct.Struct("<I")
 KEEPALIVE_IDLE_SECONDS = 5
 KEEPALIVE_INTERVAL_SECONDS = 2
 KEEPALIVE_PROBES = 3
@@ -49,9 +51,10 @@ def _tune(sock: socket.socket) -> None:
         sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
 
 
-def _connect(address: str, rank: int, secret: bytes, deadline: float) -> socket.socket:
-    """Dial the peer at ``address`` and authenticate, retrying while it does not listen yet or
-    is too busy to take the connection."""
+def _connect(address: str, rank: int, peer: int, secret: bytes, scope: bytes, level: int,
+             deadline: float) -> tuple[socket.socket, Sealer]:
+    """Dial rank ``peer`` at ``address`` and authenticate, retrying while it does not listen yet
+    or is too busy to take the connection."""
     host, port = address.rsplit(":", 1)
     pause = CONNECT_RETRY_INTERVAL
     while True:
@@ -67,8 +70,10 @@ def _connect(address: str, rank: int, secret: bytes, deadline: float) -> socket.
             continue
         try:
             _tune(sock)
-            auth.handshake_client(sock, secret, max(0.1, deadline - time.monotonic()), b"data")
-            sock.sendall(_RANK.pack(rank))
+            session = auth.handshake_client(sock, secret, max(0.1, deadline - time.monotonic()), b"data",
+                                            address=address, rank=rank, target=peer, scope=scope,
+                                            options=level)
+            sealer = Sealer.for_session(session, level)
         except auth.HandshakeRefused:
             sock.close()
             if time.monotonic() >= deadline:
@@ -80,36 +85,43 @@ def _connect(address: str, rank: int, secret: bytes, deadline: float) -> socket.
             sock.close()
             raise
         sock.settimeout(None)
-        return sock
+        return sock, sealer
 
 
-def connect_mesh(rank: int, size: int, store: Store, secret: bytes, host: str,
-                 timeout: float) -> dict[int, socket.socket]:
-    """Connect this rank to every other; return ``{peer global rank: socket}``.
+def connect_mesh(rank: int, size: int, store: Store, secret: bytes, host: str, timeout: float,
+                 scope: bytes = b"", level: int | None = None) -> dict[int, tuple[socket.socket, Sealer]]:
+    """Connect this rank to every other; return ``{peer global rank: (socket, sealer)}``.
+
+    ``scope`` names what the mesh is for (the generation); every rank must pass the same.
+    ``level`` is this rank's link protection (default: ``sealing.configured_level()``).
 
     Raises:
         RendezvousError: a peer could not be reached or did not arrive within ``timeout``, or
             this process ran out of descriptors (the message names the limit).
-        AuthenticationError: a link failed the job-secret challenge.
+        AuthenticationError: a link failed the job-secret handshake (a relay in a peer's place,
+            or another job's secret).
+        ValueError: ``TENSORCOMM_LINK_PROTECTION`` is invalid.
     """
+    level = configured_level() if level is None else level
     deadline = time.monotonic() + timeout
     listener = socket.create_server((host, 0), backlog=max(size, 8))
-    store.set(f"tcp/addr/{rank}", f"{host}:{listener.getsockname()[1]}".encode())
-    acceptor = _Acceptor(listener, rank, size, secret, deadline)
-    sockets: dict[int, socket.socket] = {}
+    address = f"{host}:{listener.getsockname()[1]}"
+    store.set(f"tcp/addr/{rank}", address.encode())
+    acceptor = _Acceptor(listener, rank, size, secret, deadline, address, scope, level)
+    links: dict[int, tuple[socket.socket, Sealer]] = {}
     try:
         for peer in range(rank):
-            address = store.get(f"tcp/addr/{peer}", timeout=max(0.1, deadline - time.monotonic())).decode()
-            sockets[peer] = _connect(address, rank, secret, deadline)
-        sockets.update(acceptor.result(timeout))
+            dialled = store.get(f"tcp/addr/{peer}", timeout=max(0.1, deadline - time.monotonic())).decode()
+            links[peer] = _connect(dialled, rank, peer, secret, scope, level, deadline)
+        links.update(acceptor.result(timeout))
     except BaseException:
         acceptor.close()
-        for sock in sockets.values():
+        for sock, _ in links.values():
             sock.close()
         raise
     finally:
         listener.close()
-    return sockets
+    return links
 
 
 class _Acceptor:
@@ -117,10 +129,11 @@ class _Acceptor:
     (concurrently, within ``config.HANDSHAKE_TIMEOUT``), so a silent stranger delays no rank."""
 
     def __init__(self, listener: socket.socket, rank: int, size: int, secret: bytes,
-                 deadline: float) -> None:
+                 deadline: float, address: str, scope: bytes, level: int) -> None:
         self._listener, self._rank, self._secret, self._deadline = listener, rank, secret, deadline
+        self._address, self._scope, self._level = address, scope, level
         self._expected = set(range(rank + 1, size))
-        self._accepted: dict[int, socket.socket] = {}
+        self._accepted: dict[int, tuple[socket.socket, Sealer]] = {}
         self._error: BaseException | None = None
         self._closed = False
         self._lock = threading.Lock()
@@ -131,7 +144,7 @@ class _Acceptor:
         self._thread = threading.Thread(target=self._accept, daemon=True, name="tensorcomm-tcp-accept")
         self._thread.start()
 
-    def result(self, timeout: float) -> dict[int, socket.socket]:
+    def result(self, timeout: float) -> dict[int, tuple[socket.socket, Sealer]]:
         """Wait for every higher rank; return their sockets (ours from now on).
 
         Raises:
@@ -139,6 +152,7 @@ class _Acceptor:
                 missing at the deadline.
         """
         self._done.wait(max(0.0, self._deadline - time.monotonic()) + 1.0)
+        self._gate.close()  # strangers still silent are of no more use
         with self._lock:
             self._closed = True
             self._done.set()
@@ -156,7 +170,8 @@ class _Acceptor:
             self._closed = True
             self._done.set()
             accepted, self._accepted = list(self._accepted.values()), {}
-        for sock in accepted:
+        self._gate.close()
+        for sock, _ in accepted:
             sock.close()
 
     def _fail(self, error: BaseException) -> None:
@@ -186,8 +201,10 @@ class _Acceptor:
         limit = min(self._deadline, time.monotonic() + HANDSHAKE_TIMEOUT)
         try:
             _tune(sock)
-            auth.handshake_server(sock, self._secret, max(0.01, limit - time.monotonic()), b"data")
-            (rank,) = _RANK.unpack(auth.recv_exact(sock, _RANK.size, max(0.01, limit - time.monotonic())))
+            session = auth.handshake_server(sock, self._secret, max(0.01, limit - time.monotonic()), b"data",
+                                            addresses=(self._address,), rank=self._rank, scope=self._scope,
+                                            options=self._level)
+            rank, sealer = session.peer_rank, Sealer.for_session(session, self._level)
         except (AuthenticationError, OSError) as exc:
             # A stranger or a broken client: drop it; the real ranks are not kept waiting.
             sock.close()
@@ -204,7 +221,7 @@ class _Acceptor:
                 self._done.set()
             else:
                 sock.settimeout(None)
-                self._accepted[rank] = sock
+                self._accepted[rank] = (sock, sealer)
                 if len(self._accepted) == len(self._expected):
                     self._done.set()
         return None

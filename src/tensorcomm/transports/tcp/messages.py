@@ -12,7 +12,8 @@ import numpy as np
 from ...errors import CommTimeoutError
 from ...signature import Signature
 from ..base import ANY_SOURCE
-from . import framing
+from . import sealing
+from .sealing import Sealer
 
 RunUntil = Callable[[Callable[[], bool], float | None], bool]
 
@@ -95,18 +96,20 @@ class Send:
 
 
 class Link:
-    """One peer's socket: its send queue and the frame being read from it."""
+    """One peer's socket: its sealer, its send queue and the frame being read from it."""
 
-    __slots__ = ("peer", "sock", "fd", "send_lock", "queue", "header", "header_got", "kind", "tag",
-                 "nbytes", "got", "signature", "target", "request", "entry", "closed", "polled")
+    __slots__ = ("peer", "sock", "sealer", "fd", "send_lock", "queue", "header", "header_got", "kind",
+                 "tag", "nbytes", "got", "signature", "target", "request", "entry", "closed", "polled",
+                 "opened")
 
-    def __init__(self, peer: int, sock: socket.socket) -> None:
+    def __init__(self, peer: int, sock: socket.socket, sealer: Sealer) -> None:
         self.peer = peer
         self.sock = sock
+        self.sealer = sealer
         self.fd = sock.fileno()
         self.send_lock = threading.Lock()  # guards ``queue`` and writing to the socket
         self.queue: deque[Send] = deque()
-        self.header = memoryview(bytearray(framing.HEADER.size))
+        self.header = memoryview(bytearray(sealing.HEADER_BYTES))
         self.header_got = 0
         self.kind = 0  # of the frame being read; 0 while reading a header
         self.tag = 0
@@ -118,3 +121,4 @@ class Link:
         self.entry: Unexpected | None = None  # or the unexpected message it fills
         self.closed = False  # no more reading: the peer is gone or said goodbye
         self.polled = 0  # the poll events registered for it
+        self.opened: tuple[bytes, int, bytes] = (b"", 0, b"")  # the frame's header, number, payload tag

@@ -16,6 +16,10 @@ reads in one loop, so a ring of simultaneous large sends never deadlocks and a l
 both ways at once. A send still unwritten at its deadline (the peer stopped reading) fails with
 ``CommTimeoutError`` and closes that link for good, since part of a frame may have gone out.
 
+Every frame is sealed on the way out and checked on the way in (``sealing.py``, keyed by the
+link's handshake): a header that fails its check fails the link at once, a payload that fails
+(``mac``/``encrypt``) fails the receive it was filling, both with ``LinkAuthenticationError``.
+
 Failures spread: a peer's connection closing without a goodbye fails everything pending on it
 (``PeerLostError``), and ``abort_group`` tells every peer that a group is finished, so members
 waiting on someone else learn of a failure at once instead of at their timeout.
@@ -35,7 +39,14 @@ import ml_dtypes
 import numpy as np
 
 from ... import config
-from ...errors import CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError, PeerLostError
+from ...errors import (
+    CollectiveMismatchError,
+    CommError,
+    CommTimeoutError,
+    GroupAbortedError,
+    LinkAuthenticationError,
+    PeerLostError,
+)
 from ...rendezvous import discovery
 from ...signature import Signature
 from ..base import (
@@ -47,9 +58,10 @@ from ..base import (
     signature_mismatch,
 )
 from ..matching import Matching
-from . import framing
+from . import framing, sealing
 from .driving import NO_DEADLINE, Driving
 from .messages import Link, Send, TcpRequest, Unexpected, completed
+from .sealing import Sealer
 
 log = logging.getLogger("tensorcomm.tcp")
 
@@ -61,9 +73,13 @@ _MSG_DONTWAIT = socket.MSG_DONTWAIT
 
 
 class TcpTransport(Transport):
-    """Full mesh of authenticated sockets; see ``mesh.connect_mesh`` for how it is built."""
+    """Full mesh of authenticated sockets; see ``mesh.connect_mesh`` for how it is built.
 
-    def __init__(self, rank: int, size: int, sockets: dict[int, socket.socket],
+    ``links`` maps each peer's global rank to its socket and the ``sealing.Sealer`` its
+    handshake gave: every frame is sealed on the way out and checked on the way in.
+    """
+
+    def __init__(self, rank: int, size: int, links: dict[int, tuple[socket.socket, Sealer]],
                  on_peer_lost: Callable[[int, BaseException], None] | None = None,
                  send_timeout: float = config.DEFAULT_TIMEOUT) -> None:
         self.rank = rank
@@ -71,7 +87,7 @@ class TcpTransport(Transport):
         self.size = size
         wire = discovery.wire_dtype()
         self.wire_dtype = None if wire is None else _WIRE_DTYPES[wire]
-        self._links = {peer: Link(peer, sock) for peer, sock in sockets.items()}
+        self._links = {peer: Link(peer, sock, sealer) for peer, (sock, sealer) in links.items()}
         self._by_fd = {link.fd: link for link in self._links.values()}
         self._lock = threading.Lock()  # guards the matching state below
         self._match: Matching[TcpRequest, Unexpected] = Matching(rank, size)
@@ -102,18 +118,20 @@ class TcpTransport(Transport):
             return completed(peer, error)
         request = TcpRequest(self._run_until, peer, tag)
         header = framing.pack_header(framing.KIND_DATA, tag, len(data), signature)
-        parts = [memoryview(header), data.cast("B")] if len(data) else [memoryview(header)]
-        self._enqueue(self._links[peer], Send(parts, request, time.monotonic() + self.send_timeout))
+        self._enqueue(self._links[peer], header, data.cast("B"), request)
         return request
 
-    def _enqueue(self, link: Link, item: Send) -> bool:
-        """Write ``item`` now as far as the socket takes it; queue the rest for the driver.
+    def _enqueue(self, link: Link, header: bytes, payload: memoryview, request: TcpRequest | None) -> bool:
+        """Seal a frame (a data frame if it has a request), write it now as far as the socket takes
+        it and queue the rest for the driver.
 
-        Returns False if the link is gone (``item``'s request then fails).
+        Returns False if the link is gone (``request`` then fails).
         """
         failure: PeerLostError | None = None
-        with link.send_lock:
+        with link.send_lock:  # frames are sealed in the order they go onto the wire
             gone = self._match.lost.get(link.peer)
+            item = Send(link.sealer.seal(header, payload, request is not None), request,
+                        time.monotonic() + self.send_timeout)
             if gone is None and not link.queue:
                 try:
                     if self._write_item(link, item):
@@ -328,6 +346,14 @@ class TcpTransport(Transport):
                         self._write(link)
                     if event & _POLLIN:
                         self._read(link)
+                except LinkAuthenticationError as exc:  # someone on the path: trust nothing more
+                    if not self._role.closing:
+                        self._link_failed(link, exc)
+                    link.closed = True
+                    try:
+                        link.sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
                 except (OSError, framing.ProtocolError) as exc:
                     if not self._role.closing:
                         self._link_failed(link, PeerLostError(link.peer, str(exc)))
@@ -356,10 +382,11 @@ class TcpTransport(Transport):
                         raise ConnectionError(f"connection closed after {link.header_got} bytes of a header")
                     raise ConnectionError("connection closed without a goodbye")
                 link.header_got += n
-                if link.header_got < framing.HEADER.size:
+                if link.header_got < sealing.HEADER_BYTES:
                     continue
                 link.header_got = 0
-                self._begin(link, *framing.parse_header(link.header.tobytes()))
+                link.opened = link.sealer.open_header(link.header.tobytes())
+                self._begin(link, *framing.parse_header(link.opened[0]))
                 if link.kind and link.got == link.nbytes:
                     self._end(link)
                 continue
@@ -390,7 +417,8 @@ class TcpTransport(Transport):
         if kind == framing.KIND_BYE:
             link.kind = 0
             link.closed = True
-            self._peer_gone(link.peer, PeerLostError(link.peer, "it left the job (destroy() was called)"))
+            self._peer_gone(link.peer, PeerLostError(link.peer, "it left the job (destroy() was called)",
+                                                           left=True))
             return
         if kind != framing.KIND_DATA:
             link.target = memoryview(bytearray(nbytes))  # small, bounded by MAX_ABORT_BYTES
@@ -426,8 +454,15 @@ class TcpTransport(Transport):
         self._give_back(entry)
 
     def _end(self, link: Link) -> None:
-        """The payload of the current frame is complete: act on it."""
+        """The payload of the current frame is complete: check it, then act on it.
+
+        Raises:
+            LinkAuthenticationError: the payload failed its check (the caller fails the link).
+        """
         kind, peer = link.kind, link.peer
+        if link.target is not None:
+            header, number, tag = link.opened
+            link.sealer.open_payload(header, number, tag, link.target, kind == framing.KIND_DATA)
         link.kind = 0
         if kind == framing.KIND_DATA:
             request, entry = link.request, link.entry
@@ -519,8 +554,7 @@ class TcpTransport(Transport):
         if link is None or peer in self._match.lost:
             return False
         header = framing.pack_header(kind, tag, len(payload), signature)
-        return self._enqueue(link, Send([memoryview(header + payload)], None,
-                                         time.monotonic() + self.send_timeout))
+        return self._enqueue(link, header, memoryview(payload), None)
 
     # -- failure and lifecycle -----------------------------------------------------------------
 

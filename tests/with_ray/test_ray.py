@@ -67,7 +67,7 @@ def _collectives() -> dict:
 
 
 def _secret_and_traces() -> tuple[str, str, str]:
-    world = tc.WORLD.world
+    world = tc.WORLD._world
     with open("/proc/self/cmdline", "rb") as f:
         cmdline = f.read().decode(errors="replace")
     return world.rendezvous.secret.decode(), cmdline, repr(dict(os.environ))

@@ -1,0 +1,22 @@
+"""A one-off ``Ctx`` for tests that call an algorithm directly, without a group (the core makes
+its contexts with ``Ctx.of`` from a group's ``Team`` and the call's ``Plan``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tensorcomm.algorithms.base import Ctx, Plan, Team
+from tensorcomm.signature import NO_SIGNATURE, Signature
+
+
+def _no_algorithm(ctx: Ctx, *args: Any) -> None:
+    raise RuntimeError(f"{ctx.name}: a test's one-off Ctx has no algorithm to run")
+
+
+def one_off_ctx(transport: Any, ranks: Sequence[int], rank: int, group_id: int, seq: int,
+                timeout: float, name: str = "collective", signature: Signature = NO_SIGNATURE,
+                group_name: str = "", shm: Any = None) -> Ctx:
+    """The context of call ``seq`` on a team of its own; its deadline starts now."""
+    team = Team(transport, ranks, rank, group_id, timeout, group_name=group_name, shm=shm)
+    return Ctx.of(team, seq, Plan(name, signature, "", _no_algorithm))
