@@ -1,26 +1,39 @@
-"""A stranger who copies one job's announcement of tensorcomm's own store into another job's
+"""Strangers with access to torch's store, beyond tests/fault/test_foreign_store.py.
+
+A stranger who copies one job's announcement of tensorcomm's own store into another job's
 torch store (issue 21, round 3 review): with the same ``TENSORCOMM_SECRET`` (one user's jobs), or
 with the other job's secret-file announcement copied too, the copy verifies unless the MAC binds
 the store it was made for. Two jobs meet on two torch TCPStores at once; the stranger, a
 standard-library script run as ``nobody``, copies job A's announcement into job B's store after
 B's rank 0 made its own. B's rank 1 must refuse it as tampered with, not walk into job A.
+A stranger who changes the count of inits splits the ranks into generations: the start fails,
+and says why.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from tensorcomm import config
+from tensorcomm.errors import CommError, RendezvousError
+from tensorcomm.rendezvous.discovery import discover
+from tensorcomm.rendezvous.init_method import from_store
 from tensorcomm.testing import free_port
 
 pytest.importorskip("torch")
+
+import torch.distributed as dist
+
+from tensorcomm.rendezvous.torch_store import TorchStore
 
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(150)]
 
@@ -150,3 +163,43 @@ def test_an_announcement_copied_from_another_job_is_refused(tmp_path: Path) -> N
                 proc.kill()
     assert "A rank 0 started" in output and "A rank 1 started" in output, output
     assert "B rank 1 failed: AuthenticationError" in output and "tampered" in output, output
+
+
+JOINS = textwrap.dedent("""
+    import socket, struct, sys
+    sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+    sock.sendall(b"\\x00" + struct.pack("<I", 0x3C85F7CE))
+    key, value = b"/tensorcomm/joins", b"1"  # torch's clients put "/" first; as if one init counted itself
+    sock.sendall(b"\\x01" + struct.pack("<Q", len(key)) + key + struct.pack("<Q", len(value)) + value)
+    sock.sendall(b"\\x03" + struct.pack("<Q", len(key)) + key)  # answered once the set is done
+    sock.recv(64)
+""")
+
+
+def test_a_bumped_count_of_inits_is_named_when_the_start_times_out() -> None:
+    """A stranger sets torch's count of inits before the ranks count themselves: they land in
+    different generations and time out; the error says why (in 3 s here)."""
+    python = _nobody_python()
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, 1, is_master=True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=30))
+    subprocess.run([python, "-c", JOINS, str(port)], user=NOBODY, cwd="/", check=True, timeout=60)
+    errors: dict[int, CommError] = {}
+
+    def join(rank: int) -> None:
+        client = dist.TCPStore("127.0.0.1", port, 1, is_master=False, timeout=datetime.timedelta(seconds=30))
+        try:
+            from_store(TorchStore(client, 3, discover({})), rank, 2, 3, secret="s").close()
+        except CommError as exc:
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=join, args=(rank,)) for rank in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    del server
+    assert sorted(errors) == [0, 1], errors
+    for exc in errors.values():
+        assert isinstance(exc, RendezvousError)
+        assert "'tensorcomm/joins' reads 3, not a multiple of the world size 2" in str(exc), exc
