@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from tensorcomm.config import ENV_SECRET, ENV_SECRET_DIR, ENV_STORE_HOSTED, MAX_TIMEOUT
-from tensorcomm.errors import AuthenticationError, RendezvousError
+from tensorcomm.errors import AuthenticationError, CommError, RendezvousError
 from tensorcomm.rendezvous import slurm
 from tensorcomm.rendezvous.auth import generate_secret, secret_bytes
 from tensorcomm.rendezvous.discovery import JobInfo, discover
@@ -203,11 +203,27 @@ def from_store(store: Store, rank: int | None, world_size: int | None, timeout: 
     namespace = "/".join(part for part in (getattr(store, "namespace", ""), scoped.prefix) if part)
     try:
         own, server = own_store("store", scoped, namespace, generation, rank, world_size, key, timeout)
-    except BaseException:
+    except BaseException as exc:
         if secret_file is not None:
             secret_file.remove()
+        if isinstance(exc, RendezvousError):
+            joins = _count(store)
+            if joins % world_size:  # counted into different generations
+                raise RendezvousError(
+                    f"{exc}; the store's count of inits {JOINS_KEY!r} reads {joins}, not a multiple of "
+                    f"the world size {world_size}: a rank did not start, or someone else (anyone who can "
+                    f"connect may write to this store) changed it and the ranks look for each other "
+                    f"in different generations") from exc
         raise
     return Rendezvous(own, rank, world_size, info.local_rank, info.host_id, key, server, secret_file)
+
+
+def _count(store: Store) -> int:
+    """The count of inits on ``store`` (0 if it cannot be read)."""
+    try:
+        return int(store.get(JOINS_KEY, 1.0))
+    except (CommError, ValueError):
+        return 0
 
 
 def resolve_ranks(scheme: str, rank: int | None, world_size: int | None, info: JobInfo) -> tuple[int, int]:

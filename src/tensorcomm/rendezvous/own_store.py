@@ -4,8 +4,11 @@ Owns :func:`own_store` and the announcement of the own store's address. torch's 
 anyone who can connect read, write and list its keys, so nothing tensorcomm reads there may
 steer it: rank 0 serves a :class:`TCPStoreServer` of its own (every client proves the job
 secret), and the foreign store holds only its address with a MAC,
-``HMAC(secret, "tensorcomm own store" 0 key 0 generation 0 address)``, where ``key`` is the full
-key name (the foreign store's namespace included, e.g. torchrun's attempt). A rank that finds a
+``HMAC(secret, "tensorcomm own store" 0 key 0 generation 0 store port 0 address)``, where ``key``
+is the full key name (the foreign store's namespace included, e.g. torchrun's attempt) and
+``store port`` the foreign store's: namespaces repeat from job to job (every torchrun job's first
+attempt is ``tensorcomm/attempt_0``) but jobs running at once have different ports, so an
+announcement copied from another job with the same secret is refused. A rank that finds a
 MAC it cannot verify says so in the foreign store (``own_store/refused``): every rank raises
 AuthenticationError at once rather than waiting out the timeout. Every other rendezvous key
 (joins, link addresses, shared-memory addresses and failures, group ids) lives in the own store.
@@ -61,17 +64,18 @@ def own_store(scheme: str, foreign: Store, key_prefix: str, generation: int, ran
     """
     deadline = time.monotonic() + timeout
     full_key = f"{key_prefix}/{ADDRESS_KEY}"
+    foreign_port = address_of(foreign)[1]
     server = None
     try:
         if rank == 0:
-            host, port = address_of(foreign)
-            server = TCPStoreServer(reachable_address(host, port), 0, secret)
+            server = TCPStoreServer(reachable_address(address_of(foreign)[0], foreign_port), 0, secret)
             address = f"{_literal(server.host)}:{server.port}"
-            mac = _mac(secret, full_key, generation, address)
+            mac = _mac(secret, full_key, generation, foreign_port, address)
             foreign.set(ADDRESS_KEY, f"{address}\n{mac}".encode())
             client = TCPStore(server.host, server.port, secret, timeout)
         else:
-            host, port = _verified(scheme, foreign, full_key, generation, rank, secret, deadline)
+            host, port = _verified(scheme, foreign, full_key, generation, foreign_port, rank, secret,
+                                   deadline)
             try:
                 client = TCPStore(host, port, secret, max(deadline - time.monotonic(), 0.01))
             except (AuthenticationError, RendezvousError) as exc:
@@ -91,8 +95,8 @@ def own_store(scheme: str, foreign: Store, key_prefix: str, generation: int, ran
     return client, server
 
 
-def _verified(scheme: str, foreign: Store, full_key: str, generation: int, rank: int, secret: bytes,
-              deadline: float) -> tuple[str, int]:
+def _verified(scheme: str, foreign: Store, full_key: str, generation: int, foreign_port: int, rank: int,
+              secret: bytes, deadline: float) -> tuple[str, int]:
     """The own store's address as rank 0 announced it; refuse (for everyone) one it did not."""
     try:
         announced = foreign.get(ADDRESS_KEY, max(deadline - time.monotonic(), 0.0))
@@ -101,8 +105,9 @@ def _verified(scheme: str, foreign: Store, full_key: str, generation: int, rank:
                               f"{full_key!r} in time (is rank 0 running?)") from None
     address, _, mac = announced.decode("utf-8", "replace").partition("\n")
     host, _, port = address.rpartition(":")
-    if not (hmac.compare_digest(mac.encode(), _mac(secret, full_key, generation, address).encode()) and host
-            and port.isdigit() and 0 < int(port) < 65536):
+    expected = _mac(secret, full_key, generation, foreign_port, address)
+    if not (hmac.compare_digest(mac.encode(), expected.encode()) and host and port.isdigit()
+            and 0 < int(port) < 65536):
         why = (f"rank {rank} refused the announcement of tensorcomm's own store under {full_key!r}: "
                f"it was tampered with (its MAC does not match this rank's job secret: someone else "
                f"can write to this store, unless this rank's secret differs from rank 0's), and the "
@@ -166,6 +171,7 @@ def _literal(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _mac(secret: bytes, full_key: str, generation: int, address: str) -> str:
-    message = b"\0".join([PURPOSE, full_key.encode(), str(generation).encode(), address.encode()])
+def _mac(secret: bytes, full_key: str, generation: int, foreign_port: int, address: str) -> str:
+    message = b"\0".join([PURPOSE, full_key.encode(), str(generation).encode(), str(foreign_port).encode(),
+                          address.encode()])
     return hmac.new(secret, message, hashlib.sha256).hexdigest()

@@ -1,0 +1,205 @@
+"""Strangers with access to torch's store, beyond tests/fault/test_foreign_store.py.
+
+A stranger who copies one job's announcement of tensorcomm's own store into another job's
+torch store (issue 21, round 3 review): with the same ``TENSORCOMM_SECRET`` (one user's jobs), or
+with the other job's secret-file announcement copied too, the copy verifies unless the MAC binds
+the store it was made for. Two jobs meet on two torch TCPStores at once; the stranger, a
+standard-library script run as ``nobody``, copies job A's announcement into job B's store after
+B's rank 0 made its own. B's rank 1 must refuse it as tampered with, not walk into job A.
+A stranger who changes the count of inits splits the ranks into generations: the start fails,
+and says why.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tensorcomm import config
+from tensorcomm.errors import CommError, RendezvousError
+from tensorcomm.rendezvous.discovery import discover
+from tensorcomm.rendezvous.init_method import from_store
+from tensorcomm.testing import free_port
+
+pytest.importorskip("torch")
+
+import torch.distributed as dist
+
+from tensorcomm.rendezvous.torch_store import TorchStore
+
+pytestmark = [pytest.mark.fault, pytest.mark.timeout(150)]
+
+NOBODY = 65534
+
+RANK = textwrap.dedent("""
+    import datetime, os, sys, time
+    from pathlib import Path
+    import torch.distributed as dist
+    import tensorcomm as tc
+    from tensorcomm.rendezvous.discovery import discover
+    from tensorcomm.rendezvous.torch_store import TorchStore
+
+    work, job, port, rank = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+
+    def wait_for(name):
+        deadline = time.monotonic() + 60
+        while not (work / name).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=30))
+    if job == "B" and rank == 1:
+        wait_for("go")  # the stranger has copied A's announcement into B's store
+    try:
+        tc.init(store=TorchStore(store, 10, discover()), rank=rank, world_size=2, timeout=10)
+        print(f"{job} rank {rank} started", flush=True)
+    except Exception as exc:
+        print(f"{job} rank {rank} failed: {type(exc).__name__}: {exc}", flush=True)
+    (work / f"{job}.{rank}").touch()
+    if job == "A":
+        wait_for("release")
+""")
+
+# Standard library only: torch's TCPStore protocol (VALIDATE=0 SET=1 GET=3 LIST_KEYS=17).
+STRANGER = textwrap.dedent("""
+    import socket, struct, sys, time
+
+    port_a, port_b = int(sys.argv[1]), int(sys.argv[2])
+
+    def recv(sock, n):
+        data = b""
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            if not chunk:
+                raise EOFError("torch's store closed the connection")
+            data += chunk
+        return data
+
+    def text(sock):
+        return recv(sock, struct.unpack("<Q", recv(sock, 8))[0])
+
+    def connect(port):
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+                sock.sendall(b"\\x00" + struct.pack("<I", 0x3C85F7CE))
+                return sock
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def announcement(sock):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            sock.sendall(b"\\x11")
+            keys = [text(sock).decode() for _ in range(struct.unpack("<Q", recv(sock, 8))[0])]
+            for key in keys:
+                if key.endswith("own_store/address"):
+                    sock.sendall(b"\\x03" + struct.pack("<Q", len(key)) + key.encode())
+                    return key, text(sock)
+            time.sleep(0.02)
+        raise SystemExit("no announcement")
+
+    key, value = announcement(connect(port_a))
+    b = connect(port_b)
+    announcement(b)  # B's rank 0 has announced: replace it with A's
+    b.sendall(b"\\x01" + struct.pack("<Q", len(key)) + key.encode() + struct.pack("<Q", len(value)) + value)
+    b.sendall(b"\\x03" + struct.pack("<Q", len(key)) + key.encode())
+    print("COPIED" if text(b) == value else "NOT COPIED", flush=True)
+""")
+
+
+def _nobody_python() -> str:
+    if os.geteuid() != 0:
+        pytest.skip("running the stranger as another user (nobody) needs root")
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3", sys.executable):
+        try:
+            done = subprocess.run([candidate, "-c", "pass"], user=NOBODY, capture_output=True, timeout=30)
+        except OSError:
+            continue
+        if done.returncode == 0:
+            return candidate
+    pytest.skip("no Python interpreter that user nobody may run")
+
+
+def test_an_announcement_copied_from_another_job_is_refused(tmp_path: Path) -> None:
+    python = _nobody_python()
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TENSORCOMM_", "MASTER_", "TORCHELASTIC"))}
+    env[config.ENV_SECRET] = "one-users-secret-for-every-job"
+    ports = {"A": free_port(), "B": free_port()}
+    procs = []
+    try:
+        procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path), job, str(ports[job]),
+                                   str(rank)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True)
+                 for job in "AB" for rank in range(2)]
+        stranger = subprocess.run([python, "-c", STRANGER, str(ports["A"]), str(ports["B"])], user=NOBODY,
+                                  cwd="/", capture_output=True, text=True, timeout=60)
+        assert "COPIED" in stranger.stdout, stranger.stderr
+        (tmp_path / "go").touch()
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "B.1").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        (tmp_path / "release").touch()
+        output = ""
+        for proc in procs:
+            try:
+                output += proc.communicate(timeout=60)[0]
+            finally:
+                proc.kill()
+    assert "A rank 0 started" in output and "A rank 1 started" in output, output
+    assert "B rank 1 failed: AuthenticationError" in output and "tampered" in output, output
+
+
+JOINS = textwrap.dedent("""
+    import socket, struct, sys
+    sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+    sock.sendall(b"\\x00" + struct.pack("<I", 0x3C85F7CE))
+    key, value = b"/tensorcomm/joins", b"1"  # torch's clients put "/" first; as if one init counted itself
+    sock.sendall(b"\\x01" + struct.pack("<Q", len(key)) + key + struct.pack("<Q", len(value)) + value)
+    sock.sendall(b"\\x03" + struct.pack("<Q", len(key)) + key)  # answered once the set is done
+    sock.recv(64)
+""")
+
+
+def test_a_bumped_count_of_inits_is_named_when_the_start_times_out() -> None:
+    """A stranger sets torch's count of inits before the ranks count themselves: they land in
+    different generations and time out; the error says why (in 3 s here)."""
+    python = _nobody_python()
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, 1, is_master=True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=30))
+    subprocess.run([python, "-c", JOINS, str(port)], user=NOBODY, cwd="/", check=True, timeout=60)
+    errors: dict[int, CommError] = {}
+
+    def join(rank: int) -> None:
+        client = dist.TCPStore("127.0.0.1", port, 1, is_master=False, timeout=datetime.timedelta(seconds=30))
+        try:
+            from_store(TorchStore(client, 3, discover({})), rank, 2, 3, secret="s").close()
+        except CommError as exc:
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=join, args=(rank,)) for rank in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    del server
+    assert sorted(errors) == [0, 1], errors
+    for exc in errors.values():
+        assert isinstance(exc, RendezvousError)
+        assert "'tensorcomm/joins' reads 3, not a multiple of the world size 2" in str(exc), exc
