@@ -5,7 +5,8 @@ The attack of issue 21, against two real ranks over TCP: someone who can write t
 (under torchrun, anyone who can reach torch's store) pre-sets rank 1's join entry so rank 0 goes
 ahead alone, swaps rank 0's published data address for a relay's, and lets rank 1 start. Rank 1
 dials the relay, which forwards every byte to the real rank 0 (reading them all, and in tamper
-mode altering payload bytes on the way back). The test plays that attacker; it writes to the
+mode altering payload bytes on the way back; in exec mode swapping the pickle of a
+``broadcast_object_list`` for one that runs code in rank 1). The test plays that attacker; it writes to the
 store with the store's key, which torch's store never asks for. The relay is a stdlib process.
 
 Before the handshake was bound to the dialled address, the relay passed and read every payload
@@ -45,12 +46,12 @@ except ImportError:
 NEEDS_CRYPTO = pytest.mark.skipif(not HAVE_CRYPTO, reason="encrypt needs tensorcomm[crypto] (cryptography)")
 
 RANK = textwrap.dedent("""
-    import json, sys
+    import json, os, sys
     import numpy as np
     import tensorcomm as tc
     rank = int(sys.argv[1])
     if len(sys.argv) > 5:  # the network delivers this rank's data connections to an on-path proxy
-        import os, socket
+        import socket
         dial, proxy = socket.create_connection, int(sys.argv[5])
         def on_path(address, *args, **kwargs):
             if int(address[1]) != int(os.environ["MASTER_PORT"]):
@@ -62,6 +63,11 @@ RANK = textwrap.dedent("""
     try:
         tc.init(rank=rank, world_size=2, timeout=float(sys.argv[3]))
         for i in range(int(sys.argv[4])):
+            if os.environ.get("TEST_OBJECTS"):  # the object collective, which unpickles
+                objects = [bytes(marker)] if rank == 0 else [None]
+                tc.broadcast_object_list(objects, src=0)
+                outcome["correct" if objects[0] == bytes(marker) else "wrong"] += 1
+                continue
             x = marker.copy() if rank == 0 else np.zeros_like(marker)
             tc.broadcast(x, src=0)
             outcome["correct" if np.array_equal(x, marker) else "wrong"] += 1
@@ -77,6 +83,8 @@ RELAY = textwrap.dedent("""
     listener = socket.create_server(("127.0.0.1", 0))
     print(listener.getsockname()[1], flush=True)
     target, mode, log = sys.argv[1], sys.argv[2], sys.argv[3]
+    # exec mode: a pickle that writes a file when unpickled, padded to the length it replaces
+    evil = b"cbuiltins\\nexec\\n(Vopen(" + repr(log + ".ran").encode() + b", 'w').close()\\ntR."
     seen = open(log, "wb")
     flipped = []
     def pump(src, dst, tamper):
@@ -86,6 +94,9 @@ RELAY = textwrap.dedent("""
                 seen.flush()
                 if tamper and mode == "relay-tamper":  # payload bytes only, headers as they were
                     data = data.replace(b"SECRET", b"secret")
+                elif tamper and mode == "exec" and (start := data.find(b"\\x80\\x05")) >= 0 \\
+                        and len(data) - start > len(evil) and b"SECRET" in data[start:]:
+                    data = data[:start] + evil + data[start + len(evil):]
                 elif tamper and mode == "on-path" and len(data) >= 8192 and not flipped:
                     flipped.append(1)  # one bit in the middle of a large read: a payload's
                     middle = len(data) // 2
@@ -111,10 +122,12 @@ RELAY = textwrap.dedent("""
 
 
 def _rank(rank: int, port: int, secret: str, timeout: float, proxy: int | None = None,
-          protection: str = "headers") -> subprocess.Popen[str]:
+          protection: str = "headers", objects: bool = False) -> subprocess.Popen[str]:
     env = {**os.environ, "TENSORCOMM_SECRET": secret, "TENSORCOMM_STORE_HOSTED": "1",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TENSORCOMM_TRANSPORT": "tcp",
            "TENSORCOMM_LINK_PROTECTION": protection}
+    if objects:
+        env["TEST_OBJECTS"] = "1"
     command = [sys.executable, "-c", RANK, str(rank), MARKER.decode(), str(timeout), str(ROUNDS)]
     command += [] if proxy is None else [str(proxy)]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -133,21 +146,24 @@ def _outcome(proc: subprocess.Popen[str]) -> dict:
     return {"error": f"no outcome (exit {proc.returncode})", "output": output}
 
 
-@pytest.mark.parametrize("mode", ["read", "relay-tamper"])
+@pytest.mark.parametrize("mode", ["read", "relay-tamper", "exec"])
 def test_a_relay_in_rank_0s_place_reads_and_alters_nothing(mode: str, tmp_path: Path) -> None:
+    # exec: the ranks broadcast an object, and the relay swaps its pickle for one that runs code
+    # (creates relay.bytes.ran) when rank 1 unpickles it.
+    objects = mode == "exec"
     secret = generate_secret()
     seen = tmp_path / "relay.bytes"
     with TCPStoreServer("127.0.0.1", 0, secret_bytes(secret)) as server, \
             TCPStore("127.0.0.1", server.port, secret_bytes(secret), timeout=10) as attacker:
         host_id = socket.gethostname()
         attacker.set("tensorcomm/0/join/1", f"0{host_id}".encode())  # rank 0 goes ahead alone
-        rank_0 = _rank(0, server.port, secret, timeout=15)
+        rank_0 = _rank(0, server.port, secret, timeout=15, objects=objects)
         relay = None
         try:
             real = attacker.get("tensorcomm/0/tcp/addr/0", timeout=JOB_TIMEOUT).decode()
             relay, relay_port = _start_relay(real, mode, seen)
             attacker.set("tensorcomm/0/tcp/addr/0", f"127.0.0.1:{relay_port}".encode())
-            rank_1 = _rank(1, server.port, secret, timeout=15)
+            rank_1 = _rank(1, server.port, secret, timeout=15, objects=objects)
             outcomes = [_outcome(rank_0), _outcome(rank_1)]
         finally:
             for proc in (rank_0, relay):
@@ -155,6 +171,7 @@ def test_a_relay_in_rank_0s_place_reads_and_alters_nothing(mode: str, tmp_path: 
                     proc.kill()
                     proc.wait()
     relayed = seen.read_bytes() if seen.exists() else b""
+    assert not Path(f"{seen}.ran").exists(), f"the relay's pickle ran code in rank 1: {outcomes}"
     assert MARKER not in relayed, f"the relay read the payload: {outcomes}"
     assert all(outcome.get("wrong", 0) == 0 for outcome in outcomes), outcomes
     # Rank 1 learns why: the link it dialled was refused as not rank 0's.
