@@ -20,6 +20,7 @@ from .engine import Engine
 from .work import Work
 
 PLANS_KEPT = 256  # call shapes a group remembers; the oldest is forgotten beyond that
+ABORT_GRACE = 0.25  # seconds a call that lost a peer waits for the abort that may explain it
 
 if TYPE_CHECKING:
     from ..transports.shm.domain import ShmDomain
@@ -167,11 +168,11 @@ class Group:
                 try:
                     return plan.run(ctx, *args)
                 except BaseException as exc:
-                    _failed(ctx, exc)
-                    explained = _left_before(ctx, exc)
-                    if explained is None:
+                    _failed(ctx, exc)  # the peers first, at once
+                    cause = _cause(ctx, exc)
+                    if cause is exc:
                         raise
-                    raise explained from exc
+                    raise cause from exc
                 finally:
                     engine.leave()
 
@@ -180,11 +181,11 @@ class Group:
             try:
                 return plan.run(ctx, *args)
             except BaseException as exc:
-                _failed(ctx, exc)
-                explained = _left_before(ctx, exc)
-                if explained is None:
+                _failed(ctx, exc)  # the peers first, at once
+                cause = _cause(ctx, exc)
+                if cause is exc:
                     raise
-                raise explained from exc
+                raise cause from exc
 
         try:
             return engine.submit(plan.label, body, async_op)
@@ -284,6 +285,18 @@ class Group:
 
     def __repr__(self) -> str:
         return f"Group(name={self.name!r}, ranks={list(self.ranks)})"
+
+
+def _cause(ctx: Ctx, error: BaseException) -> BaseException:
+    """What a call that failed with ``error`` reports (the peers were told already): a sequence
+    mismatch for a peer that left (``_left_before``), for a peer whose link broke the failure
+    another member reported of its own (it failed first; a peer that then exited is a
+    consequence), else ``error``."""
+    if not isinstance(error, PeerLostError):
+        return error
+    if error.left:
+        return _left_before(ctx, error) or error
+    return ctx.transport.abort_cause(ctx.group_id, ABORT_GRACE) or error
 
 
 def _left_before(ctx: Ctx, error: BaseException) -> PeerLostError | None:

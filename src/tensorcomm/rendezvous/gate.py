@@ -178,7 +178,8 @@ class Gate:
             if self._watcher is not None:
                 threads.append(self._watcher)
         for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.ident is not None:  # one registered but not yet started has no work to wait for
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     def _forget(self, conn: socket.socket) -> None:
         """Stop watching ``conn`` (under the lock)."""

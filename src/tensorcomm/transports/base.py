@@ -136,6 +136,14 @@ class Transport(abc.ABC):
         a transport that cannot tell returns an empty set. ``Group.shrink`` leaves them out."""
         return frozenset()
 
+    def abort_cause(self, group_id: int, grace: float) -> BaseException | None:
+        """The failure of its own (not a lost peer it passed on) that a peer reported for
+        ``group_id``, if one came or comes within ``grace`` seconds; None otherwise. Asked when a
+        call failed on a lost peer, after this rank told the others: the peer that failed first
+        may have said why before the link to another broke. A transport whose aborts arrive with
+        its failures returns None at once."""
+        return None
+
     @abc.abstractmethod
     def abort_group(self, group_id: int, error: BaseException, tell_peers: bool = True) -> None:
         """Fail every pending and future message of ``group_id`` here and (``tell_peers``) on

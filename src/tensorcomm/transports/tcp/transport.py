@@ -93,6 +93,8 @@ class TcpTransport(Transport):
         self._match: Matching[TcpRequest, Unexpected] = Matching(rank, size)
         # (group, peer) -> their latest call and its signature, from probe replies
         self._progress: dict[tuple[int, int], tuple[int, Signature | None]] = {}
+        # group id -> the first failure of its own a peer reported (not a lost peer it passed on)
+        self._peer_failures: dict[int, BaseException] = {}
         self._on_peer_lost = on_peer_lost
         self._discard = memoryview(bytearray(0))
         self._spares: dict[int, list[np.ndarray]] = {}  # reusable unexpected-message buffers
@@ -482,7 +484,10 @@ class TcpTransport(Transport):
         if kind == framing.KIND_ABORT:
             # Passed on to every peer before anything else this rank sends them (its goodbye,
             # say), so the cause reaches everyone ahead of its consequences.
-            self.abort_group(link.tag, decode_abort(peer, payload))
+            error = decode_abort(peer, payload)
+            if not isinstance(error, PeerLostError):
+                self._peer_failures.setdefault(link.tag, error)
+            self.abort_group(link.tag, error)
         elif kind == framing.KIND_PROBE:
             latest, signature = self._match.latest_call(link.tag)
             self._send_control(peer, framing.KIND_PROBE_REPLY, link.tag, framing.PROBE_REPLY.pack(latest),
@@ -557,6 +562,11 @@ class TcpTransport(Transport):
         return self._enqueue(link, header, memoryview(payload), None)
 
     # -- failure and lifecycle -----------------------------------------------------------------
+
+    def abort_cause(self, group_id: int, grace: float) -> BaseException | None:
+        told = self._peer_failures
+        self._run_until(lambda: group_id in told, grace)
+        return told.get(group_id)
 
     def abort_group(self, group_id: int, error: BaseException, tell_peers: bool = True) -> None:
         # Peers are told before local waiters wake: a waiter that goes on to destroy() must not
