@@ -25,6 +25,7 @@ from threading import get_ident
 from typing import Any
 
 from ..errors import ConcurrentUseError
+from ..transports.threads import mark_worker
 from .work import Work
 
 Body = Callable[[int], Any]  # takes the call's sequence number
@@ -118,6 +119,7 @@ class Engine:
             self._worker.start()
 
     def _run(self) -> None:
+        mark_worker()
         while True:
             with self._mutex:
                 while not self._queue and self._stopped is None:

@@ -54,6 +54,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ...errors import CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError, PeerLostError
+from ..threads import on_worker
 
 log = logging.getLogger("tensorcomm.shm")
 
@@ -333,7 +334,7 @@ class Slots:
             return
         now = time.monotonic()
         check_alive = now + LIVENESS_SECONDS
-        sleep_from = now + YIELD_SECONDS
+        sleep_from = now if on_worker() else now + YIELD_SECONDS  # transports/threads.py says why
         while True:
             behind = [q for q in ranks if words[counters[q]] < target]
             if not behind:
