@@ -2,8 +2,9 @@
 
 A wait on a worker thread should give the GIL up at once rather than spin or yield in Python:
 the thread that issued the call is usually running Python beside it (the rest of a backward
-pass, the next forward), and each time a spinning waiter drops and retakes the GIL that thread's
-own wait for it starts over, so it can wait out whole switch intervals (5 ms by default).
+pass, the next forward). Each ``sched_yield`` drops the GIL and retakes it before that thread,
+woken, can take it, and every such hand-over it misses restarts its wait for the GIL, so it
+could wait out whole switch intervals (5 ms by default) while the worker merely waits.
 """
 
 from __future__ import annotations
