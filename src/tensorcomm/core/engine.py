@@ -3,7 +3,10 @@
 A blocking call runs inline on the caller's thread when nothing is queued ahead of it (the common
 case, and the one whose latency matters); otherwise it queues behind the pending async calls and
 waits. Async calls run on one worker thread per group, started on first use. Each call's sequence
-number, which tags its messages, is its position in that order.
+number, which tags its messages, is its position in that order. A thread that waits (with no
+time limit) for a queued call the worker has not started yet runs it, and the calls queued ahead
+of it, itself: the caller waits anyway, and a hop to the worker and back costs two thread
+wake-ups (DDP's buffer broadcast in every forward waits at once for its async call).
 
 Whoever runs a call (an inline caller or the worker) holds ``_running``; sequence numbers are
 handed out only by its holder, so they follow the order calls actually run in. A queued call stays
@@ -25,6 +28,7 @@ from threading import get_ident
 from typing import Any
 
 from ..errors import ConcurrentUseError
+from ..transports.threads import mark_worker
 from .work import Work
 
 Body = Callable[[int], Any]  # takes the call's sequence number
@@ -89,6 +93,7 @@ class Engine:
                 finally:
                     self.leave()
         work = Work(description)
+        work._run_here = self._run_here
         me = get_ident()
         with self._mutex:
             if self._stopped is not None:
@@ -111,6 +116,33 @@ class Engine:
         work.wait()
         return work._result
 
+    def _run_here(self, work: Work) -> None:
+        """Run the queued calls up to ``work`` on this thread if none of them has started."""
+        if not self._running.acquire(False):
+            return  # the worker (or an inline caller) is running: wait for it instead
+        try:
+            while True:
+                with self._mutex:
+                    if not any(queued is work for _, queued in self._queue):
+                        return  # taken by the worker before we held _running, or failed by stop()
+                    body, queued = self._queue.popleft()
+                self._run_one(body, queued)
+                if queued is work:
+                    return
+        finally:
+            self._running.release()
+
+    def _run_one(self, body: Body, work: Work) -> None:
+        """Run one dequeued call (the caller holds ``_running``) and complete its ``Work``."""
+        seq = self._seq
+        self._seq = seq + 1
+        try:
+            work._complete(result=body(seq))
+        except BaseException as exc:  # noqa: BLE001 - delivered to whoever waits on the Work
+            work._complete(error=exc)
+        with self._mutex:
+            self._queued -= 1
+
     def _ensure_worker(self) -> None:
         if self._worker is None:
             self._worker = threading.Thread(target=self._run, daemon=True,
@@ -118,6 +150,7 @@ class Engine:
             self._worker.start()
 
     def _run(self) -> None:
+        mark_worker()
         while True:
             with self._mutex:
                 while not self._queue and self._stopped is None:
@@ -129,14 +162,7 @@ class Engine:
                     if not self._queue:  # failed by stop() while we waited for _running
                         continue
                     body, work = self._queue.popleft()
-                seq = self._seq
-                self._seq = seq + 1
-                try:
-                    work._complete(result=body(seq))
-                except BaseException as exc:  # noqa: BLE001 - delivered to whoever waits on the Work
-                    work._complete(error=exc)
-                with self._mutex:
-                    self._queued -= 1
+                self._run_one(body, work)
 
     def stop(self, error: BaseException) -> None:
         """Refuse new calls with ``error``; fail queued ones; let the running one finish."""

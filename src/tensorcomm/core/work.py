@@ -28,6 +28,9 @@ class Work:
         self._callbacks: list[Callable[[], None]] = []
         self._finished = False  # result and error final; set under _lock before the done hooks run
         self._done_hooks: list[Callable[[Work], None]] = []
+        # Set by the engine that queued the call: runs it on the waiting thread if it has not
+        # started yet (see ``Engine._run_here``).
+        self._run_here: Callable[[Work], None] | None = None
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the call completes; return True.
@@ -39,6 +42,8 @@ class Work:
             CommTimeoutError: not complete within ``timeout``.
             CommError: the call itself failed (its own exception is re-raised).
         """
+        if timeout is None and self._run_here is not None and not self._done.is_set():
+            self._run_here(self)
         if not self._done.wait(timeout):
             raise CommTimeoutError(f"{self._description} did not complete within {timeout:g} s")
         if self._error is not None:

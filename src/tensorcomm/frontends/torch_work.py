@@ -1,8 +1,9 @@
 """torch ``Work`` and ``Future`` objects over tensorcomm's ``Work``, for the torch backend.
 
 The backend's collectives run on the group's worker thread, so DDP's gradient all-reduces go on
-beside the rest of backward; the torch future of each call is completed by that worker when the
-call ends (``Work._on_done``).
+beside the rest of backward; the torch future of each call is completed by the thread that runs
+it (that worker, or a thread that waits for the call before the worker started it) when the call
+ends (``Work._on_done``).
 
 How a failure reaches torch. ``torch.futures.Future.set_exception`` does not mark the C++ future
 as failed: it stores the exception object as the future's *value*, and only Python's

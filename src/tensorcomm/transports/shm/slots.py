@@ -29,8 +29,9 @@ because Python offers no fence to put between the two.
 Waiting. A wait reads the counter ``SPIN_READS`` times, then calls ``sched_yield`` in a loop
 (cheap when ranks have cores of their own, and it hands the core over when they share one; pure
 spinning would cost a whole time slice), and after ``YIELD_SECONDS`` sleeps on a futex on the
-counter's low 32 bits, waking at least every ``SLEEP_SECONDS``. A poster wakes futex sleepers
-only when one has raised the flag on its line, so posts stay syscall-free. While yielding or
+counter's low 32 bits, waking at least every ``SLEEP_SECONDS`` (on an engine's worker thread it
+skips the yielding and sleeps at once: ``transports/threads.py`` says why). A poster wakes futex
+sleepers only when one has raised the flag on its line, so posts stay syscall-free. While yielding or
 sleeping, a wait watches for: the call's deadline (``CommTimeoutError`` naming the ranks whose
 counters did not arrive), a fault recorded by any rank (mismatch, abort, lost peer: raised here
 too), a peer that left the group (``destroy``), and, every ``LIVENESS_SECONDS``, whether the peers'
@@ -54,6 +55,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ...errors import CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError, PeerLostError
+from ..threads import on_worker
 
 log = logging.getLogger("tensorcomm.shm")
 
@@ -333,7 +335,7 @@ class Slots:
             return
         now = time.monotonic()
         check_alive = now + LIVENESS_SECONDS
-        sleep_from = now + YIELD_SECONDS
+        sleep_from = now if on_worker() else now + YIELD_SECONDS  # transports/threads.py says why
         while True:
             behind = [q for q in ranks if words[counters[q]] < target]
             if not behind:
