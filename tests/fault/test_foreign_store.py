@@ -159,21 +159,6 @@ STRANGER = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def nobody_python() -> str:
-    """A Python interpreter the user ``nobody`` may run (the venv's may sit in root's home)."""
-    if os.geteuid() != 0:
-        pytest.skip("running the stranger as another user (nobody) needs root")
-    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3", sys.executable):
-        try:
-            done = subprocess.run([candidate, "-c", "pass"], user=NOBODY, capture_output=True, timeout=30)
-        except OSError:
-            continue
-        if done.returncode == 0:
-            return candidate
-    pytest.skip("no Python interpreter that user nobody may run")
-
-
 def _start_job(launcher: str, work: Path, port: int, secret: bool = False) -> list[subprocess.Popen[str]]:
     script = work / "job.py"
     script.write_text(JOB)

@@ -41,19 +41,6 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="running a process as 
 SECRET = b"security-test-secret"
 
 
-@pytest.fixture(scope="module")
-def nobody_python() -> str:
-    """A Python interpreter the user ``nobody`` may run (the venv's may sit in root's home)."""
-    for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
-        try:
-            done = subprocess.run([candidate, "-c", "pass"], user=NOBODY, capture_output=True, timeout=30)
-        except OSError:
-            continue
-        if done.returncode == 0:
-            return candidate
-    pytest.skip("no Python interpreter that user nobody may run")
-
-
 def in_threads(count: int, fn: Callable[[int], Any], timeout: float = 60.0) -> list[Any]:
     """Run ``fn(i)`` in ``count`` threads; return results (or the exceptions raised) by index."""
     results: list[Any] = [None] * count

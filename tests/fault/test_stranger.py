@@ -119,21 +119,8 @@ STRANGER = textwrap.dedent("""
 """)
 
 
-def _nobody_python() -> str:
-    if os.geteuid() != 0:
-        pytest.skip("running the stranger as another user (nobody) needs root")
-    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3", sys.executable):
-        try:
-            done = subprocess.run([candidate, "-c", "pass"], user=NOBODY, capture_output=True, timeout=30)
-        except OSError:
-            continue
-        if done.returncode == 0:
-            return candidate
-    pytest.skip("no Python interpreter that user nobody may run")
-
-
-def test_an_announcement_copied_from_another_job_is_refused(tmp_path: Path) -> None:
-    python = _nobody_python()
+def test_an_announcement_copied_from_another_job_is_refused(tmp_path: Path, nobody_python: str) -> None:
+    python = nobody_python
     script = tmp_path / "rank.py"
     script.write_text(RANK)
     env = {k: v for k, v in os.environ.items()
@@ -180,10 +167,10 @@ JOINS = textwrap.dedent("""
 """)
 
 
-def test_a_bumped_count_of_inits_is_named_when_the_start_times_out() -> None:
+def test_a_bumped_count_of_inits_is_named_when_the_start_times_out(nobody_python: str) -> None:
     """A stranger sets torch's count of inits before the ranks count themselves: they land in
     different generations and time out; the error says why (in 3 s here)."""
-    python = _nobody_python()
+    python = nobody_python
     port = free_port()
     server = dist.TCPStore("127.0.0.1", port, 1, is_master=True, wait_for_workers=False,
                            timeout=datetime.timedelta(seconds=30))
