@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from tensorcomm.algorithms import select
 from tensorcomm.algorithms.base import Ctx, Plan, Team
 from tensorcomm.signature import NO_SIGNATURE, Signature
 
@@ -20,3 +21,13 @@ def one_off_ctx(transport: Any, ranks: Sequence[int], rank: int, group_id: int, 
     """The context of call ``seq`` on a team of its own; its deadline starts now."""
     team = Team(transport, ranks, rank, group_id, timeout, group_name=group_name, shm=shm)
     return Ctx.of(team, seq, Plan(name, signature, "", _no_algorithm))
+
+
+def run(ctx: Ctx, fn: Any, *args: Any) -> Any:
+    """Run algorithm ``fn`` on ``args`` in a one-off ``ctx``, its state prepared first as
+    ``make_plan`` prepares it (``Row.prepare`` of ``fn``'s row in ``select.ROWS``)."""
+    for row in select.ROWS:
+        if row.fn is fn and row.prepare is not None:
+            ctx.plan.state = row.prepare(ctx.team, ctx.plan, *args)
+            break
+    return fn(ctx, *args)

@@ -33,16 +33,27 @@ _NOTHING = np.empty(0, dtype=np.uint8)
 
 
 Predicate = Callable[["Team", int], bool]
+# ``prepare(team, plan, *args)``: an algorithm's per-shape state, from the plan's first call's
+# arguments (the algorithm's own, after the ``Ctx``); see ``Row``.
+Prepare = Callable[..., Any]
 
 
 class Row(NamedTuple):
     """One candidate algorithm (``select.ROWS``): ``fn`` runs ``collective`` when
-    ``predicate(team, nbytes)`` holds."""
+    ``predicate(team, nbytes)`` holds.
+
+    ``prepare``, when given, makes what ``fn`` works out once per call shape (slot views,
+    bounds, the reduction): ``make_plan`` calls it with the group's ``Team``, the new ``Plan``
+    and the first call's arguments, and keeps its result in ``Plan.state``. It must read only the
+    shape of those arguments (dtype, sizes, counts, op, root: what the plan's key holds), never
+    their values.
+    """
 
     collective: str
     name: str
     predicate: Predicate
     fn: Callable[..., None]
+    prepare: Prepare | None = None
 
 
 class Hierarchy:
@@ -120,8 +131,9 @@ class Plan:
         algorithm: the name of the chosen algorithm (``select``'s row).
         run: the chosen algorithm (``select``'s calling convention for the collective).
         op: the call's reduction, parsed and checked against the dtype (None if it has none).
-        state: the algorithm's own set-up for this shape (slot views, bounds...), made by the
-            algorithm on its first run and gone with the group.
+        state: the algorithm's own set-up for this shape (slot views, bounds...): what its
+            row's ``prepare`` made when the plan was made (``make_plan``), else None; gone with
+            the group.
     """
 
     __slots__ = ("label", "signature", "algorithm", "run", "op", "state")
@@ -134,6 +146,21 @@ class Plan:
         self.run = run
         self.op = op
         self.state: Any = None
+
+
+def make_plan(row: Row, label: str, signature: Signature, team: Team, op: Any,
+              args: Sequence[Any]) -> Plan:
+    """The plan that runs ``row`` for one call shape, its state prepared (``Row.prepare``) from
+    ``args``, the shape's first call's arguments.
+
+    Raises:
+        ValueError: the row cannot run on ``team`` (a shared-memory row, by override, on a
+            group without a domain).
+    """
+    plan = Plan(label, signature, row.name, row.fn, op)
+    if row.prepare is not None:
+        plan.state = row.prepare(team, plan, *args)
+    return plan
 
 
 class Ctx:

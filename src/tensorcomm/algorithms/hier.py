@@ -39,7 +39,7 @@ from ..signature import signature
 from ..types import PremulSum, ReduceOp
 from . import kernels
 from .allgather import bounds, even_counts
-from .base import Ctx, Hierarchy, Plan, Team
+from .base import Ctx, Hierarchy, Team, make_plan
 from .wire import scratch
 
 Op = ReduceOp | PremulSum
@@ -68,8 +68,8 @@ def _step(ctx: Ctx, key: str, team: Team, collective: str, nbytes: int, sig_coun
     plan = plans.get(key)
     if plan is None:
         row = h.pick(collective, team, nbytes)
-        plan = plans[key] = Plan(f"{ctx.name} ({key})", signature(collective, dtype, sig_count, op, root),
-                                 row.name, row.fn, op)
+        plan = plans[key] = make_plan(row, f"{ctx.name} ({key})",
+                                      signature(collective, dtype, sig_count, op, root), team, op, args)
     sub = Ctx.of(team, h.next_seq(team), plan)
     sub.deadline = ctx.deadline
     plan.run(sub, *args)

@@ -32,14 +32,16 @@ import numpy as np
 
 from ..types import PremulSum, ReduceOp
 from . import kernels
-from .base import Ctx
+from .base import Ctx, Plan
 
 Op = ReduceOp | PremulSum
 
 
-def no_domain(ctx: Ctx) -> ValueError:
-    """The error of a shared-memory algorithm run (by override) on a group without a domain."""
-    return ValueError(f"{ctx.name}: this algorithm needs a group whose members share a host "
+def no_domain(where: Ctx | Plan) -> ValueError:
+    """The error of a shared-memory algorithm run (by override) on a group without a domain;
+    ``where`` is the call or, when its state is prepared, its plan."""
+    name = where.label if isinstance(where, Plan) else where.name
+    return ValueError(f"{name}: this algorithm needs a group whose members share a host "
                       "(the group has no shared-memory domain)")
 
 
