@@ -217,7 +217,7 @@ def test_reduce_scatter(group, count):
         counts = [count + i for i in range(n)]
         outs = [np.zeros(count + r, dtype) for r in range(n)]
         group.call(lambda ctx, sends=sends, outs=outs, counts=counts, op=op:
-                   shm_reduce_scatter.reduce_scatter(ctx, sends[ctx.rank], outs[ctx.rank], counts, op),
+                   run(ctx, shm_reduce_scatter.reduce_scatter, sends[ctx.rank], outs[ctx.rank], counts, op),
                    signature("reduce_scatter", np.dtype(dtype), sum(count + i for i in range(n)), op))
         for r in range(n):
             _close(outs[r], reduce_reference(op, [blocks[q][r] for q in range(n)]), op)

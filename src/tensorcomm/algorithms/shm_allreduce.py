@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .base import Ctx, Plan, Team
-from .shm_common import Journal, Op, Reduction, load, no_domain, reduce_rows, reduction
+from .shm_common import Journal, Op, Reduction, load, no_domain, reduce_rows
 
 # Bytes of one pipelined chunk (at most one IN slot). Large enough that the two posts and waits
 # per chunk cost little; the benchmark suite is where to tune it.
@@ -69,6 +69,12 @@ def _domain(team: Team, plan: Plan) -> Any:
     return team.shm
 
 
+def _reduction(plan: Plan) -> Reduction:
+    if plan.reduction is None:
+        raise TypeError(f"{plan.label}: a reduction's plan has no reduction descriptor")
+    return plan.reduction
+
+
 @dataclass(frozen=True, slots=True)
 class Direct:
     """``direct``'s state for one call shape.
@@ -87,9 +93,8 @@ class Direct:
 
 
 def prepare_direct(team: Team, plan: Plan, x: np.ndarray, *rest: Any) -> Direct:
-    """``direct``'s (and ``reduce_direct``'s) state; ``rest`` ends with the op."""
-    d = _domain(team, plan)
-    red = reduction(rest[-1], x.dtype)
+    """``direct``'s (and ``reduce_direct``'s) state."""
+    d, red = _domain(team, plan), _reduction(plan)
     stacked = [d.stacked(p, red.acc, x.size) for p in (0, 1)]
     return Direct(d, red, (_rows(stacked[0]), _rows(stacked[1])), (stacked[0][d.rank], stacked[1][d.rank]))
 
@@ -141,9 +146,8 @@ class Split:
 
 
 def prepare_split(team: Team, plan: Plan, x: np.ndarray, *rest: Any) -> Split:
-    """``split``'s (and ``reduce_split``'s) state; ``rest`` ends with the op."""
-    d = _domain(team, plan)
-    red = reduction(rest[-1], x.dtype)
+    """``split``'s (and ``reduce_split``'s) state."""
+    d, red = _domain(team, plan), _reduction(plan)
     part = _part(x.size, d.size, red.acc.itemsize)
     a, b = min(d.rank * part, x.size), min((d.rank + 1) * part, x.size)
     stacked = [d.stacked(p, red.acc, x.size) for p in (0, 1)]
@@ -198,9 +202,8 @@ class Pipelined:
 
 
 def prepare_pipelined(team: Team, plan: Plan, x: np.ndarray, *rest: Any) -> Pipelined:
-    """``pipelined``'s (and ``reduce_pipelined``'s) state; ``rest`` ends with the op."""
-    d = _domain(team, plan)
-    red = reduction(rest[-1], x.dtype)
+    """``pipelined``'s (and ``reduce_pipelined``'s) state."""
+    d, red = _domain(team, plan), _reduction(plan)
     chunk = min(d.slot_bytes, CHUNK_BYTES) // red.acc.itemsize
     part = _part(chunk, d.size, red.acc.itemsize)
     chunks = max(1, -(-x.size // chunk))

@@ -33,13 +33,13 @@ log = logging.getLogger("tensorcomm.plan")
 
 
 def _make(group: Group, collective: str, nbytes: int, sig: Any, args: tuple[Any, ...],
-          op: Any = None) -> Plan:
+          op: Any = None, reduction: kernels.Reduction | None = None) -> Plan:
     """The plan of a new call shape; ``args`` are its first call's arguments, as the algorithm
     gets them (its row's ``prepare`` reads their shape)."""
     team = group._member_team()
     row = select.pick(collective, team, nbytes, group._world.algorithms.get(collective))
     log.debug("%s on group %r, %s: %s", collective, group.name, sig.describe(), row.name)
-    return make_plan(row, f"{collective} on group {group.name!r}", sig, team, op, args)
+    return make_plan(row, f"{collective} on group {group.name!r}", sig, team, args, op, reduction)
 
 
 def _op_key(op: ReduceOpLike) -> Hashable:
@@ -60,9 +60,9 @@ def _reduction(group: Group, collective: str, fn: str, x: np.ndarray, op: Reduce
     """The plan of a reduction; the algorithm's arguments are ``head`` then the parsed op."""
     parsed = ReduceOp.parse(op, f"{fn}: op")
     kernels.check_op_dtype(parsed, x.dtype, f"{fn}: op")
-    nbytes = x.size * kernels.accumulation_dtype(parsed, x.dtype).itemsize
+    red = kernels.reduction(parsed, x.dtype)
     sig = signature(collective, x.dtype, x.size if count is None else count, parsed, root)
-    return _make(group, collective, nbytes, sig, (*head, parsed), parsed)
+    return _make(group, collective, x.size * red.acc.itemsize, sig, (*head, parsed), parsed, red)
 
 
 def all_reduce(group: Group, x: np.ndarray, op: ReduceOpLike, async_op: bool,
