@@ -141,6 +141,17 @@ def _exchange(ctx: Ctx, dst: int | None, src: int, mine: np.ndarray, buf: np.nda
     else:
         receiving = [ctx.irecv(src, incoming[lo:hi], step) for lo, hi in pieces]
         sending = [] if dst is None else [ctx.isend(dst, outgoing[lo:hi], step) for lo, hi in pieces]
+    if wire is None and len(pieces) == 1:  # as the loop below does, inline
+        ctx.wait(receiving[0])
+        if sending and outgoing is buf:
+            ctx.wait(sending[0])
+        if partner_first:
+            fn(incoming, mine, out=buf)
+        else:
+            fn(mine, incoming, out=buf)
+        if sending and outgoing is not buf:
+            ctx.wait(sending[0])
+        return
     widened = None if wire is None else scratch(ctx, "widened", pieces[0][1], buf.dtype)
     for index, ((lo, hi), request) in enumerate(zip(pieces, receiving, strict=True)):
         ctx.wait(request)

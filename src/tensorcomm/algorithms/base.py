@@ -293,12 +293,14 @@ class Ctx:
         """
         try:
             # A request that already ended carries its own verdict (a relayed abort, a stalled
-            # send naming its peer): read it before the deadline can hide it.
-            if not request.done():
-                left = self.deadline - _monotonic()
-                if not _finished(request, max(0.0, min(STALL_PROBE_SECONDS, left))):
+            # send naming its peer): ``wait`` reads it before the deadline can hide it.
+            left = self.deadline - _monotonic()
+            try:
+                request.wait(max(0.0, min(STALL_PROBE_SECONDS, left)))
+            except CommTimeoutError:
+                if not request.done():  # this wait's own timeout, not the request's verdict
                     self._wait_watching(request, left > STALL_PROBE_SECONDS)
-            request.wait(0)
+                request.wait(0)
         except CommError as exc:
             if isinstance(exc, CommTimeoutError) and not request.done():  # this rank's own wait
                 error = CommTimeoutError(f"{self.name} (group rank {self.rank}) timed out after "
@@ -384,17 +386,6 @@ class Ctx:
         pending = self.irecv(src, recv_buf, step)
         self.send(dst, send_buf, step)
         self.wait(pending)
-
-
-def _finished(request: Request, seconds: float) -> bool:
-    """Wait up to ``seconds`` for ``request``; whether it finished (a timeout is no error here)."""
-    try:
-        request.wait(seconds)
-    except CommTimeoutError:
-        return request.done()
-    except CommError:
-        pass  # its verdict: ``Ctx.wait`` reads it again
-    return True
 
 
 def _names(ranks: Sequence[int]) -> str:

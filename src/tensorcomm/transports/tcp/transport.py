@@ -137,11 +137,26 @@ class TcpTransport(Transport):
         failure: PeerLostError | None = None
         with link.send_lock:  # frames are sealed in the order they go onto the wire
             gone = self._match.lost.get(link.peer)
-            item = Send(link.sealer.seal(header, payload, request is not None), request,
-                        time.monotonic() + self.send_timeout)
+            parts = link.sealer.seal(header, payload, request is not None)
+            sent = 0
             if gone is None and not link.queue:
+                try:  # the whole frame at once, the common case: no ``Send`` to keep
+                    sent = link.sock.sendmsg(parts, (), _MSG_DONTWAIT)
+                except BlockingIOError:
+                    pass
+                except OSError as exc:
+                    failure = PeerLostError(link.peer, f"send failed: {exc}")
+                if sent == len(parts[0]) + (len(parts[1]) if len(parts) > 1 else 0):
+                    if request is not None:  # ``_complete``, inline on the hot path
+                        request._done = True
+                        self._role.completed()
+                    return True
+            item = Send(parts, request, time.monotonic() + self.send_timeout)
+            if sent:
+                item.advance(sent)
+            if gone is None and failure is None:
                 try:
-                    if self._write_item(link, item):
+                    if not link.queue and self._write_item(link, item):
                         return True
                 except OSError as exc:
                     failure = PeerLostError(link.peer, f"send failed: {exc}")
@@ -481,8 +496,10 @@ class TcpTransport(Transport):
             request, entry = link.request, link.entry
             link.request = link.entry = None
             link.target = None
-            if request is not None:
-                self._complete(request, peer)
+            if request is not None:  # ``_complete``, inline on the hot path
+                request.source = peer
+                request._done = True
+                self._role.completed()
             elif entry is not None:
                 with self._lock:
                     entry.complete = True
