@@ -153,7 +153,7 @@ class Group:
         return plan
 
     def _run(self, plan: Plan, async_op: bool, *args: Any) -> Work | Any:
-        """Run ``plan``'s algorithm on ``args`` in this group's issue order.
+        """Run ``plan``'s algorithm on ``args`` in this group's issue order (``_call`` runs it).
 
         A call that fails ends the group on every member (see ``_failed``).
         """
@@ -161,35 +161,8 @@ class Group:
         team = target._team
         if team is None:
             raise target._not_member(target._world.rank)
-        engine = target._engine
-        if not async_op:  # the common case, inline on this thread: no closure, no extra frame
-            seq = engine.enter()
-            if seq is not None:
-                ctx = Ctx.of(team, seq, plan)
-                try:
-                    return plan.run(ctx, *args)
-                except BaseException as exc:
-                    _failed(ctx, exc)  # the peers first, at once
-                    cause = _cause(ctx, exc)
-                    if cause is exc:
-                        raise
-                    raise cause from exc
-                finally:
-                    engine.leave()
-
-        def body(seq: int) -> Any:
-            ctx = Ctx.of(team, seq, plan)
-            try:
-                return plan.run(ctx, *args)
-            except BaseException as exc:
-                _failed(ctx, exc)  # the peers first, at once
-                cause = _cause(ctx, exc)
-                if cause is exc:
-                    raise
-                raise cause from exc
-
         try:
-            return engine.submit(plan.label, body, async_op)
+            return target._engine.submit(plan.label, _call, async_op, (team, plan, args))
         except ConcurrentUseError as exc:  # the ranks' orders may differ already: end the group
             target.abort(f"calls from two threads at once ({exc})")
             raise
@@ -288,6 +261,24 @@ class Group:
 
     def __repr__(self) -> str:
         return f"Group(name={self.name!r}, ranks={list(self.ranks)})"
+
+
+def _call(seq: int, team: Team, plan: Plan, args: tuple[Any, ...]) -> Any:
+    """Run call ``seq`` of a group: ``plan``'s algorithm on ``args``. The one place every
+    collective call runs, inline or queued (the engine calls it in issue order).
+
+    A call that fails ends the group on every member (``_failed``), then raises what explains
+    the failure best (``_cause``).
+    """
+    ctx = Ctx.of(team, seq, plan)
+    try:
+        return plan.run(ctx, *args)
+    except BaseException as exc:
+        _failed(ctx, exc)  # the peers first, at once
+        cause = _cause(ctx, exc)
+        if cause is exc:
+            raise
+        raise cause from exc
 
 
 def _cause(ctx: Ctx, error: BaseException) -> BaseException:
