@@ -177,3 +177,58 @@ def test_a_failed_multi_round_shm_scan_leaves_the_array_untouched():
 def test_terms():
     assert [scan.terms(r, True) for r in range(3)] == [1, 2, 3]
     assert [scan.terms(r, False) for r in range(3)] == [0, 1, 2]
+
+
+# -- through the core and the frontends, on a world of one in this process --------------------
+
+
+@pytest.fixture
+def world():
+    import tensorcomm as tc
+    from tensorcomm.rendezvous.store import HashStore
+
+    tc.init(store=HashStore(), rank=0, world_size=1, timeout=30)
+    try:
+        yield tc
+    finally:
+        tc.destroy()
+
+
+def test_a_world_of_one_scans_splits_and_enumerates(world):
+    tc = world
+    from tensorcomm.ops import Exscan, Scan
+
+    x = np.arange(6, dtype=np.float16).reshape(2, 3)
+    tc.scan(x, op="avg")
+    np.testing.assert_array_equal(x, np.arange(6).reshape(2, 3))
+    y = np.full(3, 5, np.int64)
+    assert tc.exscan(y, op="prod", async_op=True).wait(timeout=10) is True
+    assert (y == 5).all()  # rank 0's exclusive prefix is empty: left as it was
+    assert (Scan("max")(np.ones(2)) == 1).all() and Exscan("sum")(np.ones(2)) is None
+    alone = tc.WORLD.split(3, key=-1)
+    assert alone is not None and alone.ranks == (0,)
+    z = np.ones(2, np.float32)
+    tc.scan(z, group=alone)
+    assert tc.WORLD.split(None) is None and tc.WORLD.split(-1) is None
+    mine, subgroups = tc.new_subgroups_by_enumeration([[0]])
+    assert mine is subgroups[0] and mine.ranks == (0,)
+
+
+@pytest.mark.parametrize(("call", "error", "words"), [
+    (lambda tc: tc.scan([1, 2]), TypeError, "scan: tensor"),
+    (lambda tc: tc.exscan(np.ones(2), op="bogus"), ValueError, "exscan: op"),
+    (lambda tc: tc.scan(np.ones(2), op="bxor"), ValueError, "scan: op"),
+    (lambda tc: tc.scan(np.ones(2, np.int8), op="avg"), ValueError, "scan: op"),
+    (lambda tc: tc.scan(np.ones(2), async_op=1), TypeError, "scan: async_op"),
+    (lambda tc: tc.exscan(np.ones(2), group=2.0), TypeError, "exscan: group"),
+    (lambda tc: tc.WORLD.split("red"), TypeError, "split: color"),
+    (lambda tc: tc.WORLD.split(False), TypeError, "split: color"),
+    (lambda tc: tc.WORLD.split(0, key="1"), TypeError, "split: key"),
+    (lambda tc: tc.WORLD.split(-(1 << 64)), ValueError, "split: color"),
+    (lambda tc: tc.new_subgroups_by_enumeration(5), TypeError, "ranks_per_subgroup_list"),
+    (lambda tc: tc.new_subgroups_by_enumeration([[0], [0]]), ValueError, "rank 0 is in"),
+    (lambda tc: tc.new_subgroups_by_enumeration([[]]), ValueError, "must not be empty"),
+])
+def test_bad_arguments_name_themselves(world, call, error, words):
+    with pytest.raises(error, match=words):
+        call(world)

@@ -33,7 +33,6 @@ from collections.abc import Callable
 import numpy as np
 
 from ..types import PremulSum, ReduceOp
-from . import kernels
 from .base import Ctx
 from .kernels import combine
 from .shm_common import Journal, load, no_domain, reduce_rows, reduction
@@ -45,13 +44,6 @@ Op = ReduceOp | PremulSum
 def terms(rank: int, inclusive: bool) -> int:
     """How many members' values group rank ``rank``'s result combines."""
     return rank + 1 if inclusive else rank
-
-
-def _finish(op: Op, acc: np.ndarray, x: np.ndarray, count: int) -> None:
-    """Round ``acc`` (a prefix of ``count`` terms) into ``x``: divided by ``count`` for AVG."""
-    if op is ReduceOp.AVG:
-        np.divide(acc, count, out=acc)
-    np.copyto(x, acc, casting="unsafe")
 
 
 def doubling(ctx: Ctx, partial: np.ndarray, result: np.ndarray, op: ReduceOp, inclusive: bool) -> bool:
@@ -88,11 +80,14 @@ def recursive_doubling(inclusive: bool) -> Callable[[Ctx, np.ndarray, Op], None]
     """The transport algorithm of ``scan`` (``inclusive``) or ``exscan``, on scratch copies: the
     caller's array is written only once the call has succeeded."""
     def run(ctx: Ctx, x: np.ndarray, op: Op) -> None:
-        acc = kernels.accumulation_dtype(op, x.dtype)
-        base, partial = kernels.prepare(op, x, scratch(ctx, "scan partial", x.size, acc))
-        result = scratch(ctx, "scan result", x.size, acc)
-        if doubling(ctx, partial, result, base, inclusive):
-            _finish(op, result, x, terms(ctx.rank, inclusive))
+        red = reduction(op, x.dtype)
+        partial = scratch(ctx, "scan partial", x.size, red.acc)
+        load(red, partial, x)
+        result = scratch(ctx, "scan result", x.size, red.acc)
+        if doubling(ctx, partial, result, red.op, inclusive):
+            if red.average:
+                np.divide(result, terms(ctx.rank, inclusive), out=result)
+            np.copyto(x, result, casting="unsafe")  # the one rounding of the accumulation rule
     run.__name__ = run.__qualname__ = "staged_recursive_doubling"  # select's transport rows are staged
     return run
 
