@@ -12,14 +12,17 @@ import time
 import ml_dtypes
 import numpy as np
 import pytest
+from one_off import one_off_ctx  # same directory
 from test_algorithms import TIERED_SIZES, run_ranks  # same directory
 from test_shm_algorithms import SLOT, Group  # same directory
 
+from tensorcomm import config
 from tensorcomm.algorithms import kernels, scan
 from tensorcomm.algorithms.base import Ctx
 from tensorcomm.errors import GroupAbortedError
 from tensorcomm.signature import signature
 from tensorcomm.testing import rank_data
+from tensorcomm.transports.loopback import run_threads
 from tensorcomm.transports.shm import slots
 from tensorcomm.types import PremulSum, ReduceOp
 
@@ -94,6 +97,30 @@ def test_recursive_doubling_matches_numpy_cumulative_ops(size, inclusive):
                 np.testing.assert_array_equal(got, inputs[0], err_msg=what + " (left as it was)")
             else:
                 assert_prefix(got, expected, op, what)
+
+
+@pytest.mark.parametrize("size", [2, 3, 5])
+def test_recursive_doubling_in_chunks(size, monkeypatch):
+    """Blocks travel in several messages of one step (the transport keeps them in order), each
+    combined as it arrives."""
+    monkeypatch.setattr(config, "TCP_CHUNK_BYTES", 40)  # 5 float64 per message
+    count = 37
+
+    def rank_main(transport):
+        results = []
+        for seq, inclusive in enumerate((True, False)):
+            ctx = one_off_ctx(transport, range(size), transport.rank, group_id=1, seq=seq, timeout=15.0)
+            x = rank_data(transport.rank, count, np.float64)
+            scan.recursive_doubling(inclusive)(ctx, x, ReduceOp.SUM)
+            results.append(x)
+        return results
+
+    per_rank = run_threads(size, rank_main, timeout=60)
+    running = np.cumsum([rank_data(r, count, np.float64) for r in range(size)], axis=0)
+    for r in range(size):
+        np.testing.assert_array_equal(per_rank[r][0], running[r])
+        exclusive = running[r - 1] if r else rank_data(0, count, np.float64)
+        np.testing.assert_array_equal(per_rank[r][1], exclusive)
 
 
 def test_recursive_doubling_keeps_lower_ranks_on_the_left():
