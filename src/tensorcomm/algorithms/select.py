@@ -133,9 +133,9 @@ def _shm_one_slot(team: Team, nbytes: int) -> bool:
 # Hierarchical rows come next: a group that spans hosts with as many members on each (set up at
 # group creation, ``Team.hier``) runs shared memory inside hosts and the transport between them.
 ROWS: tuple[Row, ...] = (
-    Row("all_reduce", "shm_direct", _shm_direct, shm_allreduce.direct),
-    Row("all_reduce", "shm_split", _shm_one_slot, shm_allreduce.split),
-    Row("all_reduce", "shm_pipelined", _shm, shm_allreduce.pipelined),
+    Row("all_reduce", "shm_direct", _shm_direct, shm_allreduce.direct, shm_allreduce.prepare_direct),
+    Row("all_reduce", "shm_split", _shm_one_slot, shm_allreduce.split, shm_allreduce.prepare_split),
+    Row("all_reduce", "shm_pipelined", _shm, shm_allreduce.pipelined, shm_allreduce.prepare_pipelined),
     Row("all_reduce", "hierarchical", _hierarchical, hier.all_reduce),
     Row("all_reduce", "recursive_doubling", _doubling, staging.all_reduce(allreduce.recursive_doubling)),
     Row("all_reduce", "halving_doubling", _halving_doubling, staging.all_reduce(allreduce.halving_doubling)),
@@ -152,9 +152,9 @@ ROWS: tuple[Row, ...] = (
     Row("broadcast", "scatter_allgather", _large_and_three_or_more,
         staging.broadcast(broadcast.scatter_allgather)),
     Row("broadcast", "binomial_tree", _always, staging.broadcast(broadcast.binomial_tree)),
-    Row("reduce", "shm_direct", _shm_direct, shm_allreduce.reduce_direct),
-    Row("reduce", "shm_split", _shm_one_slot, shm_allreduce.reduce_split),
-    Row("reduce", "shm_pipelined", _shm, shm_allreduce.reduce_pipelined),
+    Row("reduce", "shm_direct", _shm_direct, shm_allreduce.reduce_direct, shm_allreduce.prepare_direct),
+    Row("reduce", "shm_split", _shm_one_slot, shm_allreduce.reduce_split, shm_allreduce.prepare_split),
+    Row("reduce", "shm_pipelined", _shm, shm_allreduce.reduce_pipelined, shm_allreduce.prepare_pipelined),
     Row("reduce", "binomial_tree", _always, staging.reduce(reduce.binomial_tree)),
     Row("gather", "shm_rounds", _shm, shm_allgather.gather),
     Row("gather", "linear", _always, staging.gather(gather_scatter.gather)),
