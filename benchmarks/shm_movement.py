@@ -18,7 +18,6 @@ import time
 import numpy as np
 
 import tensorcomm as tc
-from tensorcomm.bench import bound
 from tensorcomm.testing import run_ranks
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -72,14 +71,22 @@ def main() -> None:
     parser.add_argument("--sizes", default="64K,256K,1M,4M,16M,64M")
     parser.add_argument("--collectives", default="all_gather,broadcast,all_to_all,reduce_scatter")
     parser.add_argument("--batches", type=int, default=7)
+    parser.add_argument("--no-bound", action="store_true",
+                        help="times only (for tensorcomm trees without bench/bound.py)")
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     names = args.collectives.split(",")
     times = run_ranks(measure, 2, names, sizes, args.batches, timeout=600)[0]
+    if args.no_bound:
+        for (name, size), us in times.items():
+            print(f"{name:<15}{size:>10}{us:>11.1f}")
+        return
+    from tensorcomm.bench import bound
+
     rates = bound.measure(sizes, 2)
     print(f"{'collective':<15}{'size':>10}{'time(us)':>11}{'bound(us)':>11}{'÷ bound':>9}")
     for (name, size), us in times.items():
-        floor = bound.bound_us(name, size, 2, rates)
+        floor = bound.bound_us(name, size, 2, rates) or float("nan")
         print(f"{name:<15}{size:>10}{us:>11.1f}{floor:>11.1f}{us / floor:>9.2f}")
 
 

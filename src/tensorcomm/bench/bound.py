@@ -4,7 +4,8 @@ The shared-memory collectives only copy (and, for reduce-scatter, add), so their
 host's copy bandwidth. ``measure`` times numpy copies of ``size`` bytes in ``ranks`` processes at
 once (each its own source and destination, as the ranks of a collective copy side by side), and
 ``bound_us`` turns the bytes a rank must copy in one call (``copied_bytes``, docs/algorithms.md
-derives them) into microseconds at that rate. The bench prints tensorcomm's time over that bound.
+derives them) into microseconds at that rate. The bench prints tensorcomm's time over that bound
+(``summary``) below its table.
 
 Per rank, ``S`` the row's size (all blocks), ``n`` ranks, ``b = S / n``, bytes copied (a copy
 reads and writes each byte once; a reduction of ``n`` rows counts as ``(n + 1) / 2`` copies of
@@ -15,7 +16,7 @@ its output: it reads ``n`` rows and writes one):
     reduce_scatter  (n - 1) b + (n + 1) b / 2    publish the peers' blocks, reduce own block
     broadcast       S               root publishes S, every other rank takes S (at once)
 
-Imports numpy and the standard library only.
+Imports numpy, the standard library and ``results``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from .results import TENSORCOMM, Row
 
 REPEAT_BYTES = 256 << 20  # bytes each process copies per timed batch (at least one copy)
 BATCHES = 5
@@ -95,3 +98,24 @@ def bound_us(collective: str, size: int, ranks: int, rates: dict[int, float]) ->
         return None
     nearest = min(rates, key=lambda s: abs(np.log2(s) - np.log2(max(size, 1))))
     return copied / rates[nearest] * 1e6
+
+
+def summary(rows: Sequence[Row], ranks: int) -> list[str]:
+    """The table of tensorcomm's time over the copy bound, per collective and size, measuring the
+    copy rate now (a few seconds); no lines when no row has a bound."""
+    mine = [r for r in rows if r.library == TENSORCOMM and r.time_us
+            and copied_bytes(r.collective, r.size, ranks) is not None]
+    if not mine:
+        return []
+    rates = measure([r.size for r in mine], ranks)
+    title = (f"# tensorcomm time / copy bound (the bytes a rank must copy at the copy rate of "
+             f"{ranks} processes copying at once; docs/algorithms.md)")
+    columns = (f"# {'collective':<14}{'size(B)':>12}{'copy(GB/s)':>12}{'bound(us)':>11}"
+               f"{'time(us)':>11}{'÷ bound':>9}")
+    lines = ["#", title, columns]
+    for row in mine:
+        floor = bound_us(row.collective, row.size, ranks, rates)
+        assert floor is not None and row.time_us is not None
+        lines.append(f"  {row.collective:<14}{row.size:>12}{rates[row.size] / 1e9:>12.2f}{floor:>11.1f}"
+                     f"{row.time_us:>11.1f}{row.time_us / floor:>8.2f}x")
+    return lines
