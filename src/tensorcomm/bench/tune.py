@@ -4,9 +4,9 @@ For each transport (``shm``: the group's shared-memory domain; ``tcp``: sockets 
 member count and collective that has more than one row there, every row runs as its own
 ``tensorcomm`` bench job, forced through ``TENSORCOMM_ALGORITHMS``, and ``runner.sweep`` times
 them side by side, size by size (a row is timed only at sizes it can run: ``select.fits``). The
-fastest row at each size wins (the smaller one's winner is kept while it is within
-``KEEP_WITHIN`` of the best, so noise does not make a row flicker), and runs of winners become
-the file's rows (``algorithms/tuning.py``), which selection uses from then on.
+file's rows (``algorithms/tuning.py``), which selection uses from then on, are the fewest size
+bands whose row is within ``WITHIN`` of the fastest at every measured size (``winners``), so
+that noise between near-equal rows does not make the choice flicker.
 
 ``--check`` writes nothing: it times the rows again, with one more job that selects as a user's
 job does (from the file), and reports at each size the row the file chooses against the fastest
@@ -36,7 +36,7 @@ from .results import Row
 HELP = "measure the algorithms on this host and write the tuning file selection uses"
 DTYPE, OP = "float32", "sum"
 ITEMSIZE = check.DTYPES[DTYPE].itemsize
-KEEP_WITHIN = 1.03  # keep the previous size's winner while it is this close to the best
+WITHIN = 1.05  # a band's row is at most this much slower than the fastest at each size
 CHECK_WITHIN = 1.10  # --check: the chosen row at most this much slower than the best
 AUTO = "(selected)"  # --check's job that selects as users' jobs do
 DEFAULT_TIMEOUT = 120.0
@@ -62,21 +62,29 @@ def candidates(collective: str, transport: str) -> list[str]:
 
 
 def winners(measured: Mapping[int, Mapping[str, float]]) -> tuning.Rows:
-    """The file's rows from ``{nbytes: {row: µs}}``: per size the fastest row, runs merged."""
-    chosen: list[tuple[int, str]] = []
-    for size in sorted(measured):
+    """The file's rows from ``{nbytes: {row: µs}}``: the fewest size bands such that at every
+    measured size its band's row is within ``WITHIN`` of the fastest there (greedy from the
+    smallest size: each band takes the row that stays good longest, the faster on a tie)."""
+    sizes = [size for size in sorted(measured) if measured[size]]
+
+    def good(name: str, size: int) -> bool:
         times = measured[size]
-        if not times:
-            continue
-        best = min(times, key=times.__getitem__)
-        if chosen and chosen[-1][1] in times and \
-                times[chosen[-1][1]] <= KEEP_WITHIN * times[best]:
-            best = chosen[-1][1]
-        if chosen and chosen[-1][1] == best:
-            chosen[-1] = (size, best)
-        else:
-            chosen.append((size, best))
-    rows: list[tuple[int | None, str]] = [(bound, name) for bound, name in chosen]
+        return name in times and times[name] <= WITHIN * min(times.values())
+
+    def reach(name: str, start: int) -> int:
+        end = start
+        while end < len(sizes) and good(name, sizes[end]):
+            end += 1
+        return end
+
+    rows: list[tuple[int | None, str]] = []
+    start = 0
+    while start < len(sizes):
+        times = measured[sizes[start]]
+        name = max((n for n in times if good(n, sizes[start])),
+                   key=lambda n: (reach(n, start), -times[n]))
+        start = reach(name, start)
+        rows.append((sizes[start - 1], name))
     if rows:
         rows[-1] = (None, rows[-1][1])
     return tuple(rows)
@@ -118,8 +126,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-w", "--warmup", type=int, metavar="N", help="warm-up calls per size and row")
     parser.add_argument("--time-budget", type=float, default=0.05, metavar="S",
                         help="seconds of timed calls per size, row and round (default 0.05)")
-    parser.add_argument("--rounds", type=int, default=2, metavar="R",
-                        help="time every size R times per row, alternating the order (default 2)")
+    parser.add_argument("--rounds", type=int, default=3, metavar="R",
+                        help="time every size R times per row, alternating the order (default 3)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
                         help=f"give up on a job after S seconds on one size (default {DEFAULT_TIMEOUT:g})")
     parser.add_argument("-o", "--output", metavar="FILE",
