@@ -9,6 +9,7 @@
 The public surface is exactly ``__all__`` (pinned by tests/unit/test_exports.py).
 """
 
+from . import config as _config
 from .core.group import Group
 from .core.work import Work
 from .core.world import WORLD
@@ -68,7 +69,7 @@ from .types import PremulSum, ReduceOp, TransportKind
 
 premul_sum = ReduceOp.premul_sum
 
-__version__ = "0.1.0"
+__version__ = _config.VERSION  # pyproject.toml's; config holds it for the layers below
 
 __all__ = [
     # lifecycle and groups
