@@ -20,6 +20,7 @@ flat (1-D, C-contiguous) arrays, element counts per member, and the caller's op 
     reduce_scatter  send, out, counts, op       out: block rank reduced across members
     all_to_all      send, send_counts, out, recv_counts
     barrier         (nothing)
+    scan, exscan    x, op                       x: the prefix up to (scan) or before (exscan) rank
 
 Blocks are laid out back to back in the order of group ranks (``counts[q]`` elements for member
 q). The shared-memory algorithms (``shm_*.py``) work on these arrays directly; the transport
@@ -40,6 +41,7 @@ from . import (
     hier,
     reduce,
     reduce_scatter,
+    scan,
     shm_allgather,
     shm_allreduce,
     shm_alltoall,
@@ -170,6 +172,10 @@ ROWS: tuple[Row, ...] = (
     Row("barrier", "shm_counters", _shm, shm_barrier.barrier),
     Row("barrier", "hierarchical", _hierarchical, hier.barrier),
     Row("barrier", "dissemination", _always, barrier.dissemination),
+    Row("scan", "shm_prefix", _shm, scan.shm_prefix(inclusive=True)),
+    Row("scan", "recursive_doubling", _always, scan.recursive_doubling(inclusive=True)),
+    Row("exscan", "shm_prefix", _shm, scan.shm_prefix(inclusive=False)),
+    Row("exscan", "recursive_doubling", _always, scan.recursive_doubling(inclusive=False)),
 )
 _BY_COLLECTIVE: dict[str, tuple[Row, ...]] = {}
 for _row in ROWS:
