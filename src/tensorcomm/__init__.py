@@ -63,6 +63,7 @@ from .frontends.process_group import (
     is_initialized,
     new_group,
 )
+from .frontends.sparse import sparse_all_reduce
 from .frontends.uneven import all_gather_v, all_to_all_v, gather_v, scatter_v
 from .types import PremulSum, ReduceOp, TransportKind
 
@@ -81,6 +82,7 @@ __all__ = [
     "barrier", "send", "recv", "isend", "irecv",
     # uneven ("v") and object collectives
     "all_to_all_v", "all_gather_v", "gather_v", "scatter_v",
+    "sparse_all_reduce",
     "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
     # values and handles
     "ReduceOp", "PremulSum", "premul_sum", "TransportKind", "Work",
