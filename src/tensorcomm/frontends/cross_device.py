@@ -95,8 +95,11 @@ class _Value:
 class IndexedSlices:
     """Some rows of a dense array of shape ``dense_shape``, as TF's ``tf.IndexedSlices``.
 
-    ``values[i]`` is row ``indices[i]``; rows may repeat (their values add up). ``values`` has
-    shape ``(len(indices), *dense_shape[1:])``.
+    Attributes:
+        values: an array of shape ``(len(indices), *dense_shape[1:])``; ``values[i]`` is row
+            ``indices[i]``.
+        indices: a 1-d integer array of row numbers; rows may repeat (their values add up).
+        dense_shape: the dense array's shape.
     """
 
     values: Any
