@@ -159,6 +159,21 @@ def _linear(idx: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return np.ravel_multi_index(tuple(idx.T), shape).astype(_INDEX, copy=False)
 
 
+def _coalesce(positions: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each position once, ascending, with the sum of its rows (ties summed in input order, so
+    every member that coalesces the same entries gets the same bits)."""
+    if not positions.size:
+        return positions, vals
+    order = np.argsort(positions, kind="stable")
+    positions = positions[order]
+    starts = np.flatnonzero(np.concatenate(([True], positions[1:] != positions[:-1])))
+    if starts.size == positions.size:  # no repeats: nothing to sum
+        return positions, vals[order]
+    wide = kernels.accumulation_dtype(ReduceOp.SUM, vals.dtype)
+    summed = np.add.reduceat(vals[order].astype(wide, copy=False), starts, axis=0)
+    return positions[starts], summed.astype(vals.dtype, copy=False)
+
+
 def _gather(group: Group, mine: _Input, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """All-gather every entry, then coalesce: (sorted positions, summed rows)."""
     sdim, trailing = mine.sparse_dim, mine.vals.shape[1:]
@@ -169,25 +184,16 @@ def _gather(group: Group, mine: _Input, counts: np.ndarray) -> tuple[np.ndarray,
     if total:
         collectives.all_gather(group, mine.idx, idx, (counts * sdim).tolist(), False)
         collectives.all_gather(group, mine.vals, vals, (counts * row).tolist(), False)
-    positions = _linear(idx, mine.shape[:sdim])
-    order = np.argsort(positions, kind="stable")  # ties keep rank order: every member sums alike
-    positions = positions[order]
-    starts = np.flatnonzero(np.concatenate(([True], positions[1:] != positions[:-1]))) if total else \
-        np.empty(0, np.intp)
-    wide = kernels.accumulation_dtype(ReduceOp.SUM, vals.dtype)
-    summed = np.add.reduceat(vals[order].astype(wide, copy=False), starts, axis=0) if total else vals
-    return positions[starts], summed.astype(vals.dtype, copy=False)
+    return _coalesce(_linear(idx, mine.shape[:sdim]), vals)
 
 
 def _dense(group: Group, mine: _Input) -> tuple[np.ndarray, np.ndarray]:
-    """Scatter-add into a dense array and all-reduce it: (present positions, their rows)."""
+    """Coalesce locally, place into a dense array and all-reduce it: (present positions, rows)."""
     sdim, trailing = mine.sparse_dim, mine.vals.shape[1:]
     rows = int(np.prod(mine.shape[:sdim], dtype=np.int64))
-    positions = _linear(mine.idx, mine.shape[:sdim])
-    wide = kernels.accumulation_dtype(ReduceOp.SUM, mine.vals.dtype)
-    dense = np.zeros((rows, *trailing), wide)
-    np.add.at(dense, positions, mine.vals)
-    dense = dense.astype(mine.vals.dtype, copy=False)
+    positions, summed = _coalesce(_linear(mine.idx, mine.shape[:sdim]), mine.vals)
+    dense = np.zeros((rows, *trailing), mine.vals.dtype)
+    dense[positions] = summed
     present = np.zeros(rows, np.uint8)
     present[positions] = 1
     collectives.all_reduce(group, dense, ReduceOp.SUM, False)
