@@ -67,6 +67,7 @@ from .frontends.process_group import (
     new_group,
     new_subgroups_by_enumeration,
 )
+from .frontends.sparse import sparse_all_reduce
 from .frontends.uneven import all_gather_v, all_to_all_v, gather_v, scatter_v
 from .types import PremulSum, ReduceOp, TransportKind
 
@@ -85,6 +86,7 @@ __all__ = [
     "barrier", "scan", "exscan", "send", "recv", "isend", "irecv",
     # uneven ("v") and object collectives
     "all_to_all_v", "all_gather_v", "gather_v", "scatter_v",
+    "sparse_all_reduce",
     "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
     # values and handles
     "ReduceOp", "PremulSum", "premul_sum", "TransportKind", "Work",
