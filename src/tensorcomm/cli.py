@@ -1,4 +1,4 @@
-"""The ``tensorcomm`` command: ``run``, ``demo`` and ``bench``, each defined beside its work.
+"""The ``tensorcomm`` command: ``run``, ``demo``, ``bench`` and ``trace``, each defined beside its work.
 
 A subcommand is a module with ``HELP`` (one line for ``tensorcomm --help``),
 ``add_arguments(parser)`` and ``main(args) -> exit code``. A ``main`` reports bad arguments by
@@ -18,6 +18,7 @@ from tensorcomm.bench import cli as bench_cli
 from tensorcomm.launch import demo as launch_demo
 from tensorcomm.launch import run as launch_run
 from tensorcomm.launch.env import LaunchConfigError
+from tensorcomm.trace import cli as trace_cli
 
 
 class Subcommand(Protocol):
@@ -30,7 +31,8 @@ class Subcommand(Protocol):
     def main(self, args: argparse.Namespace, /) -> int: ...
 
 
-SUBCOMMANDS: dict[str, Subcommand] = {"run": launch_run, "demo": launch_demo, "bench": bench_cli}
+SUBCOMMANDS: dict[str, Subcommand] = {"run": launch_run, "demo": launch_demo, "bench": bench_cli,
+                                      "trace": trace_cli}
 
 
 def build_parser() -> argparse.ArgumentParser:
