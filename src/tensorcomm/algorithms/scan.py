@@ -29,13 +29,15 @@ module must not import ``core``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ..types import PremulSum, ReduceOp
-from .base import Ctx
+from .base import Ctx, Plan, Team
 from .kernels import combine
-from .shm_common import Journal, load, no_domain, reduce_rows, reduction
+from .shm_common import Journal, Reduction, load, no_domain, reduce_rows
 from .wire import chunk_elements, scratch, spans
 
 Op = ReduceOp | PremulSum
@@ -100,11 +102,17 @@ def _sends_again(rank: int, mask: int, n: int) -> bool:
     return False
 
 
+def _reduction(plan: Plan) -> Reduction:
+    if plan.reduction is None:
+        raise TypeError(f"{plan.label}: a reduction's plan has no reduction descriptor")
+    return plan.reduction
+
+
 def recursive_doubling(inclusive: bool) -> Callable[[Ctx, np.ndarray, Op], None]:
     """The transport algorithm of ``scan`` (``inclusive``) or ``exscan``. ``x`` is read (or
     loaded into scratch in the accumulation dtype) and written only once the call has succeeded."""
     def run(ctx: Ctx, x: np.ndarray, op: Op) -> None:
-        red = reduction(op, x.dtype)
+        red = _reduction(ctx.plan)
         own = x
         if not red.raw:
             own = scratch(ctx, "scan own", x.size, red.acc)
@@ -124,23 +132,63 @@ def recursive_doubling(inclusive: bool) -> Callable[[Ctx, np.ndarray, Op], None]
     return run
 
 
-def shm_prefix(inclusive: bool) -> Callable[[Ctx, np.ndarray, Op], None]:
-    """The shared-memory algorithm of ``scan`` (``inclusive``) or ``exscan``."""
-    def run(ctx: Ctx, x: np.ndarray, op: Op) -> None:
-        d = ctx.team.shm
+@dataclass(frozen=True, slots=True)
+class Prefix:
+    """``shm_prefix``'s state for one call shape.
+
+    Attributes:
+        d: the group's domain.
+        red: the reduction.
+        count: how many members' slots this member reduces (``terms``).
+        chunk: elements of one round (one slot's worth in the accumulation dtype).
+        rounds: rounds of the call.
+        rows: per slot parity, the first ``count`` members' slots, when one round holds the call.
+    """
+
+    d: Any
+    red: Reduction
+    count: int
+    chunk: int
+    rounds: int
+    rows: tuple[np.ndarray, np.ndarray] | None
+
+
+def prepare_prefix(inclusive: bool) -> Callable[..., Prefix]:
+    """``shm_prefix(inclusive)``'s ``Row.prepare``."""
+    def prepare(team: Team, plan: Plan, x: np.ndarray, op: Op) -> Prefix:
+        d = team.shm
         if d is None:
-            raise no_domain(ctx)
-        plan = ctx.plan
-        if plan.state is None:
-            red = reduction(op, x.dtype)
-            plan.state = red, max(1, d.slot_bytes // red.acc.itemsize)
-        red, chunk = plan.state
+            raise no_domain(plan)
+        red = _reduction(plan)
         count = terms(d.rank, inclusive)
+        chunk = max(1, d.slot_bytes // red.acc.itemsize)
         rounds = max(1, -(-x.size // chunk))
-        journal = Journal(d, [x]) if rounds > 1 and count else None
-        mine, base = d.inbox[d.rank], d.posts
+        rows = None
+        if rounds == 1:
+            stacked = [d.stacked(p, red.acc, x.size) for p in (0, 1)]
+            rows = (stacked[0][:count], stacked[1][:count])
+        return Prefix(d, red, count, chunk, rounds, rows)
+    return prepare
+
+
+def shm_prefix(inclusive: bool) -> Callable[[Ctx, np.ndarray, Op], None]:
+    """The shared-memory algorithm of ``scan`` (``inclusive``) or ``exscan``; its state comes from
+    ``prepare_prefix(inclusive)``."""
+    def run(ctx: Ctx, x: np.ndarray, op: Op) -> None:
+        s: Prefix = ctx.plan.state
+        d, red, count, chunk = s.d, s.red, s.count, s.chunk
+        mine = d.inbox[d.rank]
+        if s.rows is not None:  # one round: the common case, in a straight line
+            parity = d.next_round()
+            load(red, mine[parity][:x.size * red.acc.itemsize].view(red.acc), x)
+            d.start(ctx)
+            if count:
+                reduce_rows(red, s.rows[parity], x)
+            return
+        journal = Journal(d, [x]) if count else None
+        base = d.posts
         try:
-            for t in range(rounds):
+            for t in range(s.rounds):
                 lo, hi = t * chunk, min((t + 1) * chunk, x.size)
                 parity = d.next_round()
                 load(red, mine[parity][:(hi - lo) * red.acc.itemsize].view(red.acc), x[lo:hi])
@@ -149,9 +197,8 @@ def shm_prefix(inclusive: bool) -> Callable[[Ctx, np.ndarray, Op], None]:
                     d.wait(d.peers, base + t + 1, ctx)
                 else:
                     d.start(ctx)
-                if count:
-                    if journal is not None:
-                        journal.save(0, lo * x.itemsize, hi * x.itemsize)
+                if journal is not None:
+                    journal.save(0, lo * x.itemsize, hi * x.itemsize)
                     reduce_rows(red, d.stacked(parity, red.acc, hi - lo)[:count], x[lo:hi])
         except BaseException:
             if journal is not None:
