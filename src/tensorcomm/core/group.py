@@ -18,7 +18,7 @@ from ..trace import recorder
 from ..types import TransportKind
 from .elastic import agree
 from .engine import Engine
-from .split import split
+from .split import split as split_by_color
 from .work import Work
 
 PLANS_KEPT = 256  # call shapes a group remembers; the oldest is forgotten beyond that
@@ -296,7 +296,7 @@ class Group:
             ValueError: this process is not a member, or a value does not fit in 64 bits.
             CollectiveMismatchError: another member made a different call at this step.
         """
-        return split(self._target(), color, key)
+        return split_by_color(self._target(), color, key)
 
     def shrink(self, timeout: float | None = None) -> Group:
         """Agree with the other live members on who is left, and return a new group of them.
