@@ -2,8 +2,9 @@
 
 Each group owns an ``Engine`` (issue order and sequence numbers), a ``Team`` (what the
 algorithms see of the group: transport, ranks, and the shared-memory domain when every member
-shares this host), its ``Plan`` per call shape (a bounded dictionary: the only cache of the
-per-call path, gone with the group), and builds one ``Ctx`` per call from them.
+shares this host, and the scratch memory its calls reuse), its ``Plan`` per call shape (a
+bounded dictionary: the only cache of the per-call path), both gone with the group, and builds
+one ``Ctx`` per call from them.
 """
 
 from __future__ import annotations
@@ -343,6 +344,8 @@ class Group:
             self._shm.abort(error, tell_peers=False)  # peers learn we left from close()
         self._engine.stop(error)
         self._plans.clear()  # they hold views of the domain's memory
+        if self._team is not None:
+            self._team.scratch.clear()
         if self._shm is not None:
             self._shm.close()
         for part in self._parts:
