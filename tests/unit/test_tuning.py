@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tensorcomm import config
+from tensorcomm import cli, config
 from tensorcomm.algorithms import select, tuning
 from tensorcomm.bench import tune
 from tensorcomm.launch.env import LaunchConfigError
@@ -162,3 +162,20 @@ def test_member_counts(text: str, expected: list[int]) -> None:
 def test_bad_member_counts(text: str) -> None:
     with pytest.raises(LaunchConfigError, match="-n"):
         tune._ranks(text)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--transport", "nvlink"], "--transport"), (["frobnicate"], "COLLECTIVE"),
+    (["-b", "1X"], "size"), (["-f", "1"], "-f"), (["--rounds", "0"], "--rounds"), (["-n", "1"], "-n")])
+def test_usage_errors_return_2_naming_the_flag(argv: list[str], words: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["tune", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "usage: tensorcomm tune" in err and words in err
+
+
+def test_off_without_a_file_is_a_usage_error(monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv(config.ENV_TUNING_FILE, "off")
+    assert cli.main(["tune"]) == 2
+    assert "-o" in capsys.readouterr().err

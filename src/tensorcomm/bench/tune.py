@@ -190,6 +190,11 @@ def _measure(args: argparse.Namespace, transport: str, collective: str, members:
 
 
 def _plan(args: argparse.Namespace) -> list[tuple[str, int, str, list[str]]]:
+    """``(transport, members, collective, rows)`` for everything to time, the flags checked.
+
+    Raises:
+        LaunchConfigError: a bad flag; the message names it.
+    """
     transports = [t.strip() for t in args.transport.split(",") if t.strip()]
     bad = [t for t in transports if t not in tuning.TRANSPORTS]
     if bad or not transports:
@@ -200,6 +205,7 @@ def _plan(args: argparse.Namespace) -> list[tuple[str, int, str, list[str]]]:
     if unknown:
         raise LaunchConfigError(f"COLLECTIVE: unknown {', '.join(unknown)}; expected some of "
                                 f"{', '.join(select.collectives())}")
+    size_sweep(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)  # checks them
     for value, flag in ((args.iters, "--iters"), (args.rounds, "--rounds"),
                         (args.time_budget, "--time-budget"), (args.timeout, "--timeout")):
         if value is not None and not value > 0:
