@@ -20,6 +20,7 @@ flat (1-D, C-contiguous) arrays, element counts per member, and the caller's op 
     reduce_scatter  send, out, counts, op       out: block rank reduced across members
     all_to_all      send, send_counts, out, recv_counts
     barrier         (nothing)
+    scan, exscan    x, op                       x: the prefix up to (scan) or before (exscan) rank
 
 Blocks are laid out back to back in the order of group ranks (``counts[q]`` elements for member
 q). The shared-memory algorithms (``shm_*.py``) work on these arrays directly; the transport
@@ -40,6 +41,7 @@ from . import (
     hier,
     reduce,
     reduce_scatter,
+    scan,
     shm_allgather,
     shm_allreduce,
     shm_alltoall,
@@ -138,9 +140,9 @@ def _shm_one_slot(team: Team, nbytes: int) -> bool:
 # Hierarchical rows come next: a group that spans hosts with as many members on each (set up at
 # group creation, ``Team.hier``) runs shared memory inside hosts and the transport between them.
 ROWS: tuple[Row, ...] = (
-    Row("all_reduce", "shm_direct", _shm_direct, shm_allreduce.direct),
-    Row("all_reduce", "shm_split", _shm_one_slot, shm_allreduce.split),
-    Row("all_reduce", "shm_pipelined", _shm, shm_allreduce.pipelined),
+    Row("all_reduce", "shm_direct", _shm_direct, shm_allreduce.direct, shm_allreduce.prepare_direct),
+    Row("all_reduce", "shm_split", _shm_one_slot, shm_allreduce.split, shm_allreduce.prepare_split),
+    Row("all_reduce", "shm_pipelined", _shm, shm_allreduce.pipelined, shm_allreduce.prepare_pipelined),
     Row("all_reduce", "hierarchical", _hierarchical, hier.all_reduce),
     Row("all_reduce", "recursive_doubling", _doubling, staging.all_reduce(allreduce.recursive_doubling)),
     Row("all_reduce", "halving_doubling", _halving_doubling, staging.all_reduce(allreduce.halving_doubling)),
@@ -157,9 +159,9 @@ ROWS: tuple[Row, ...] = (
     Row("broadcast", "scatter_allgather", _large_and_three_or_more,
         staging.broadcast(broadcast.scatter_allgather)),
     Row("broadcast", "binomial_tree", _always, staging.broadcast(broadcast.binomial_tree)),
-    Row("reduce", "shm_direct", _shm_direct, shm_allreduce.reduce_direct),
-    Row("reduce", "shm_split", _shm_one_slot, shm_allreduce.reduce_split),
-    Row("reduce", "shm_pipelined", _shm, shm_allreduce.reduce_pipelined),
+    Row("reduce", "shm_direct", _shm_direct, shm_allreduce.reduce_direct, shm_allreduce.prepare_direct),
+    Row("reduce", "shm_split", _shm_one_slot, shm_allreduce.reduce_split, shm_allreduce.prepare_split),
+    Row("reduce", "shm_pipelined", _shm, shm_allreduce.reduce_pipelined, shm_allreduce.prepare_pipelined),
     Row("reduce", "binomial_tree", _always, staging.reduce(reduce.binomial_tree)),
     Row("gather", "shm_rounds", _shm, shm_allgather.gather),
     Row("gather", "linear", _always, staging.gather(gather_scatter.gather)),
@@ -170,6 +172,10 @@ ROWS: tuple[Row, ...] = (
     Row("barrier", "shm_counters", _shm, shm_barrier.barrier),
     Row("barrier", "hierarchical", _hierarchical, hier.barrier),
     Row("barrier", "dissemination", _always, barrier.dissemination),
+    Row("scan", "shm_prefix", _shm, scan.shm_prefix(inclusive=True)),
+    Row("scan", "recursive_doubling", _always, scan.recursive_doubling(inclusive=True)),
+    Row("exscan", "shm_prefix", _shm, scan.shm_prefix(inclusive=False)),
+    Row("exscan", "recursive_doubling", _always, scan.recursive_doubling(inclusive=False)),
 )
 _BY_COLLECTIVE: dict[str, tuple[Row, ...]] = {}
 for _row in ROWS:
