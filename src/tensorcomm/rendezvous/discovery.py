@@ -79,6 +79,8 @@ from tensorcomm.config import (
     BACKENDS,
     ENV_ALGORITHMS,
     ENV_BACKEND,
+    ENV_FLIGHT_CALLS,
+    ENV_FLIGHT_DIR,
     ENV_HIERARCHY,
     ENV_HOST_ID,
     ENV_LOCAL_RANK,
@@ -90,10 +92,12 @@ from tensorcomm.config import (
     ENV_SECRET_DIR,
     ENV_STORE_HOSTED,
     ENV_TIMEOUT,
+    ENV_TRACE,
     ENV_TRANSPORT,
     ENV_TUNING_FILE,
     ENV_WIRE_DTYPE,
     ENV_WORLD_SIZE,
+    FLIGHT_CALLS,
     KNOWN_ENV_VARS,
     MAX_TIMEOUT,
     WIRE_DTYPES,
@@ -378,3 +382,17 @@ def _seconds(env: Mapping[str, str], name: str) -> float | None:
     if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT:
         raise ValueError(f"{name}={raw!r}: expected a positive number of seconds, at most {MAX_TIMEOUT:g}")
     return value
+
+
+def trace_settings(environ: Mapping[str, str] | None = None) -> tuple[str | None, int, str | None]:
+    """``(TENSORCOMM_TRACE, TENSORCOMM_FLIGHT_CALLS, TENSORCOMM_FLIGHT_DIR)``: the directory
+    that collects timelines (None: off), how many calls the flight recorder keeps (default
+    ``config.FLIGHT_CALLS``; 0: off), where it dumps them (None: the default).
+
+    Raises:
+        ValueError: ``TENSORCOMM_FLIGHT_CALLS`` is not a whole number >= 0.
+    """
+    env = os.environ if environ is None else environ
+    calls = _int(env, ENV_FLIGHT_CALLS, 0)
+    return (env.get(ENV_TRACE) or None, FLIGHT_CALLS if calls is None else calls,
+            env.get(ENV_FLIGHT_DIR) or None)
