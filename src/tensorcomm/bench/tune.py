@@ -29,6 +29,7 @@ from ..launch.env import LaunchConfigError
 from ..transports.shm.domain import SLOT_BYTES
 from . import check, runner
 from .control import JobFailed
+from .formulas import COLLECTIVES
 from .options import BenchOptions, parse_size, size_sweep
 from .peers.base import Task
 from .results import Row
@@ -200,11 +201,12 @@ def _plan(args: argparse.Namespace) -> list[tuple[str, int, str, list[str]]]:
     if bad or not transports:
         raise LaunchConfigError(f"--transport: expected some of {', '.join(tuning.TRANSPORTS)}, "
                                 f"got {args.transport!r}")
-    wanted = args.collectives or select.collectives()
-    unknown = [c for c in wanted if c not in select.collectives()]
+    timed = [c for c in select.collectives() if c in COLLECTIVES]  # those bench can time
+    wanted = args.collectives or timed
+    unknown = [c for c in wanted if c not in timed]
     if unknown:
         raise LaunchConfigError(f"COLLECTIVE: unknown {', '.join(unknown)}; expected some of "
-                                f"{', '.join(select.collectives())}")
+                                f"{', '.join(timed)}")
     size_sweep(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)  # checks them
     for value, flag in ((args.iters, "--iters"), (args.rounds, "--rounds"),
                         (args.time_budget, "--time-budget"), (args.timeout, "--timeout")):
