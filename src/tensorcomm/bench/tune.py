@@ -212,6 +212,8 @@ def _plan(args: argparse.Namespace) -> list[tuple[str, int, str, list[str]]]:
                         (args.time_budget, "--time-budget"), (args.timeout, "--timeout")):
         if value is not None and not value > 0:
             raise LaunchConfigError(f"{flag}: expected a positive number, got {value}")
+    if args.warmup is not None and args.warmup < 0:
+        raise LaunchConfigError(f"--warmup: expected a non-negative count, got {args.warmup}")
     return [(t, n, c, candidates(c, t)) for t in transports for n in _ranks(args.ranks)
             for c in wanted if len(candidates(c, t)) > 1]
 
