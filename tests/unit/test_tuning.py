@@ -158,6 +158,14 @@ def test_member_counts(text: str, expected: list[int]) -> None:
     assert tune._ranks(text) == expected
 
 
+def test_default_member_counts() -> None:
+    assert tune.default_counts(1) == [2]
+    assert tune.default_counts(2) == [2]
+    assert tune.default_counts(8) == [2, 3, 4, 5, 6, 7, 8]
+    assert tune.default_counts(16) == [2, 4, 8, 16]
+    assert tune.default_counts(24) == [2, 4, 8, 16, 24]
+
+
 @pytest.mark.parametrize("text", ["1", "x", "", "2-x"])
 def test_bad_member_counts(text: str) -> None:
     with pytest.raises(LaunchConfigError, match="-n"):

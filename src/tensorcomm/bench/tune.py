@@ -91,10 +91,19 @@ def winners(measured: Mapping[int, Mapping[str, float]]) -> tuning.Rows:
     return tuple(rows)
 
 
+def default_counts(cores: int) -> list[int]:
+    """Every count from 2 to ``cores`` up to 8 cores; beyond, the powers of two and ``cores``
+    (selection takes the nearest tuned count for the others)."""
+    cores = max(2, cores)
+    if cores <= 8:
+        return list(range(2, cores + 1))
+    return sorted({1 << k for k in range(1, cores.bit_length()) if 1 << k <= cores} | {cores})
+
+
 def _ranks(text: str | None) -> list[int]:
     if text is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        return list(range(2, max(2, cores or 2) + 1))
+        return default_counts(cores or 2)
     out: list[int] = []
     for item in text.split(","):
         low, sep, high = item.strip().partition("-")
@@ -116,7 +125,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("collectives", nargs="*", metavar="COLLECTIVE",
                         help="what to tune (default: every collective with a choice)")
     parser.add_argument("-n", "--ranks", metavar="COUNTS",
-                        help="member counts, e.g. 2,4 or 2-8 (default 2 up to this process's cores)")
+                        help="member counts, e.g. 2,4 or 2-8 (default 2 up to this process's cores: "
+                             "all up to 8, then powers of two and the core count)")
     parser.add_argument("-b", "--minbytes", default="1K", metavar="SIZE", help="smallest size (default 1K)")
     parser.add_argument("-e", "--maxbytes", default="16M", metavar="SIZE", help="largest size (default 16M)")
     parser.add_argument("-f", "--stepfactor", type=float, default=4.0, metavar="F",
