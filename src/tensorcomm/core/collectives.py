@@ -191,5 +191,5 @@ def scan(group: Group, x: np.ndarray, op: ReduceOpLike, inclusive: bool, async_o
     key = (collective, x.dtype, x.size, _op_key(op))
     plan = group._plans.get(key)
     if plan is None:
-        plan = group._keep_plan(key, _reduction(group, collective, fn, x, op))
+        plan = group._keep_plan(key, _reduction(group, collective, fn, x, op, (x,)))
     return group._run(plan, async_op, x, plan.op)
