@@ -23,10 +23,11 @@ import tensorcomm.testing
 PUBLIC = {
     "init", "init_process_group", "destroy", "destroy_process_group", "is_initialized",
     "get_rank", "get_world_size", "get_local_rank", "new_group", "create_group",
-    "get_group_rank", "get_global_rank", "Group", "WORLD",
+    "new_subgroups_by_enumeration", "get_group_rank", "get_global_rank", "Group", "CallInfo",
+    "WORLD",
     "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "gather",
     "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-    "barrier", "send", "recv", "isend", "irecv",
+    "barrier", "scan", "exscan", "send", "recv", "isend", "irecv",
     "all_to_all_v", "all_gather_v", "gather_v", "scatter_v", "sparse_all_reduce",
     "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
     "ReduceOp", "PremulSum", "premul_sum", "TransportKind", "Work",
