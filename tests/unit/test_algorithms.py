@@ -159,10 +159,11 @@ def test_allreduce(algorithm, size, dtype):
             ctx = next_ctx()
             mine = data(dtype, ctx.rank, count)
             before = mine.copy()
-            base, work = kernels.prepare(op, mine)
-            algorithm(ctx, work, base)
+            red = kernels.reduction(op, mine.dtype)
+            work = kernels.prepare(red, mine)
+            algorithm(ctx, work, red.op)
             out = np.empty_like(mine)
-            kernels.finish(op, work, out, size)
+            kernels.finish(red, work, out, size)
             assert np.array_equal(mine, before)
             results.append(out)
         return results
@@ -261,13 +262,14 @@ def test_reduce_scatter_ring(size, dtype):
         for counts, op in cases:
             ctx = next_ctx()
             mine = data(dtype, ctx.rank, sum(counts))
-            base, work = kernels.prepare(op, mine)
+            red = kernels.reduction(op, mine.dtype)
+            work = kernels.prepare(red, mine)
             sent = work.copy()
             out_work = np.empty(counts[ctx.rank], dtype=work.dtype)
-            reduce_scatter.ring(ctx, work, out_work, counts, base)
+            reduce_scatter.ring(ctx, work, out_work, counts, red.op)
             assert np.array_equal(work, sent), "send was modified"
             out = np.empty(counts[ctx.rank], dtype=dtype)
-            kernels.finish(op, out_work, out, size)
+            kernels.finish(red, out_work, out, size)
             results.append(out)
         return results
 
@@ -289,14 +291,15 @@ def test_reduce_binomial_tree(size, dtype):
         results = []
         for count, op, root in cases:
             ctx = next_ctx()
-            base, work = kernels.prepare(op, data(dtype, ctx.rank, count))
+            red = kernels.reduction(op, dtype)
+            work = kernels.prepare(red, data(dtype, ctx.rank, count))
             sent = work.copy()
             out_work = np.empty_like(work) if ctx.rank == root else None
-            reduce.binomial_tree(ctx, work, out_work, root, base)
+            reduce.binomial_tree(ctx, work, out_work, root, red.op)
             assert np.array_equal(work, sent), "send was modified"
             if ctx.rank == root:
                 out = np.empty(count, dtype=dtype)
-                kernels.finish(op, out_work, out, size)
+                kernels.finish(red, out_work, out, size)
                 results.append(out)
         return results
 

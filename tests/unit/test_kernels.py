@@ -62,11 +62,12 @@ def test_every_op_and_dtype(op, dtype):
             kernels.check_op_dtype(op, dtype)
         return
     kernels.check_op_dtype(op, dtype)
-    base, acc = kernels.prepare(op, arrays[0])
+    red = kernels.reduction(op, dtype)
+    acc = kernels.prepare(red, arrays[0])
     for other in arrays[1:]:
-        kernels.combine(base, acc, kernels.prepare(op, other)[1], acc)
+        kernels.combine(red.op, acc, kernels.prepare(red, other), acc)
     out = np.empty_like(arrays[0])
-    kernels.finish(op, acc, out, len(arrays))
+    kernels.finish(red, acc, out, len(arrays))
 
     exact = dtype == BOOL or dtype in INTEGERS or op in (ReduceOp.MIN, ReduceOp.MAX)
     wide = [a if exact else a.astype(np.complex128 if dtype in COMPLEX else np.float64) for a in arrays]
@@ -160,8 +161,9 @@ def test_other_dtypes_accumulate_in_themselves(dtype):
 def test_prepare_copies_into_a_fresh_flat_buffer():
     data = np.arange(12, dtype=np.float32).reshape(3, 4).T  # not C-contiguous
     before = data.copy()
-    op, work = kernels.prepare(ReduceOp.MAX, data)
-    assert op is ReduceOp.MAX
+    red = kernels.reduction(ReduceOp.MAX, data.dtype)
+    work = kernels.prepare(red, data)
+    assert red.op is ReduceOp.MAX
     assert work.shape == (12,) and work.flags.c_contiguous and not np.shares_memory(work, data)
     assert np.array_equal(work, data.reshape(-1))
     work[:] = -1
@@ -170,34 +172,37 @@ def test_prepare_copies_into_a_fresh_flat_buffer():
 
 def test_prepare_premultiplies_in_the_accumulation_dtype():
     data = np.full(4, 0.1, dtype=np.float16)
-    op, work = kernels.prepare(ReduceOp.premul_sum(0.25), data)
-    assert op is ReduceOp.SUM and work.dtype == np.float32
+    red = kernels.reduction(ReduceOp.premul_sum(0.25), data.dtype)
+    work = kernels.prepare(red, data)
+    assert red.op is ReduceOp.SUM and work.dtype == np.float32
     assert np.array_equal(work, data.astype(np.float32) * np.float32(0.25))
 
 
 def test_finish_divides_avg_and_writes_any_shape():
-    op, work = kernels.prepare(ReduceOp.AVG, np.full((2, 3), 6.0, dtype=np.float16))
-    assert op is ReduceOp.SUM
-    kernels.combine(op, work, work.copy(), work)
+    red = kernels.reduction(ReduceOp.AVG, np.float16)
+    work = kernels.prepare(red, np.full((2, 3), 6.0, dtype=np.float16))
+    assert red.op is ReduceOp.SUM
+    kernels.combine(red.op, work, work.copy(), work)
     out = np.empty((3, 2), dtype=np.float16)
-    kernels.finish(ReduceOp.AVG, work, out, 2)
+    kernels.finish(red, work, out, 2)
     assert np.array_equal(out, np.full((3, 2), 6.0, dtype=np.float16))
 
 
 def test_finish_refuses_a_wrong_sized_out():
     with pytest.raises(ValueError, match="out: expected a C-contiguous array of 4 elements"):
-        kernels.finish(ReduceOp.SUM, np.zeros(4), np.zeros(5), 1)
+        kernels.finish(kernels.reduction(ReduceOp.SUM, np.float64), np.zeros(4), np.zeros(5), 1)
 
 
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=str)
 def test_half_precision_sum_of_1000_ranks_matches_float32_accumulation(dtype):
     """1000 ranks each contribute 0.1 in half precision, reduced one after another."""
     contribution = np.full(8, 0.1, dtype=dtype)
-    op, acc = kernels.prepare(ReduceOp.SUM, contribution)
+    red = kernels.reduction(ReduceOp.SUM, contribution.dtype)
+    acc = kernels.prepare(red, contribution)
     for _ in range(999):
-        kernels.combine(op, acc, kernels.prepare(ReduceOp.SUM, contribution)[1], acc)
+        kernels.combine(red.op, acc, kernels.prepare(red, contribution), acc)
     out = np.empty_like(contribution)
-    kernels.finish(ReduceOp.SUM, acc, out, 1000)
+    kernels.finish(red, acc, out, 1000)
 
     exact = 1000 * float(contribution[0])
     bound = (0.5 * float(ml_dtypes.finfo(dtype).eps) * 2.0 ** np.floor(np.log2(exact))  # final rounding

@@ -14,7 +14,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
-from one_off import one_off_ctx  # same directory
+from one_off import one_off_ctx, run  # same directory
 
 from tensorcomm.algorithms import (
     kernels,
@@ -138,7 +138,7 @@ def test_all_reduce_direct_and_pipelined_match_numpy_and_agree_bitwise(group, co
                     continue
                 arrays = [a.copy() for a in inputs]
                 group.call(lambda ctx, algorithm=algorithm, arrays=arrays, op=op:
-                           algorithm(ctx, arrays[ctx.rank], op),
+                           run(ctx, algorithm, arrays[ctx.rank], op),
                            signature("all_reduce", np.dtype(dtype), count, op))
                 for r in range(n):
                     _close(arrays[r], expected, op)
@@ -157,7 +157,7 @@ def test_reduce_writes_the_root_only(group, count):
                 continue
             arrays = [a.copy() for a in inputs]
             group.call(lambda ctx, algorithm=algorithm, arrays=arrays, root=root:
-                       algorithm(ctx, arrays[ctx.rank], root, ReduceOp.SUM),
+                       run(ctx, algorithm, arrays[ctx.rank], root, ReduceOp.SUM),
                        signature("reduce", np.dtype(np.float32), count, ReduceOp.SUM, root))
             for r in range(n):
                 np.testing.assert_array_equal(arrays[r], expected if r == root else inputs[r])
@@ -217,7 +217,7 @@ def test_reduce_scatter(group, count):
         counts = [count + i for i in range(n)]
         outs = [np.zeros(count + r, dtype) for r in range(n)]
         group.call(lambda ctx, sends=sends, outs=outs, counts=counts, op=op:
-                   shm_reduce_scatter.reduce_scatter(ctx, sends[ctx.rank], outs[ctx.rank], counts, op),
+                   run(ctx, shm_reduce_scatter.reduce_scatter, sends[ctx.rank], outs[ctx.rank], counts, op),
                    signature("reduce_scatter", np.dtype(dtype), sum(count + i for i in range(n)), op))
         for r in range(n):
             _close(outs[r], reduce_reference(op, [blocks[q][r] for q in range(n)]), op)
@@ -269,7 +269,7 @@ def test_barrier_and_many_calls_in_a_row_alternate_slots(group):
     for i in range(30):
         group.call(shm_barrier.barrier)
         arrays = [np.full(3, r + i, np.float32) for r in range(n)]
-        group.call(lambda ctx, arrays=arrays: shm_allreduce.direct(ctx, arrays[ctx.rank], ReduceOp.SUM),
+        group.call(lambda ctx, arrays=arrays: run(ctx, shm_allreduce.direct, arrays[ctx.rank], ReduceOp.SUM),
                    signature("all_reduce", np.dtype(np.float32), 3, ReduceOp.SUM))
         assert (arrays[0] == sum(range(n)) + n * i).all()
 
@@ -292,7 +292,7 @@ def test_a_failed_all_reduce_leaves_the_array_untouched(count, chunks_done):
             time.sleep(0.3)
             d.abort(GroupAbortedError("peer gave up"))
             raise GroupAbortedError("gave up on purpose")
-        shm_allreduce.pipelined(ctx, array, ReduceOp.SUM)
+        run(ctx, shm_allreduce.pipelined, array, ReduceOp.SUM)
 
     with pytest.raises(GroupAbortedError):
         g.call(body, signature("all_reduce", np.dtype(np.float32), count, ReduceOp.SUM))

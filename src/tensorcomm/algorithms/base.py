@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import CollectiveMismatchError, CommError, CommTimeoutError
 from ..signature import Signature
 from ..transports.base import STEP_BITS, Request, Transport, as_bytes, collective_tag, p2p_tag  # noqa: F401
+from .kernels import Reduction
 
 _new = object.__new__
 _monotonic = time.monotonic
@@ -33,16 +34,27 @@ _NOTHING = np.empty(0, dtype=np.uint8)
 
 
 Predicate = Callable[["Team", int], bool]
+# ``prepare(team, plan, *args)``: an algorithm's per-shape state, from the plan's first call's
+# arguments (the algorithm's own, after the ``Ctx``); see ``Row``.
+Prepare = Callable[..., Any]
 
 
 class Row(NamedTuple):
     """One candidate algorithm (``select.ROWS``): ``fn`` runs ``collective`` when
-    ``predicate(team, nbytes)`` holds."""
+    ``predicate(team, nbytes)`` holds.
+
+    ``prepare``, when given, makes what ``fn`` works out once per call shape (slot views,
+    bounds, the reduction): ``make_plan`` calls it with the group's ``Team``, the new ``Plan``
+    and the first call's arguments, and keeps its result in ``Plan.state``. It must read only the
+    shape of those arguments (dtype, sizes, counts, op, root: what the plan's key holds), never
+    their values.
+    """
 
     collective: str
     name: str
     predicate: Predicate
     fn: Callable[..., None]
+    prepare: Prepare | None = None
 
 
 class Hierarchy:
@@ -120,20 +132,39 @@ class Plan:
         algorithm: the name of the chosen algorithm (``select``'s row).
         run: the chosen algorithm (``select``'s calling convention for the collective).
         op: the call's reduction, parsed and checked against the dtype (None if it has none).
-        state: the algorithm's own set-up for this shape (slot views, bounds...), made by the
-            algorithm on its first run and gone with the group.
+        reduction: how to reduce: ``op``'s descriptor for the dtype (``kernels.reduction``),
+            made once with the plan; None if the call reduces nothing.
+        state: the algorithm's own set-up for this shape (slot views, bounds...): what its
+            row's ``prepare`` made when the plan was made (``make_plan``), else None; gone with
+            the group.
     """
 
-    __slots__ = ("label", "signature", "algorithm", "run", "op", "state")
+    __slots__ = ("label", "signature", "algorithm", "run", "op", "reduction", "state")
 
     def __init__(self, label: str, signature: Signature, algorithm: str,
-                 run: Callable[..., Any], op: Any = None) -> None:
+                 run: Callable[..., Any], op: Any = None, reduction: Reduction | None = None) -> None:
         self.label = label
         self.signature = signature
         self.algorithm = algorithm
         self.run = run
         self.op = op
+        self.reduction = reduction
         self.state: Any = None
+
+
+def make_plan(row: Row, label: str, signature: Signature, team: Team, args: Sequence[Any],
+              op: Any = None, reduction: Reduction | None = None) -> Plan:
+    """The plan that runs ``row`` for one call shape, its state prepared (``Row.prepare``) from
+    ``args``, the shape's first call's arguments; ``op`` and its ``reduction`` for reductions.
+
+    Raises:
+        ValueError: the row cannot run on ``team`` (a shared-memory row, by override, on a
+            group without a domain).
+    """
+    plan = Plan(label, signature, row.name, row.fn, op, reduction)
+    if row.prepare is not None:
+        plan.state = row.prepare(team, plan, *args)
+    return plan
 
 
 class Ctx:

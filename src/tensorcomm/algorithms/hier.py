@@ -39,7 +39,7 @@ from ..signature import signature
 from ..types import PremulSum, ReduceOp
 from . import kernels
 from .allgather import bounds, even_counts
-from .base import Ctx, Hierarchy, Plan, Team
+from .base import Ctx, Hierarchy, Team, make_plan
 from .wire import scratch
 
 Op = ReduceOp | PremulSum
@@ -52,6 +52,13 @@ def _hierarchy(ctx: Ctx) -> Hierarchy:
         raise RuntimeError(f"{ctx.name}: a hierarchical algorithm ran on group {ctx.team.group_name!r}, "
                            "which has no hierarchy")
     return h
+
+
+def _reduction(ctx: Ctx) -> kernels.Reduction:
+    red = ctx.plan.reduction
+    if red is None:
+        raise TypeError(f"{ctx.name}: a reduction's plan has no reduction descriptor")
+    return red
 
 
 def _step(ctx: Ctx, key: str, team: Team, collective: str, nbytes: int, sig_count: int,
@@ -68,8 +75,9 @@ def _step(ctx: Ctx, key: str, team: Team, collective: str, nbytes: int, sig_coun
     plan = plans.get(key)
     if plan is None:
         row = h.pick(collective, team, nbytes)
-        plan = plans[key] = Plan(f"{ctx.name} ({key})", signature(collective, dtype, sig_count, op, root),
-                                 row.name, row.fn, op)
+        plan = plans[key] = make_plan(row, f"{ctx.name} ({key})",
+                                      signature(collective, dtype, sig_count, op, root), team, args, op,
+                                      None if op is None or dtype is None else kernels.reduction(op, dtype))
     sub = Ctx.of(team, h.next_seq(team), plan)
     sub.deadline = ctx.deadline
     plan.run(sub, *args)
@@ -78,14 +86,15 @@ def _step(ctx: Ctx, key: str, team: Team, collective: str, nbytes: int, sig_coun
 def all_reduce(ctx: Ctx, x: np.ndarray, op: Op) -> None:
     """Reduce ``x`` across the group, in place on every member."""
     h = _hierarchy(ctx)
-    acc = kernels.accumulation_dtype(op, x.dtype)
+    red = _reduction(ctx)
+    acc, base = red.acc, red.op
     nbytes = x.size * acc.itemsize
     if nbytes <= SMALL_BYTES:  # two rounds in place on a working copy
-        base, work = kernels.prepare(op, x)
+        work = kernels.prepare(red, x)
         _step(ctx, "host", h.host, "all_reduce", nbytes, work.size, acc, base, -1, work, base)
         _step(ctx, "cross", h.cross, "all_reduce", nbytes, work.size, acc, base, -1, work, base)
     else:  # reads x itself unless it needs converting; the result lands in reused scratch
-        base, source = kernels.prepare(op, x, copy=False)
+        source = kernels.prepare(red, x, copy=False)
         counts = even_counts(source.size, len(h.host.ranks))
         part = scratch(ctx, "hier part", counts[h.host.rank], acc)
         _step(ctx, "host reduce_scatter", h.host, "reduce_scatter", nbytes, source.size, acc, base, -1,
@@ -97,7 +106,7 @@ def all_reduce(ctx: Ctx, x: np.ndarray, op: Op) -> None:
         work = scratch(ctx, "hier work", source.size, acc)
         _step(ctx, "host all_gather", h.host, "all_gather", nbytes, source.size, acc, None, -1,
               part, work, counts)
-    kernels.finish(op, work, x, ctx.size)
+    kernels.finish(red, work, x, ctx.size)
 
 
 def broadcast(ctx: Ctx, x: np.ndarray, root: int) -> None:
@@ -158,7 +167,8 @@ def reduce_scatter(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence
     """Block ``q`` of ``send``, reduced across members, lands in member ``q``'s ``out``."""
     h = _hierarchy(ctx)
     order, hosts, per_host = h.order, len(h.cross.ranks), len(h.host.ranks)
-    base, source = kernels.prepare(op, send, copy=False)  # only read: the blocks are reordered
+    red = _reduction(ctx)
+    base, source = red.op, kernels.prepare(red, send, copy=False)  # only read: blocks are reordered
     if len(set(counts)) == 1:
         travel = source.reshape(len(counts), -1)[order].reshape(-1)
     else:
@@ -173,7 +183,7 @@ def reduce_scatter(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence
     reduced = np.empty(cross_counts[h.cross.rank], dtype=acc)
     _step(ctx, "cross", h.cross, "reduce_scatter", part.nbytes, part.size, acc, base, -1,
           part, reduced, cross_counts, base)
-    kernels.finish(op, reduced, out, ctx.size)
+    kernels.finish(red, reduced, out, ctx.size)
 
 
 def barrier(ctx: Ctx) -> None:

@@ -1,7 +1,8 @@
 """Reduction kernels: each ``ReduceOp`` is a numpy ufunc applied with ``out=``, plus the dtype rules.
 
 Owns which (op, dtype) pairs are defined, the accumulation rule for half precision, and the
-``prepare``/``finish`` pair that turns AVG and PREMUL_SUM into a plain SUM around an algorithm.
+``Reduction`` descriptor of a call shape, and the ``prepare``/``finish`` pair that turns AVG and
+PREMUL_SUM into a plain SUM around an algorithm.
 Imports numpy, ml_dtypes and ``types`` only; it must not import ``core``.
 
 Accumulation rule: float16 and bfloat16 SUM, AVG, PREMUL_SUM and PROD accumulate in float32.
@@ -27,6 +28,7 @@ around each reduction would do the same at several microseconds per call.)
 from __future__ import annotations
 
 import warnings
+from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -130,34 +132,83 @@ def combine(op: ReduceOp, left: np.ndarray, right: np.ndarray, out: np.ndarray) 
     ufunc(op)(left, right, out=out)
 
 
-def prepare(op: ReduceOp | PremulSum, data: np.ndarray, work: np.ndarray | None = None,
-            copy: bool = True) -> tuple[ReduceOp, np.ndarray]:
-    """Return the op to run and the values to reduce for reducing ``data``.
+class Reduction(NamedTuple):
+    """How to reduce arrays of one dtype with one op, following the accumulation rule: the one
+    descriptor of a reduction, made once per call shape (``Plan.reduction``) and read by the
+    shared-memory and the transport algorithms alike.
 
-    The values are a contiguous 1-D copy in ``accumulation_dtype``, premultiplied by the factor of
-    a ``PremulSum`` (in the accumulation dtype): ``work`` when given (of that size and dtype;
-    reused memory costs no page faults), else a fresh array. The copy keeps the caller's array
-    untouched if the collective fails midway. With ``copy=False``, ``data`` itself (flattened) is
-    returned when it needs no conversion: for algorithms that only read their input. AVG and
-    PREMUL_SUM run as SUM; ``finish`` divides. ``op`` must be defined for the dtype
-    (``check_op_dtype``: the core checks once per call shape).
+    Attributes:
+        op: the base op the terms are combined with (AVG and PREMUL_SUM become SUM).
+        ufunc: the ufunc of ``op``.
+        acc: the dtype terms travel and combine in (``accumulation_dtype``).
+        factor: the PREMUL_SUM factor every term is multiplied by first, else None.
+        average: divide the result by the number of members (AVG).
+        raw: the caller's bytes are the terms as they are (same dtype, no factor).
+        in_acc: the caller's dtype is the accumulation dtype (results can be built in place).
+        positional: ``ufunc`` may take ``out`` positionally, which numpy parses faster (it
+            deprecates that for maximum and minimum).
     """
-    base = ReduceOp.SUM if isinstance(op, PremulSum) or op is ReduceOp.AVG else op
-    if not copy and not isinstance(op, PremulSum) and accumulation_dtype(op, data.dtype) == data.dtype:
-        return base, data.reshape(-1)
-    if work is None:
-        work = np.empty(data.size, dtype=accumulation_dtype(op, data.dtype))
-    np.copyto(work.reshape(data.shape), data)
+
+    op: ReduceOp
+    ufunc: np.ufunc
+    acc: np.dtype
+    factor: float | None
+    average: bool
+    raw: bool
+    in_acc: bool
+    positional: bool
+
+
+def reduction(op: ReduceOp | PremulSum, dtype: np.dtype | type) -> Reduction:
+    """How to reduce ``dtype`` arrays with ``op`` (``check_op_dtype`` must accept the pair: the
+    core checks once per call shape)."""
+    dtype = np.dtype(dtype)
+    acc = accumulation_dtype(op, dtype)
     if isinstance(op, PremulSum):
-        np.multiply(work, op.factor, out=work)
-    return base, work
+        factor: float | None = op.factor
+        base = ReduceOp.SUM
+    else:
+        factor = None
+        base = ReduceOp.SUM if op is ReduceOp.AVG else op
+    fn = ufunc(base)
+    return Reduction(base, fn, acc, factor, op is ReduceOp.AVG, acc == dtype and factor is None,
+                     acc == dtype, fn is not np.maximum and fn is not np.minimum)
 
 
-def finish(op: ReduceOp | PremulSum, work: np.ndarray, out: np.ndarray, size: int) -> None:
+def load(red: Reduction, dst: np.ndarray, src: np.ndarray) -> None:
+    """Write ``src`` into ``dst`` (same shape, in ``red.acc``) as terms: converted and
+    premultiplied."""
+    if red.raw:
+        dst[...] = src
+        return
+    np.copyto(dst, src, casting="unsafe")
+    if red.factor is not None:
+        np.multiply(dst, red.factor, out=dst)
+
+
+def prepare(red: Reduction, data: np.ndarray, work: np.ndarray | None = None,
+            copy: bool = True) -> np.ndarray:
+    """The values to reduce for reducing ``data`` (flat) with ``red``; combine them with ``red.op``.
+
+    The values are a copy in ``red.acc``, premultiplied by the factor of a PREMUL_SUM (``load``):
+    ``work`` when given (of that size and dtype; reused memory costs no page faults), else a
+    fresh array. The copy keeps the caller's array untouched if the collective fails midway.
+    With ``copy=False``, ``data`` itself is returned when it needs no conversion (``red.raw``):
+    for algorithms that only read their input. ``finish`` completes the reduction.
+    """
+    if not copy and red.raw:
+        return data.reshape(-1)
+    if work is None:
+        work = np.empty(data.size, dtype=red.acc)
+    load(red, work, data.reshape(-1))
+    return work
+
+
+def finish(red: Reduction, work: np.ndarray, out: np.ndarray, size: int) -> None:
     """Complete a reduction prepared by ``prepare``: divide by ``size`` for AVG, round into ``out``.
 
     Args:
-        op: the op given to ``prepare``.
+        red: the reduction given to ``prepare``.
         work: the reduced working buffer.
         out: C-contiguous destination of any shape with ``work.size`` elements.
         size: the number of ranks that contributed.
@@ -168,7 +219,7 @@ def finish(op: ReduceOp | PremulSum, work: np.ndarray, out: np.ndarray, size: in
     if out.size != work.size or not out.flags.c_contiguous:
         raise ValueError(f"out: expected a C-contiguous array of {work.size} elements, got "
                          f"{out.size} elements (c_contiguous={out.flags.c_contiguous})")
-    if op is ReduceOp.AVG:
+    if red.average:
         np.divide(work, size, out=work)
     # The one rounding of the accumulation rule happens here, hence the unsafe cast.
     np.copyto(out.reshape(-1), work, casting="unsafe")

@@ -23,12 +23,13 @@ This module must not import ``core``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .base import Ctx
-from .shm_common import Journal, Op, Reduction, load, no_domain, reduce_rows, reduction
+from .base import Ctx, Plan, Team
+from .shm_common import Journal, Op, Reduction, load, no_domain, reduce_rows
 
 # Bytes of one pipelined chunk (at most one IN slot). Large enough that the two posts and waits
 # per chunk cost little; the benchmark suite is where to tune it.
@@ -62,13 +63,40 @@ def _copy_parts(red: Reduction, out_rows: np.ndarray, part: int, x: np.ndarray) 
             np.copyto(x[full * part:], out_rows[full, :rest], casting="unsafe")
 
 
-def _direct_state(ctx: Ctx, op: Op, x: np.ndarray) -> tuple[Any, ...]:
-    d = ctx.team.shm
-    if d is None:
-        raise no_domain(ctx)
-    red = reduction(op, x.dtype)
-    stacked = tuple(d.stacked(p, red.acc, x.size) for p in (0, 1))
-    return red, tuple(_rows(s) for s in stacked), tuple(s[d.rank] for s in stacked)
+def _domain(team: Team, plan: Plan) -> Any:
+    if team.shm is None:
+        raise no_domain(plan)
+    return team.shm
+
+
+def _reduction(plan: Plan) -> Reduction:
+    if plan.reduction is None:
+        raise TypeError(f"{plan.label}: a reduction's plan has no reduction descriptor")
+    return plan.reduction
+
+
+@dataclass(frozen=True, slots=True)
+class Direct:
+    """``direct``'s state for one call shape.
+
+    Attributes:
+        d: the group's domain.
+        red: the reduction.
+        rows: per slot parity, every member's slot as ``reduce_rows`` takes it.
+        mine: per slot parity, this member's slot (in the accumulation dtype).
+    """
+
+    d: Any
+    red: Reduction
+    rows: tuple[Any, Any]
+    mine: tuple[np.ndarray, np.ndarray]
+
+
+def prepare_direct(team: Team, plan: Plan, x: np.ndarray, *rest: Any) -> Direct:
+    """``direct``'s (and ``reduce_direct``'s) state."""
+    d, red = _domain(team, plan), _reduction(plan)
+    stacked = [d.stacked(p, red.acc, x.size) for p in (0, 1)]
+    return Direct(d, red, (_rows(stacked[0]), _rows(stacked[1])), (stacked[0][d.rank], stacked[1][d.rank]))
 
 
 def direct(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
@@ -80,33 +108,53 @@ def direct(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
         op: the caller's reduction (AVG and PREMUL_SUM included).
         root: the group rank that gets the result (``reduce``), or None for every member.
     """
-    plan = ctx.plan
-    state = plan.state
-    if state is None:
-        state = plan.state = _direct_state(ctx, op, x)
-    red, rows, mine = state
-    d = ctx.team.shm
+    s: Direct = ctx.plan.state
+    d, red = s.d, s.red
     parity = d.next_round()
     if red.raw:
-        mine[parity][...] = x
+        s.mine[parity][...] = x
     else:
-        load(red, mine[parity], x)
+        load(red, s.mine[parity], x)
     d.start(ctx)  # no extent: nobody reads it for a reduction
     if root is None or root == d.rank:
-        reduce_rows(red, rows[parity], x)
+        reduce_rows(red, s.rows[parity], x)
 
 
-def _split_state(ctx: Ctx, op: Op, x: np.ndarray) -> tuple[Any, ...]:
-    d = ctx.team.shm
-    if d is None:
-        raise no_domain(ctx)
-    red = reduction(op, x.dtype)
+@dataclass(frozen=True, slots=True)
+class Split:
+    """``split``'s state for one call shape.
+
+    Attributes:
+        d: the group's domain.
+        red: the reduction.
+        in_acc: ``red`` for results built in the accumulation dtype (this member's part).
+        part: elements of each member's part.
+        parts: per slot parity, this member's part of every member's slot (``reduce_rows``' form).
+        mine: per slot parity, this member's slot.
+        outs: every member's OUT region, one reduced part per row.
+        my_out: this member's reduced part in its OUT region.
+    """
+
+    d: Any
+    red: Reduction
+    in_acc: Reduction
+    part: int
+    parts: tuple[Any, Any]
+    mine: tuple[np.ndarray, np.ndarray]
+    outs: np.ndarray
+    my_out: np.ndarray
+
+
+def prepare_split(team: Team, plan: Plan, x: np.ndarray, *rest: Any) -> Split:
+    """``split``'s (and ``reduce_split``'s) state."""
+    d, red = _domain(team, plan), _reduction(plan)
     part = _part(x.size, d.size, red.acc.itemsize)
     a, b = min(d.rank * part, x.size), min((d.rank + 1) * part, x.size)
-    stacked = tuple(d.stacked(p, red.acc, x.size) for p in (0, 1))
+    stacked = [d.stacked(p, red.acc, x.size) for p in (0, 1)]
     outs = d.stacked(0, red.acc, part, region="out")
-    return (red, red._replace(in_acc=True), part, tuple(_rows(s[:, a:b]) for s in stacked),
-            tuple(s[d.rank] for s in stacked), outs, outs[d.rank, :b - a])
+    return Split(d, red, red._replace(in_acc=True), part,
+                 (_rows(stacked[0][:, a:b]), _rows(stacked[1][:, a:b])),
+                 (stacked[0][d.rank], stacked[1][d.rank]), outs, outs[d.rank, :b - a])
 
 
 def split(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
@@ -118,20 +166,49 @@ def split(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
     the arithmetic: better from a few tens of KiB up. ``x`` is written only after the last
     wait. Arguments as ``direct``.
     """
-    plan = ctx.plan
-    state = plan.state
-    if state is None:
-        state = plan.state = _split_state(ctx, op, x)
-    red, in_acc, part, parts, mine, outs, my_out = state
-    d = ctx.team.shm
+    s: Split = ctx.plan.state
+    d = s.d
     parity = d.next_round()
-    load(red, mine[parity], x)
+    load(s.red, s.mine[parity], x)
     d.start(ctx)
-    reduce_rows(in_acc, parts[parity], my_out)
+    reduce_rows(s.in_acc, s.parts[parity], s.my_out)
     d.post()
     d.wait(d.peers, d.posts, ctx)
     if root is None or root == d.rank:
-        _copy_parts(red, outs, part, x)
+        _copy_parts(s.red, s.outs, s.part, x)
+
+
+@dataclass(frozen=True, slots=True)
+class Pipelined:
+    """``pipelined``'s state for one call shape.
+
+    Attributes:
+        d: the group's domain.
+        red: the reduction.
+        in_acc: ``red`` for results built in the accumulation dtype (this member's parts).
+        chunk: elements of one chunk.
+        part: elements of each member's part of a chunk.
+        chunks: the number of chunks (at least one).
+        staged: every reduced part of the call fits the OUT regions (copied out at the end).
+    """
+
+    d: Any
+    red: Reduction
+    in_acc: Reduction
+    chunk: int
+    part: int
+    chunks: int
+    staged: bool
+
+
+def prepare_pipelined(team: Team, plan: Plan, x: np.ndarray, *rest: Any) -> Pipelined:
+    """``pipelined``'s (and ``reduce_pipelined``'s) state."""
+    d, red = _domain(team, plan), _reduction(plan)
+    chunk = min(d.slot_bytes, CHUNK_BYTES) // red.acc.itemsize
+    part = _part(chunk, d.size, red.acc.itemsize)
+    chunks = max(1, -(-x.size // chunk))
+    return Pipelined(d, red, red._replace(in_acc=True), chunk, part, chunks,
+                     chunks * part * red.acc.itemsize <= d.out_bytes)
 
 
 def pipelined(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
@@ -145,18 +222,8 @@ def pipelined(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
     they all stay there and are copied out at the end, after the last wait (nothing can fail
     then); otherwise each chunk is copied out as soon as it is complete, under a ``Journal``.
     """
-    d = ctx.team.shm
-    if d is None:
-        raise no_domain(ctx)
-    plan = ctx.plan
-    if plan.state is None:
-        red = reduction(op, x.dtype)
-        chunk = min(d.slot_bytes, CHUNK_BYTES) // red.acc.itemsize
-        part = _part(chunk, d.size, red.acc.itemsize)
-        chunks = max(1, -(-x.size // chunk))
-        plan.state = (red, red._replace(in_acc=True), chunk, part, chunks,
-                      chunks * part * red.acc.itemsize <= d.out_bytes)
-    red, in_acc, chunk, part, chunks, staged = plan.state
+    s: Pipelined = ctx.plan.state
+    d, red, in_acc, chunk, part, chunks, staged = s.d, s.red, s.in_acc, s.chunk, s.part, s.chunks, s.staged
     r = d.rank
     acc, itemsize = red.acc, red.acc.itemsize
     writes = root is None or root == r

@@ -31,71 +31,23 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..types import PremulSum, ReduceOp
-from . import kernels
-from .base import Ctx
+from .base import Ctx, Plan
+from .kernels import Reduction, load, reduction
+
+__all__ = ["Reduction", "load", "reduction"]  # kernels' reduction descriptor, for the shm_* modules
 
 Op = ReduceOp | PremulSum
 
 
-def no_domain(ctx: Ctx) -> ValueError:
-    """The error of a shared-memory algorithm run (by override) on a group without a domain."""
-    return ValueError(f"{ctx.name}: this algorithm needs a group whose members share a host "
+def no_domain(where: Ctx | Plan) -> ValueError:
+    """The error of a shared-memory algorithm run (by override) on a group without a domain;
+    ``where`` is the call or, when its state is prepared, its plan."""
+    name = where.label if isinstance(where, Plan) else where.name
+    return ValueError(f"{name}: this algorithm needs a group whose members share a host "
                       "(the group has no shared-memory domain)")
 
 
 # -- reductions -----------------------------------------------------------------------------------
-
-
-class Reduction(NamedTuple):
-    """How to reduce arrays of one dtype with one op, following ``kernels``' accumulation rule.
-
-    Attributes:
-        op: the base op the terms are combined with (AVG and PREMUL_SUM become SUM).
-        ufunc: ``kernels``' ufunc for ``op``.
-        acc: the dtype terms travel and combine in (``kernels.accumulation_dtype``).
-        factor: the PREMUL_SUM factor every term is multiplied by first, else None.
-        average: divide the result by the number of members (AVG).
-        raw: the caller's bytes are the terms as they are (same dtype, no factor).
-        in_acc: the caller's dtype is the accumulation dtype (results can be built in place).
-        positional: ``ufunc`` may take ``out`` positionally, which numpy parses faster (it
-            deprecates that for maximum and minimum).
-    """
-
-    op: ReduceOp
-    ufunc: np.ufunc
-    acc: np.dtype
-    factor: float | None
-    average: bool
-    raw: bool
-    in_acc: bool
-    positional: bool
-
-
-def reduction(op: Op, dtype: np.dtype) -> Reduction:
-    """How to reduce ``dtype`` arrays with ``op`` (checked against the dtype by the core); the
-    algorithms keep it in their per-shape state."""
-    acc = kernels.accumulation_dtype(op, dtype)
-    if isinstance(op, PremulSum):
-        factor: float | None = op.factor
-        base = ReduceOp.SUM
-    else:
-        factor = None
-        base = ReduceOp.SUM if op is ReduceOp.AVG else op
-    ufunc = kernels.ufunc(base)
-    return Reduction(base, ufunc, acc, factor, op is ReduceOp.AVG, acc == dtype and factor is None,
-                     acc == dtype, ufunc is not np.maximum and ufunc is not np.minimum)
-
-
-def load(red: Reduction, dst: np.ndarray, src: np.ndarray) -> None:
-    """Write ``src`` into ``dst`` as terms: in the accumulation dtype, premultiplied (as
-    ``kernels.prepare`` does)."""
-    if red.raw:
-        dst[...] = src
-        return
-    np.copyto(dst, src, casting="unsafe")
-    if red.factor is not None:
-        np.multiply(dst, red.factor, out=dst)
-
 
 def reduce_rows(red: Reduction, rows: np.ndarray, out: np.ndarray) -> None:
     """Reduce the ``(members, k)`` array ``rows`` (row q: member q's terms, in the accumulation

@@ -33,19 +33,22 @@ def _named(run: Algorithm, algorithm: Algorithm) -> Algorithm:
     return run
 
 
-def _work(ctx: Ctx, op: Op, x: np.ndarray) -> np.ndarray:
-    """The reused buffer ``kernels.prepare`` copies ``x`` into."""
-    return scratch(ctx, "staged work", x.size, kernels.accumulation_dtype(op, x.dtype))
+def _reduction(ctx: Ctx) -> kernels.Reduction:
+    """The call's reduction descriptor (the core makes one per plan of a reduction)."""
+    red = ctx.plan.reduction
+    if red is None:
+        raise TypeError(f"{ctx.name}: a reduction's plan has no reduction descriptor")
+    return red
 
 
 def all_reduce(algorithm: Algorithm) -> Algorithm:
     """``algorithm(ctx, work, base_op, source)``: reads ``x`` (or its converted copy in ``work``),
     leaves the result in ``work``."""
     def run(ctx: Ctx, x: np.ndarray, op: Op) -> None:
-        work = _work(ctx, op, x)
-        base, source = kernels.prepare(op, x, work, copy=False)
-        algorithm(ctx, work, base, source)
-        kernels.finish(op, work, x, ctx.size)
+        red = _reduction(ctx)
+        work = scratch(ctx, "staged work", x.size, red.acc)
+        algorithm(ctx, work, red.op, kernels.prepare(red, x, work, copy=False))
+        kernels.finish(red, work, x, ctx.size)
     return _named(run, algorithm)
 
 
@@ -53,11 +56,12 @@ def reduce(algorithm: Algorithm) -> Algorithm:
     """``algorithm(ctx, source, out, root, base_op)``: reads ``x`` (or its converted copy);
     ``out`` scratch on the root only."""
     def run(ctx: Ctx, x: np.ndarray, root: int, op: Op) -> None:
-        base, source = kernels.prepare(op, x, _work(ctx, op, x), copy=False)
-        out = scratch(ctx, "staged out", source.size, source.dtype) if ctx.rank == root else None
-        algorithm(ctx, source, out, root, base)
+        red = _reduction(ctx)
+        source = kernels.prepare(red, x, scratch(ctx, "staged work", x.size, red.acc), copy=False)
+        out = scratch(ctx, "staged out", source.size, red.acc) if ctx.rank == root else None
+        algorithm(ctx, source, out, root, red.op)
         if out is not None:
-            kernels.finish(op, out, x, ctx.size)
+            kernels.finish(red, out, x, ctx.size)
     return _named(run, algorithm)
 
 
@@ -113,8 +117,9 @@ def reduce_scatter(algorithm: Algorithm) -> Algorithm:
     """``algorithm(ctx, source, out, counts, base_op)``: reads ``send`` (or its converted copy);
     ``out`` scratch."""
     def run(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence[int], op: Op) -> None:
-        base, source = kernels.prepare(op, send, _work(ctx, op, send), copy=False)
-        reduced = scratch(ctx, "staged out", counts[ctx.rank], source.dtype)
-        algorithm(ctx, source, reduced, counts, base)
-        kernels.finish(op, reduced, out, ctx.size)
+        red = _reduction(ctx)
+        source = kernels.prepare(red, send, scratch(ctx, "staged work", send.size, red.acc), copy=False)
+        reduced = scratch(ctx, "staged out", counts[ctx.rank], red.acc)
+        algorithm(ctx, source, reduced, counts, red.op)
+        kernels.finish(red, reduced, out, ctx.size)
     return _named(run, algorithm)

@@ -5,8 +5,9 @@ memory shared between inputs and outputs) as flat, C-contiguous numpy arrays, wi
 element counts where blocks are involved (see ``algorithms/select.py`` for the layout). Each
 function names the call's *shape* (collective, dtype, sizes, op, root) and looks up the group's
 ``Plan`` for it; the first call of a shape makes the plan: it parses the op and checks it
-against the dtype, builds the signature peers compare, and picks the algorithm. The plan's
-algorithm then runs in the group's issue order (``Group._run``).
+against the dtype, builds the signature peers compare, picks the algorithm and has it prepare
+its per-shape state (``Row.prepare``). The plan's algorithm then runs in the group's issue order
+(``Group._run``).
 
 A failed call leaves arrays it updates in place (all_reduce, reduce's root, broadcast's
 receivers) untouched or complete; outputs-only arrays may be left partly written by a failed
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..algorithms import kernels, select
-from ..algorithms.base import Plan
+from ..algorithms.base import Plan, make_plan
 from ..signature import UNCHECKED, signature
 from ..types import PremulSum, ReduceOp, ReduceOpLike
 from .group import Group
@@ -31,10 +32,14 @@ from .work import Work
 log = logging.getLogger("tensorcomm.plan")
 
 
-def _make(group: Group, collective: str, nbytes: int, sig: Any, op: Any = None) -> Plan:
-    row = select.pick(collective, group._member_team(), nbytes, group._world.algorithms.get(collective))
+def _make(group: Group, collective: str, nbytes: int, sig: Any, args: tuple[Any, ...],
+          op: Any = None, reduction: kernels.Reduction | None = None) -> Plan:
+    """The plan of a new call shape; ``args`` are its first call's arguments, as the algorithm
+    gets them (its row's ``prepare`` reads their shape)."""
+    team = group._member_team()
+    row = select.pick(collective, team, nbytes, group._world.algorithms.get(collective))
     log.debug("%s on group %r, %s: %s", collective, group.name, sig.describe(), row.name)
-    return Plan(f"{collective} on group {group.name!r}", sig, row.name, row.fn, op)
+    return make_plan(row, f"{collective} on group {group.name!r}", sig, team, args, op, reduction)
 
 
 def _op_key(op: ReduceOpLike) -> Hashable:
@@ -51,12 +56,13 @@ def _flat(x: np.ndarray) -> np.ndarray:
 
 
 def _reduction(group: Group, collective: str, fn: str, x: np.ndarray, op: ReduceOpLike,
-               root: int = -1, count: int | None = None) -> Plan:
+               head: tuple[Any, ...], root: int = -1, count: int | None = None) -> Plan:
+    """The plan of a reduction; the algorithm's arguments are ``head`` then the parsed op."""
     parsed = ReduceOp.parse(op, f"{fn}: op")
     kernels.check_op_dtype(parsed, x.dtype, f"{fn}: op")
-    nbytes = x.size * kernels.accumulation_dtype(parsed, x.dtype).itemsize
+    red = kernels.reduction(parsed, x.dtype)
     sig = signature(collective, x.dtype, x.size if count is None else count, parsed, root)
-    return _make(group, collective, nbytes, sig, parsed)
+    return _make(group, collective, x.size * red.acc.itemsize, sig, (*head, parsed), parsed, red)
 
 
 def all_reduce(group: Group, x: np.ndarray, op: ReduceOpLike, async_op: bool,
@@ -66,7 +72,7 @@ def all_reduce(group: Group, x: np.ndarray, op: ReduceOpLike, async_op: bool,
     key = ("all_reduce", x.dtype, x.size, _op_key(op))
     plan = group._plans.get(key)
     if plan is None:
-        plan = group._keep_plan(key, _reduction(group, "all_reduce", fn, x, op))
+        plan = group._keep_plan(key, _reduction(group, "all_reduce", fn, x, op, (x,)))
     return group._run(plan, async_op, x, plan.op)
 
 
@@ -77,7 +83,7 @@ def reduce(group: Group, x: np.ndarray, root: int, op: ReduceOpLike, async_op: b
     key = ("reduce", x.dtype, x.size, _op_key(op), root)
     plan = group._plans.get(key)
     if plan is None:
-        plan = group._keep_plan(key, _reduction(group, "reduce", fn, x, op, root))
+        plan = group._keep_plan(key, _reduction(group, "reduce", fn, x, op, (x, root), root))
     return group._run(plan, async_op, x, root, plan.op)
 
 
@@ -88,7 +94,7 @@ def broadcast(group: Group, x: np.ndarray, root: int, async_op: bool) -> Work | 
     plan = group._plans.get(key)
     if plan is None:
         plan = group._keep_plan(key, _make(group, "broadcast", x.nbytes,
-                                          signature("broadcast", x.dtype, x.size, root=root)))
+                                          signature("broadcast", x.dtype, x.size, root=root), (x, root)))
     return group._run(plan, async_op, x, root)
 
 
@@ -97,12 +103,14 @@ def all_gather(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequence
     """Every member's ``send`` lands in its block of ``out`` (``counts[q]`` elements for member
     ``q``, back to back) on every member."""
     counts = tuple(counts)
+    send, out = _flat(send), _flat(out)
     key = ("all_gather", send.dtype, counts)
     plan = group._plans.get(key)
     if plan is None:
         plan = group._keep_plan(key, _make(group, "all_gather", out.nbytes,
-                                          signature("all_gather", send.dtype, sum(counts))))
-    return group._run(plan, async_op, _flat(send), _flat(out), counts)
+                                          signature("all_gather", send.dtype, sum(counts)),
+                                          (send, out, counts)))
+    return group._run(plan, async_op, send, out, counts)
 
 
 def gather(group: Group, send: np.ndarray, out: np.ndarray | None, counts: Sequence[int], root: int,
@@ -110,24 +118,28 @@ def gather(group: Group, send: np.ndarray, out: np.ndarray | None, counts: Seque
     """Member ``q``'s ``send`` lands in block ``q`` of ``out`` on ``root`` only (``out`` is None
     elsewhere)."""
     counts = tuple(counts)
+    send, out = _flat(send), None if out is None else _flat(out)
     key = ("gather", send.dtype, counts, root)
     plan = group._plans.get(key)
     if plan is None:
         plan = group._keep_plan(key, _make(group, "gather", sum(counts) * send.itemsize,
-                                          signature("gather", send.dtype, sum(counts), root=root)))
-    return group._run(plan, async_op, _flat(send), None if out is None else _flat(out), counts, root)
+                                          signature("gather", send.dtype, sum(counts), root=root),
+                                          (send, out, counts, root)))
+    return group._run(plan, async_op, send, out, counts, root)
 
 
 def scatter(group: Group, send: np.ndarray | None, out: np.ndarray, counts: Sequence[int], root: int,
             async_op: bool) -> Work | None:
     """Block ``q`` of ``send`` on ``root`` (None elsewhere) lands in member ``q``'s ``out``."""
     counts = tuple(counts)
+    send, out = None if send is None else _flat(send), _flat(out)
     key = ("scatter", out.dtype, counts, root)
     plan = group._plans.get(key)
     if plan is None:
         plan = group._keep_plan(key, _make(group, "scatter", sum(counts) * out.itemsize,
-                                          signature("scatter", out.dtype, sum(counts), root=root)))
-    return group._run(plan, async_op, None if send is None else _flat(send), _flat(out), counts, root)
+                                          signature("scatter", out.dtype, sum(counts), root=root),
+                                          (send, out, counts, root)))
+    return group._run(plan, async_op, send, out, counts, root)
 
 
 def reduce_scatter(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequence[int],
@@ -135,12 +147,13 @@ def reduce_scatter(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequ
     """Block ``q`` of ``send`` (``counts[q]`` elements), reduced across members, lands in member
     ``q``'s ``out``."""
     counts = tuple(counts)
-    send = _flat(send)
+    send, out = _flat(send), _flat(out)
     key = ("reduce_scatter", send.dtype, counts, _op_key(op))
     plan = group._plans.get(key)
     if plan is None:
-        plan = group._keep_plan(key, _reduction(group, "reduce_scatter", fn, send, op, count=sum(counts)))
-    return group._run(plan, async_op, send, _flat(out), counts, plan.op)
+        plan = group._keep_plan(key, _reduction(group, "reduce_scatter", fn, send, op, (send, out, counts),
+                                                count=sum(counts)))
+    return group._run(plan, async_op, send, out, counts, plan.op)
 
 
 def all_to_all(group: Group, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
@@ -151,17 +164,32 @@ def all_to_all(group: Group, send: np.ndarray, send_counts: Sequence[int], out: 
     unchecked, and the algorithms check each block against the size its receiver expects.
     """
     send_counts, recv_counts = tuple(send_counts), tuple(recv_counts)
+    send, out = _flat(send), _flat(out)
     key = ("all_to_all", send.dtype, send_counts, recv_counts)
     plan = group._plans.get(key)
     if plan is None:
         plan = group._keep_plan(key, _make(group, "all_to_all", send.nbytes,
-                                          signature("all_to_all", send.dtype, UNCHECKED)))
-    return group._run(plan, async_op, _flat(send), send_counts, _flat(out), recv_counts)
+                                          signature("all_to_all", send.dtype, UNCHECKED),
+                                          (send, send_counts, out, recv_counts)))
+    return group._run(plan, async_op, send, send_counts, out, recv_counts)
 
 
 def barrier(group: Group, async_op: bool) -> Work | None:
     """Return once every member has entered the barrier."""
     plan = group._plans.get(("barrier",))
     if plan is None:
-        plan = group._keep_plan(("barrier",), _make(group, "barrier", 0, signature("barrier")))
+        plan = group._keep_plan(("barrier",), _make(group, "barrier", 0, signature("barrier"), ()))
     return group._run(plan, async_op)
+
+
+def scan(group: Group, x: np.ndarray, op: ReduceOpLike, inclusive: bool, async_op: bool,
+         fn: str = "scan") -> Work | None:
+    """Member ``r``'s ``x`` becomes the reduction of members ``0..r``' (``inclusive``) or
+    ``0..r-1``' (exclusive: ``exscan``, which leaves member 0's ``x`` as it is), in place."""
+    collective = "scan" if inclusive else "exscan"
+    x = _flat(x)
+    key = (collective, x.dtype, x.size, _op_key(op))
+    plan = group._plans.get(key)
+    if plan is None:
+        plan = group._keep_plan(key, _reduction(group, collective, fn, x, op, (x,)))
+    return group._run(plan, async_op, x, plan.op)

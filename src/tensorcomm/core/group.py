@@ -18,6 +18,7 @@ from ..trace import recorder
 from ..types import TransportKind
 from .elastic import agree
 from .engine import Engine
+from .split import split
 from .work import Work
 
 PLANS_KEPT = 256  # call shapes a group remembers; the oldest is forgotten beyond that
@@ -275,6 +276,27 @@ class Group:
             if group._shm is not None:
                 group._shm.abort(error)
         target._engine.stop(error)
+
+    def split(self, color: int | None, key: int = 0) -> Group | None:
+        """Split the group by ``color``, as MPI's ``Comm_split``: a collective of its members.
+
+        Members that pass the same color form a new group, ordered by ``key``, then by their rank
+        in this group; a member that passes None (or a negative color) gets no group. Each new
+        group is made as ``new_group`` makes one (on shared memory when its members share a host).
+
+        Args:
+            color: which new group this member joins; None or negative: none.
+            key: this member's place in its new group (ties keep this group's order).
+
+        Returns:
+            This member's new group, or None.
+
+        Raises:
+            TypeError: ``color`` is not an int or None, or ``key`` is not an int.
+            ValueError: this process is not a member, or a value does not fit in 64 bits.
+            CollectiveMismatchError: another member made a different call at this step.
+        """
+        return split(self._target(), color, key)
 
     def shrink(self, timeout: float | None = None) -> Group:
         """Agree with the other live members on who is left, and return a new group of them.

@@ -41,6 +41,9 @@ Read whatever the source::
                                members each (docs/algorithms.md)
     TENSORCOMM_ALGORITHMS      "collective=algorithm,...", e.g. "all_reduce=ring": run these
                                algorithms (names in docs/algorithms.md) instead of choosing
+    TENSORCOMM_TUNING_FILE     the tuning file ``tensorcomm tune`` writes and selection reads, or
+                               "off"; unset: one per host under $XDG_CACHE_HOME/tensorcomm, else
+                               ~/.cache/tensorcomm (``tuning_location``)
     TORCHELASTIC_USE_AGENT_STORE  "True" (torchrun): torchrun's own store holds MASTER_PORT, so
                                tensorcomm meets there (through torch) instead of serving one
     TORCHELASTIC_RESTART_COUNT    (torchrun) how often the agent restarted the workers; each
@@ -91,6 +94,7 @@ from tensorcomm.config import (
     ENV_TIMEOUT,
     ENV_TRACE,
     ENV_TRANSPORT,
+    ENV_TUNING_FILE,
     ENV_WIRE_DTYPE,
     ENV_WORLD_SIZE,
     FLIGHT_CALLS,
@@ -111,6 +115,7 @@ MS_SCHED_HOST, MS_SCHED_PORT = "MS_SCHED_HOST", "MS_SCHED_PORT"
 TORCH_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 TORCH_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 XDG_RUNTIME_DIR = "XDG_RUNTIME_DIR"
+XDG_CACHE_HOME = "XDG_CACHE_HOME"
 PMIX_RANK = "PMIX_RANK"
 MPI_LAUNCHER_VARS = (OMPI_RANK, OMPI_SIZE, PMI_RANK, PMI_SIZE, PMIX_RANK)
 SLURM_NODELISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
@@ -355,6 +360,15 @@ def wire_dtype(environ: Mapping[str, str] | None = None) -> str | None:
     if value not in WIRE_DTYPES:
         raise ValueError(f"{ENV_WIRE_DTYPE}={raw!r}: expected one of {', '.join(map(repr, WIRE_DTYPES))}")
     return value
+
+
+def tuning_location(environ: Mapping[str, str] | None = None) -> tuple[str | None, str]:
+    """``(TENSORCOMM_TUNING_FILE stripped or None when unset or empty, the per-user cache
+    directory)``: ``$XDG_CACHE_HOME/tensorcomm``, else ``~/.cache/tensorcomm``."""
+    env = os.environ if environ is None else environ
+    raw = (env.get(ENV_TUNING_FILE) or "").strip() or None
+    cache = env.get(XDG_CACHE_HOME) or os.path.join(os.path.expanduser("~"), ".cache")
+    return raw, os.path.join(cache, "tensorcomm")
 
 
 def _seconds(env: Mapping[str, str], name: str) -> float | None:
