@@ -11,7 +11,8 @@ other (the order flips every round), so neither gets a warmer machine. Each bloc
 model from the same seed, runs warm-up steps and a barrier, then times its steps. A ``local``
 line times the same step with no communication at all (the compute floor), so the rest of a
 backend's step is what its communication adds to it. Rank 0 prints the median and quartiles, the
-ratio tensorcomm / Gloo, the load average and the command. A benchmark, not a test.
+ratio tensorcomm / Gloo, what each backend adds over the local step and their ratio, the load
+average and the command. A benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -114,6 +115,10 @@ def _rank_main(args: argparse.Namespace) -> None:
                 print(f"  {name:11s} {backend:10s} {1e3 * medians[backend]:8.2f} ms "
                       f"(p25-p75 {1e3 * q[0]:.2f}-{1e3 * q[2]:.2f})")
             print(f"  {name:11s} tensorcomm / gloo = {medians['tensorcomm'] / medians['gloo']:.2f}")
+            added = {b: medians[b] - medians["local"] for b in ("tensorcomm", "gloo")}
+            if added["gloo"] > 0:  # what communication adds to the local step, each backend
+                print(f"  {name:11s} added over local: tensorcomm {1e3 * added['tensorcomm']:.2f} ms, "
+                      f"gloo {1e3 * added['gloo']:.2f} ms, ratio {added['tensorcomm'] / added['gloo']:.2f}")
     dist.barrier()
     sys.stdout.flush()
     os._exit(0)  # Gloo's groups can deadlock when freed at exit (pytorch/pytorch#56297)

@@ -9,7 +9,8 @@
 The public surface is exactly ``__all__`` (pinned by tests/unit/test_exports.py).
 """
 
-from .core.group import Group
+from . import config as _config
+from .core.group import CallInfo, Group
 from .core.work import Work
 from .core.world import WORLD
 from .errors import (
@@ -33,6 +34,7 @@ from .frontends.functional import (
     all_to_all_single,
     barrier,
     broadcast,
+    exscan,
     gather,
     irecv,
     isend,
@@ -40,6 +42,7 @@ from .frontends.functional import (
     reduce,
     reduce_scatter,
     reduce_scatter_tensor,
+    scan,
     scatter,
     send,
 )
@@ -62,25 +65,29 @@ from .frontends.process_group import (
     init_process_group,
     is_initialized,
     new_group,
+    new_subgroups_by_enumeration,
 )
+from .frontends.sparse import sparse_all_reduce
 from .frontends.uneven import all_gather_v, all_to_all_v, gather_v, scatter_v
 from .types import PremulSum, ReduceOp, TransportKind
 
 premul_sum = ReduceOp.premul_sum
 
-__version__ = "0.1.0"
+__version__ = _config.VERSION  # pyproject.toml's; config holds it for the layers below
 
 __all__ = [
     # lifecycle and groups
     "init", "init_process_group", "destroy", "destroy_process_group", "is_initialized",
     "get_rank", "get_world_size", "get_local_rank", "new_group", "create_group",
-    "get_group_rank", "get_global_rank", "Group", "WORLD",
+    "new_subgroups_by_enumeration", "get_group_rank", "get_global_rank", "Group", "CallInfo",
+    "WORLD",
     # collectives and point-to-point
     "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "gather",
     "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-    "barrier", "send", "recv", "isend", "irecv",
+    "barrier", "scan", "exscan", "send", "recv", "isend", "irecv",
     # uneven ("v") and object collectives
     "all_to_all_v", "all_gather_v", "gather_v", "scatter_v",
+    "sparse_all_reduce",
     "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
     # values and handles
     "ReduceOp", "PremulSum", "premul_sum", "TransportKind", "Work",

@@ -1,4 +1,5 @@
-"""The ``tensorcomm`` command: ``run``, ``demo`` and ``bench``, each defined beside its work.
+"""The ``tensorcomm`` command: ``run``, ``demo``, ``bench``, ``tune`` and ``trace``, each defined
+beside its work.
 
 A subcommand is a module with ``HELP`` (one line for ``tensorcomm --help``),
 ``add_arguments(parser)`` and ``main(args) -> exit code``. A ``main`` reports bad arguments by
@@ -15,9 +16,11 @@ from typing import Protocol
 
 from tensorcomm import __version__
 from tensorcomm.bench import cli as bench_cli
+from tensorcomm.bench import tune as bench_tune
 from tensorcomm.launch import demo as launch_demo
 from tensorcomm.launch import run as launch_run
 from tensorcomm.launch.env import LaunchConfigError
+from tensorcomm.trace import cli as trace_cli
 
 
 class Subcommand(Protocol):
@@ -30,7 +33,8 @@ class Subcommand(Protocol):
     def main(self, args: argparse.Namespace, /) -> int: ...
 
 
-SUBCOMMANDS: dict[str, Subcommand] = {"run": launch_run, "demo": launch_demo, "bench": bench_cli}
+SUBCOMMANDS: dict[str, Subcommand] = {"run": launch_run, "demo": launch_demo, "bench": bench_cli,
+                                       "tune": bench_tune, "trace": trace_cli}
 
 
 def build_parser() -> argparse.ArgumentParser:

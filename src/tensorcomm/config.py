@@ -7,6 +7,8 @@ launcher (for its children); other modules import the names from here.
 from __future__ import annotations
 
 # --- variables the launcher writes for its ranks (torchrun-compatible names first) ---
+VERSION = "0.1.0"  # tensorcomm.__version__ (pyproject.toml's), here for the layers below the API
+
 ENV_RANK = "RANK"
 ENV_WORLD_SIZE = "WORLD_SIZE"
 ENV_LOCAL_RANK = "LOCAL_RANK"
@@ -24,13 +26,18 @@ ENV_WIRE_DTYPE = "TENSORCOMM_WIRE_DTYPE"  # "bfloat16"/"float16": float32 sums t
 ENV_HIERARCHY = "TENSORCOMM_HIERARCHY"  # "off": groups that span hosts run flat (no host sub-teams)
 ENV_ALGORITHMS = "TENSORCOMM_ALGORITHMS"  # "all_reduce=ring,barrier=dissemination": force rows
 ENV_LINK_PROTECTION = "TENSORCOMM_LINK_PROTECTION"  # how much of each TCP frame is sealed: LINK_PROTECTIONS
+ENV_TUNING_FILE = "TENSORCOMM_TUNING_FILE"  # the tuning file's path, or "off" (algorithms/tuning.py)
+ENV_TRACE = "TENSORCOMM_TRACE"  # a directory: every rank writes a timeline of its calls there
+ENV_FLIGHT_CALLS = "TENSORCOMM_FLIGHT_CALLS"  # calls the flight recorder keeps; 0: off
+ENV_FLIGHT_DIR = "TENSORCOMM_FLIGHT_DIR"  # where the flight recorder dumps
 
 # Every TENSORCOMM_* variable tensorcomm reads or writes, the launcher's and the benchmark's too;
 # docs/env.md documents the same names (a test checks). Any other is taken for a misspelling and
 # warned about once, naming the closest of these (rendezvous.discovery).
 KNOWN_ENV_VARS = (
     ENV_SECRET, ENV_SECRET_DIR, ENV_STORE_HOSTED, ENV_HOST_ID, ENV_TIMEOUT, ENV_TRANSPORT,
-    ENV_BACKEND, ENV_WIRE_DTYPE, ENV_HIERARCHY, ENV_ALGORITHMS,
+    ENV_BACKEND, ENV_WIRE_DTYPE, ENV_HIERARCHY, ENV_ALGORITHMS, ENV_TUNING_FILE, ENV_TRACE,
+    ENV_FLIGHT_CALLS, ENV_FLIGHT_DIR,
     "TENSORCOMM_LINK_PROTECTION",  # transports/tcp: what a link's frames are sealed with
     "TENSORCOMM_NPROCS", "TENSORCOMM_NNODES", "TENSORCOMM_NODE_RANK", "TENSORCOMM_MASTER",
     "TENSORCOMM_JOB_TIMEOUT",  # read by the launcher only (launch/env.py)
@@ -41,6 +48,7 @@ KNOWN_ENV_VARS = (
 # is MPI point-to-point through mpi4py (plus the same shared memory), for a cluster's fabric.
 BACKENDS = ("tensorcomm", "mpi")
 
+FLIGHT_CALLS = 2000  # calls each rank's flight recorder keeps by default (docs/tracing.md)
 DEFAULT_TIMEOUT = 300.0  # seconds; bounds every blocking call unless init(timeout=...) says otherwise
 CONNECT_RETRY_INTERVAL = 0.05  # seconds between attempts to reach the store or a peer
 SOCKET_BUFFER_BYTES = 4 << 20

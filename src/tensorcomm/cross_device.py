@@ -15,9 +15,10 @@ from .frontends.cross_device import (
     AllReduceCrossDeviceOps,
     CollectiveAllReduce,
     CrossDeviceOps,
+    IndexedSlices,
     ReduceOp,
     ReductionToOneDevice,
 )
 
 __all__ = ["CrossDeviceOps", "ReductionToOneDevice", "AllReduceCrossDeviceOps",
-           "CollectiveAllReduce", "ReduceOp"]
+           "CollectiveAllReduce", "ReduceOp", "IndexedSlices"]

@@ -9,9 +9,9 @@
 The implementation lives in ``tensorcomm.frontends.objects`` and ``objects_uneven``.
 """
 
-from .frontends.objects import AllGather, AllReduce, AlltoAll, Broadcast, ReduceScatter
+from .frontends.objects import AllGather, AllReduce, AlltoAll, Broadcast, Exscan, ReduceScatter, Scan
 from .frontends.objects_uneven import AlltoAllV, NeighborExchange
 from .types import ReduceOp
 
 __all__ = ["AllReduce", "AllGather", "ReduceScatter", "Broadcast", "AlltoAll", "AlltoAllV",
-           "NeighborExchange", "ReduceOp"]
+           "NeighborExchange", "Scan", "Exscan", "ReduceOp"]

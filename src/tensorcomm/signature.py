@@ -16,7 +16,7 @@ import numpy as np
 from .types import SUPPORTED_DTYPES, PremulSum, ReduceOp
 
 COLLECTIVES = ("none", "all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter",
-               "reduce_scatter", "all_to_all", "barrier")
+               "reduce_scatter", "all_to_all", "barrier", "scan", "exscan", "split")
 _COLLECTIVE_CODE = {name: code for code, name in enumerate(COLLECTIVES)}
 _OPS = (None, *ReduceOp)
 _OP_CODE = {op: code for code, op in enumerate(_OPS)}

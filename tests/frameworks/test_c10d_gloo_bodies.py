@@ -22,7 +22,6 @@ pytestmark = pytest.mark.multiprocess
 torch = pytest.importorskip("torch")
 
 WORLD = 2
-_SPARSE = "sparse all_reduce on the tensorcomm backend is issue 25's part"
 
 
 def _data(rank: int, n: int = 4, dtype: Any = None) -> Any:
@@ -480,6 +479,73 @@ def round_robin_of_groups(pg: Any, rank: int, size: int) -> None:
     assert torch.equal(x, torch.full((2,), float(size ** 6)))
 
 
+# -- sparse allreduce ------------------------------------------------------------------------
+
+def _sparse(rank: int, sparse_dim: int = 1, repeat: bool = False) -> Any:
+    """Rank ``rank``'s COO tensor of size (6, 3): rows overlapping other ranks', rank+2 entries
+    (``repeat``: its first row given twice, uncoalesced)."""
+    rows = [(rank + 2 * i) % 6 for i in range(rank + 2)] + ([rank % 6] if repeat else [])
+    if sparse_dim == 1:
+        values = torch.stack([torch.arange(3.0) + 10 * rank + i for i in range(len(rows))])
+        return torch.sparse_coo_tensor([rows], values, (6, 3))
+    cols = [(r + rank) % 3 for r in rows]
+    return torch.sparse_coo_tensor([rows, cols], torch.arange(len(rows), dtype=torch.float32) + rank,
+                                   (6, 3))
+
+
+def _sparse_total(size: int, sparse_dim: int = 1, repeat: bool = False) -> Any:
+    return sum(_sparse(r, sparse_dim, repeat).to_dense() for r in range(size))
+
+
+def sparse_allreduce_basics(pg: Any, rank: int, size: int) -> None:
+    import torch.distributed as dist
+    for sparse_dim in (1, 2):
+        x = _sparse(rank, sparse_dim)
+        pg.allreduce([x], dist.AllreduceOptions()).wait()
+        assert x.is_sparse and x.is_coalesced()
+        assert torch.equal(x.to_dense(), _sparse_total(size, sparse_dim))
+        y = _sparse(rank, sparse_dim)
+        dist.all_reduce(y)  # the public call, SUM by default
+        assert torch.equal(y.to_dense(), _sparse_total(size, sparse_dim))
+
+
+def sparse_allreduce_several_tensors(pg: Any, rank: int, size: int) -> None:
+    import torch.distributed as dist
+    xs = [_sparse(rank), _sparse(rank + 1)]
+    pg.allreduce(xs, dist.AllreduceOptions()).wait()
+    want = sum(_sparse(r).to_dense() + _sparse(r + 1).to_dense() for r in range(size))
+    assert all(torch.equal(x.to_dense(), want) for x in xs)
+
+
+def sparse_allreduce_checks(pg: Any, rank: int, size: int) -> None:
+    import torch.distributed as dist
+    dense, small = torch.zeros(2), torch.sparse_coo_tensor([[0]], [1.0], (2,))
+    large = torch.sparse_coo_tensor([[0]], [1.0], (4,))
+    with pytest.raises((ValueError, RuntimeError), match="layout"):
+        pg.allreduce([dense, small], dist.AllreduceOptions())
+    with pytest.raises((ValueError, RuntimeError), match="size"):
+        pg.allreduce([small, large], dist.AllreduceOptions())
+    for op in (dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX):
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = op
+        with pytest.raises((ValueError, RuntimeError)):
+            pg.allreduce([large], opts).wait()
+
+
+def sparse_allreduce_coalesced_indices(pg: Any, rank: int, size: int) -> None:
+    import torch.distributed as dist
+    x = _sparse(rank, repeat=True)
+    assert not x.is_coalesced()
+    pg.allreduce([x], dist.AllreduceOptions()).wait()
+    want = _sparse_total(size, repeat=True)
+    assert x.is_coalesced()
+    rows = x.indices()[0]
+    assert torch.equal(rows, torch.unique(rows))  # sorted, each row once
+    given = sum(_sparse(r, repeat=True).to_dense().abs().sum(1) for r in range(size)) > 0
+    assert torch.equal(rows, torch.nonzero(given).flatten())  # every row some rank gave
+    assert torch.equal(x.to_dense(), want)
+
+
 BODIES: list[Callable[[Any, int, int], None]] = [
     broadcast_basics, broadcast_default_root, broadcast_several_tensors, broadcast_stress,
     broadcast_checks, allreduce_basics, allreduce_default_op, allreduce_several_tensors,
@@ -510,8 +576,10 @@ def _skipped(body: Callable[[Any, int, int], None], backend: str) -> str:
     return ""
 
 
-SPARSE = ["sparse_allreduce_basics", "sparse_allreduce_several_tensors",
-          "sparse_allreduce_checks", "sparse_allreduce_coalesced_indices"]
+SPARSE: list[Callable[[Any, int, int], None]] = [
+    sparse_allreduce_basics, sparse_allreduce_several_tensors, sparse_allreduce_checks,
+    sparse_allreduce_coalesced_indices,
+]
 
 
 def _run_all(backend: str) -> dict[str, str]:
@@ -526,7 +594,7 @@ def _run_all(backend: str) -> dict[str, str]:
     pg = dist.group.WORLD
     rank, size = dist.get_rank(), dist.get_world_size()
     outcome = {}
-    for body in BODIES:
+    for body in [*SPARSE, *BODIES]:
         reason = _skipped(body, backend)
         if reason:
             outcome[body.__name__] = f"skip: {reason}"
@@ -562,6 +630,7 @@ def test_gloo_case(body: str, backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", ["gloo", "tensorcomm"])
-@pytest.mark.parametrize("body", SPARSE)
+@pytest.mark.parametrize("body", [b.__name__ for b in SPARSE])
 def test_gloo_sparse_case(body: str, backend: str) -> None:
-    pytest.skip(_SPARSE)
+    errors = _outcome(backend, body)
+    assert not errors, errors

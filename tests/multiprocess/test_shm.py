@@ -191,6 +191,32 @@ def test_sigkill_mid_pipeline_is_noticed_and_leaves_arrays_and_dev_shm_clean():
     assert _dev_shm() == before
 
 
+def body_kill_broadcast_root(count: int) -> dict:
+    rank = tc.get_rank()
+    x = np.full(count, 7.0 if rank == 0 else -1.0, np.float32)
+    tc.all_reduce(np.ones(4, np.float32))
+    if rank == 0:
+        threading.Timer(0.05, os.kill, args=(os.getpid(), signal.SIGKILL)).start()
+    try:
+        for _ in range(100_000):
+            if rank != 0:
+                x[...] = -1.0
+            tc.broadcast(x, src=0)
+    except tc.PeerLostError:
+        values = np.unique(x).tolist()
+        return {"untouched_or_complete": values in ([-1.0], [7.0]), "values": values[:4]}
+    raise AssertionError("no PeerLostError")
+
+
+@pytest.mark.parametrize("count", [1 << 20, 3 << 20])  # 4 MiB: through OUT; 12 MiB: rounds
+def test_sigkill_of_a_broadcast_root_leaves_the_receivers_arrays_untouched_or_complete(count):
+    outcomes = spawn_ranks(body_kill_broadcast_root, 3, count, timeout=90, comm_timeout=60)
+    assert outcomes[0].exitcode == -signal.SIGKILL
+    for outcome in outcomes[1:]:
+        assert outcome.ok, outcome.output
+        assert outcome.result["untouched_or_complete"], outcome.result
+
+
 def body_everyone_killed(path: str) -> None:
     with open(os.path.join(path, f"ready{tc.get_rank()}"), "w") as f:
         f.write("1")
@@ -223,6 +249,9 @@ def body_every_collective_beyond_one_slot() -> None:
     b = np.full(n, rank, np.float64)
     tc.broadcast(b, src=1)
     assert (b == 1).all()
+    big = np.full(4 * n, rank, np.float32)  # 9.6 MB, beyond the OUT region: round by round
+    tc.broadcast(big, src=1)
+    assert (big == 1).all()
     out = np.zeros(n * size, np.float32)
     tc.all_gather_into_tensor(out, base + rank)
     np.testing.assert_array_equal(out.reshape(size, n), np.stack([base + r for r in range(size)]))

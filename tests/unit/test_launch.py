@@ -139,7 +139,7 @@ def test_every_subcommand_is_on_the_command_line(capsys: pytest.CaptureFixture[s
     out = capsys.readouterr().out
     for name, subcommand in cli.SUBCOMMANDS.items():
         assert f"{name}  " in out and subcommand.HELP.split()[0] in out
-    assert set(cli.SUBCOMMANDS) == {"run", "demo", "bench"}
+    assert set(cli.SUBCOMMANDS) == {"run", "demo", "bench", "tune", "trace"}
 
 
 @pytest.mark.parametrize("command, dest", [("run", "nprocs"), ("demo", "nprocs"), ("bench", "ranks")])

@@ -28,7 +28,7 @@ LAYERS: list[set[str]] = [
     {"__init__", "ops", "cross_device"},            # the public API
     {"frontends"},                                  # validation, adapters' use, API styles
     {"core"},                                       # world, groups, engine, Work
-    {"algorithms", "adapters"},                     # collectives over a Team; framework arrays
+    {"algorithms", "adapters", "trace"},            # collectives over a Team; framework arrays; records
     {"transports"},                                 # shared memory, TCP, MPI
     {"rendezvous"},                                 # stores, secrets, launcher discovery
     {"signature"},

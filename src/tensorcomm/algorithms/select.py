@@ -2,8 +2,10 @@
 
 ``pick`` walks ``ROWS`` top to bottom and returns the first row of the collective whose
 predicate holds for the group (its ``Team``) and the call's size; the last row of every
-collective always holds. The core picks once per call shape and keeps the row in the shape's
-``Plan``. An override names a row explicitly. This module must not import ``core``.
+collective always holds. Before that, a tuning file measured on this host (``tuning``, written by
+``tensorcomm tune``) may name the row, which is taken where it fits the call (``fits``). The
+core picks once per call shape and keeps the row in the shape's ``Plan``. An override names a
+row explicitly. This module must not import ``core``.
 docs/algorithms.md and docs/transports.md explain the costs behind each choice.
 
 Every algorithm of a collective takes the same arguments, after the call's ``Ctx``: the caller's
@@ -18,6 +20,7 @@ flat (1-D, C-contiguous) arrays, element counts per member, and the caller's op 
     reduce_scatter  send, out, counts, op       out: block rank reduced across members
     all_to_all      send, send_counts, out, recv_counts
     barrier         (nothing)
+    scan, exscan    x, op                       x: the prefix up to (scan) or before (exscan) rank
 
 Blocks are laid out back to back in the order of group ranks (``counts[q]`` elements for member
 q). The shared-memory algorithms (``shm_*.py``) work on these arrays directly; the transport
@@ -25,6 +28,8 @@ algorithms run on scratch copies through ``staging``.
 """
 
 from __future__ import annotations
+
+import functools
 
 from . import (
     allgather,
@@ -36,6 +41,7 @@ from . import (
     hier,
     reduce,
     reduce_scatter,
+    scan,
     shm_allgather,
     shm_allreduce,
     shm_alltoall,
@@ -43,8 +49,9 @@ from . import (
     shm_broadcast,
     shm_reduce_scatter,
     staging,
+    tuning,
 )
-from .base import Row, Team
+from .base import Predicate, Row, Team
 
 # Up to this many bytes a message costs about one latency, so algorithms with fewer rounds win;
 # above it, moving fewer bytes per rank wins. A first guess for one host: the benchmark suite
@@ -165,10 +172,38 @@ ROWS: tuple[Row, ...] = (
     Row("barrier", "shm_counters", _shm, shm_barrier.barrier),
     Row("barrier", "hierarchical", _hierarchical, hier.barrier),
     Row("barrier", "dissemination", _always, barrier.dissemination),
+    Row("scan", "shm_prefix", _shm, scan.shm_prefix(inclusive=True), scan.prepare_prefix(inclusive=True)),
+    Row("scan", "recursive_doubling", _always, scan.recursive_doubling(inclusive=True)),
+    Row("exscan", "shm_prefix", _shm, scan.shm_prefix(inclusive=False), scan.prepare_prefix(inclusive=False)),
+    Row("exscan", "recursive_doubling", _always, scan.recursive_doubling(inclusive=False)),
 )
 _BY_COLLECTIVE: dict[str, tuple[Row, ...]] = {}
 for _row in ROWS:
     _BY_COLLECTIVE[_row.collective] = (*_BY_COLLECTIVE.get(_row.collective, ()), _row)
+_BY_NAME = {(row.collective, row.name): row for row in ROWS}
+
+# What a row needs of a call to run at all, where that is less than "always" (the predicates in
+# ROWS add preference on top): a tuning file's choice is taken only where its row fits, and
+# ``tensorcomm tune`` times a row only at sizes where it fits.
+_FITS: dict[tuple[str, str], Predicate] = {
+    ("all_reduce", "shm_direct"): _shm_one_slot,
+    ("all_reduce", "shm_split"): _shm_one_slot,
+    ("reduce", "shm_direct"): _shm_one_slot,
+    ("reduce", "shm_split"): _shm_one_slot,
+}
+
+
+def collectives() -> list[str]:
+    """Every collective ``pick`` knows, in table order."""
+    return list(_BY_COLLECTIVE)
+
+
+def fits(collective: str, name: str, team: Team, nbytes: int) -> bool:
+    """Whether algorithm ``name`` of ``collective`` can run a call of ``nbytes`` on ``team``
+    (shared-memory rows need ``team.shm``; see ``_FITS`` for the rest)."""
+    if name.startswith("shm_") and team.shm is None:
+        return False
+    return _FITS.get((collective, name), _always)(team, nbytes)
 
 
 def _rows(collective: str) -> tuple[Row, ...]:
@@ -195,7 +230,8 @@ def pick(collective: str, team: Team, nbytes: int, override: str | None = None) 
         collective: e.g. ``"all_reduce"``; see ``ROWS``.
         team: the group (its size, topology and shared-memory domain).
         nbytes: the size of the call's largest buffer (see the comment above ``ROWS``).
-        override: an algorithm name from ``names(collective)``; skips the predicates.
+        override: an algorithm name from ``names(collective)``; skips the tuning file and the
+            predicates.
 
     Raises:
         ValueError: ``collective`` is unknown, or ``override`` names no algorithm of it.
@@ -207,6 +243,25 @@ def pick(collective: str, team: Team, nbytes: int, override: str | None = None) 
                 return row
         raise ValueError(f"override: unknown {collective} algorithm {override!r}; expected one of "
                          f"{', '.join(row.name for row in rows)}")
+    return choose(collective, team, nbytes, tuning.choice(tuned(), collective, team, nbytes))
+
+
+@functools.cache
+def tuned() -> tuning.Table | None:
+    """This process's tuning table, read on first use (``tuning.read``); None: built-in rules."""
+    return tuning.read({collective: names(collective) for collective in _BY_COLLECTIVE})
+
+
+def choose(collective: str, team: Team, nbytes: int, tuned: str | None) -> Row:
+    """``pick`` without an override, given the tuning file's choice ``tuned`` (None: none):
+    that row where it fits the call, else the first row whose predicate holds.
+
+    Raises:
+        ValueError: ``collective`` is unknown.
+    """
+    rows = _rows(collective)
+    if tuned is not None and fits(collective, tuned, team, nbytes):
+        return _BY_NAME[(collective, tuned)]
     for row in rows:
         if row.predicate(team, nbytes):
             return row

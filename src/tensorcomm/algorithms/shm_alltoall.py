@@ -1,12 +1,14 @@
 """Same-host all-to-all with per-pair block sizes: every member copies its block from each peer.
 
 A member's stream is a header (the byte offset of each destination's block, as int64) followed by
-its input; peers read every member's header in the first round, all at once (a strided view of
+the blocks for its peers, packed: its own block never enters the slots (it is copied straight
+from input to output), so each byte that crosses members is copied twice and the member's own
+block once. Peers read every member's header in the first round, all at once (a strided view of
 the headers of all the slots), check the size of the block they get against the size they
 expect, and copy their block out of the rounds that carry it. When the call takes one round and
-every member put this member's block at the same offset (blocks of one size), all blocks come
-out with one numpy call. Outputs only: a call that fails after its first round may leave them
-partly written. This module must not import ``core``.
+every block has one size, each peer's block comes out of its slot with one numpy call through
+views made once per call shape. Outputs only: a call that fails after its first round may leave
+them partly written. This module must not import ``core``.
 """
 
 from __future__ import annotations
@@ -25,25 +27,29 @@ from .shm_common import Journal, Stream, no_domain, run_rounds
 def _state(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int],
            recv_counts: Sequence[int]) -> tuple[Any, ...]:
     """Per call shape: this member's header; per slot parity every member's header as one
-    ``(members, members + 1)`` array; the block sizes to expect; and, when this member gets
-    blocks of one size, per slot parity its block of every slot as one array, at the offset where
-    blocks of that size would be."""
+    ``(members, members + 1)`` array; the block sizes to expect; the block bounds; and, when every
+    block this member gets has one size and the call fits one slot, where each member's header
+    must place that block (then ``uniform`` holds per slot parity each peer's block, typed)."""
     d = ctx.team.shm
     if d is None:
         raise no_domain(ctx)
     n, r, itemsize = d.size, d.rank, send.itemsize
-    offsets = np.array([o * itemsize for o in bounds(send_counts)], dtype=np.int64)
+    sizes = [0 if j == r else count * itemsize for j, count in enumerate(send_counts)]
+    offsets = np.cumsum([0, *sizes], dtype=np.int64)  # packed: this member's own block is empty
     header_bytes = -(-offsets.nbytes // 64) * 64
     header = np.zeros(header_bytes, dtype=np.uint8)
     header[:offsets.nbytes] = offsets.view(np.uint8)
     headers = tuple(d.stacked(p, np.dtype(np.int64), n + 1) for p in (0, 1))
     expected = [count * itemsize for count in recv_counts]
-    count = recv_counts[0]
+    block = recv_counts[0] * itemsize
     uniform = None
-    if len(set(recv_counts)) == 1 and header_bytes + n * count * itemsize <= d.slot_bytes:
-        start = r * count * itemsize
-        uniform = ([[start, start + count * itemsize]] * n,
-                   tuple(d.stacked(p, send.dtype, count, offset=header_bytes + start) for p in (0, 1)))
+    if len(set(recv_counts)) == 1 and header_bytes + (n - 1) * block <= d.slot_bytes:
+        # In peer q's packed stream the block for r follows those for r's r or r - 1 others.
+        places = [[(r - (q < r)) * block, (r - (q < r) + 1) * block] for q in range(n)]
+        places[r] = offsets[r:r + 2].tolist()  # this member's own header
+        views = tuple(tuple(d.inbox[q][p][header_bytes + places[q][0]:][:block].view(send.dtype)
+                            for q in d.peers) for p in (0, 1))
+        uniform = places, views
     return header, header_bytes, headers, expected, bounds(send_counts), bounds(recv_counts), uniform
 
 
@@ -65,7 +71,7 @@ def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.n
     r, itemsize = d.rank, out.itemsize
     raw = out.view(np.uint8)
     taken: list[tuple[int, int, int]] = []  # (peer, start, stop) of this member's block in its stream
-    whole: list[np.ndarray] = []  # the one-call view of every block, when it applies
+    whole: list[tuple[np.ndarray, ...]] = []  # each peer's block in its slot, when that applies
 
     def verify(parity: int, extents: list[int]) -> None:
         pairs = headers[parity][:, r:r + 2].tolist()  # where each member's block for r lies
@@ -73,6 +79,7 @@ def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.n
             whole.append(uniform[1][parity])
             return
         sizes = [stop - start for start, stop in pairs]
+        sizes[r] = expected[r]  # this member's own block does not travel
         if sizes != expected:
             q = next(q for q, size in enumerate(sizes) if size != expected[q])
             raise CollectiveMismatchError(
@@ -85,9 +92,8 @@ def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.n
 
     def read(parity: int, lo: int, hi: int, journal: Journal | None) -> None:
         if whole:
-            blocks, slots = out.reshape(d.size, -1), whole[0]  # the peers' blocks, around r's
-            blocks[:r] = slots[:r]
-            blocks[r + 1:] = slots[r + 1:]
+            for q, slot in zip(d.peers, whole[0], strict=True):
+                out[recv_offsets[q]:recv_offsets[q + 1]] = slot
             return
         for q, start, stop in taken:
             a, b = max(lo, start), min(hi, stop)
@@ -95,5 +101,6 @@ def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.n
                 base = recv_offsets[q] * itemsize
                 raw[base + a - start:base + b - start] = d.inbox[q][parity][a - lo:b - lo]
 
-    run_rounds(ctx, Stream.of([send], start=header_bytes), read, verify=verify, header=header)
+    blocks = [send[send_offsets[j]:send_offsets[j + 1]] for j in d.peers]
+    run_rounds(ctx, Stream.of(blocks, start=header_bytes), read, verify=verify, header=header)
     out[recv_offsets[r]:recv_offsets[r + 1]] = send[send_offsets[r]:send_offsets[r + 1]]

@@ -2,10 +2,12 @@
 
 The root publishes its array in its IN slot, one slot per round (``shm_common.run_rounds``) when
 it does not fit one; every other member copies its share straight into its array. Broadcast
-overwrites the caller's array in place, so when that takes more than one round a ``Journal``
-keeps the array's old bytes and a failed call leaves it untouched; scatter's output is an output
-only, so a failed multi-round scatter may leave it partly written. This module must not import
-``core``.
+overwrites the caller's array in place, so a receiver writes it only once the root's whole array
+is in shared memory (a failed call leaves it untouched): up to a slot in the root's IN slot, up
+to the OUT region (``staged``) there, in one piece, so that each byte is copied twice, at the
+speed of one core copying alone. Larger arrays go round by round, with a ``Journal`` that keeps
+the array's old bytes (a third copy). Scatter's output is an output only, so a failed multi-round
+scatter may leave it partly written. This module must not import ``core``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ def broadcast(ctx: Ctx, x: np.ndarray, root: int) -> None:
         if d.rank != root:
             x[...] = views[parity]
         return
+    if x.nbytes <= d.out_bytes:
+        staged(ctx, x, root)
+        return
     if d.rank == root:
         run_rounds(ctx, Stream.of([x]), lambda parity, lo, hi, journal: None)
         return
@@ -51,6 +56,24 @@ def broadcast(ctx: Ctx, x: np.ndarray, root: int) -> None:
             raw[lo:b] = source[parity][:b - lo]
 
     run_rounds(ctx, Stream.of([]), read, [x])
+
+
+def staged(ctx: Ctx, x: np.ndarray, root: int) -> None:
+    """Broadcast through the root's OUT region (``x`` at most that size): the root copies ``x``
+    there once every member has started the call (so none still reads the region from an
+    earlier call; every algorithm writes OUT only after its first wait) and posts; the others
+    copy it out after that post. Two posts per member."""
+    d = ctx.team.shm
+    d.next_round()
+    d.start(ctx)
+    region = d.outbox[root][:x.nbytes]
+    if d.rank == root:
+        region[...] = x.view(np.uint8)
+        d.post()
+        return
+    d.post()
+    d.wait((root,), d.posts, ctx)
+    x.view(np.uint8)[...] = region
 
 
 def scatter(ctx: Ctx, send: np.ndarray | None, out: np.ndarray, counts: Sequence[int], root: int) -> None:

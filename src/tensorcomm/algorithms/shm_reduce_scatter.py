@@ -1,10 +1,12 @@
 """Same-host reduce-scatter: member ``i`` reduces block ``i`` of every member's input.
 
-Members publish their whole input (in the accumulation dtype, premultiplied: ``kernels``' rule),
-one slot per round when it does not fit one; member ``i`` reduces block ``i`` of every member's
-slot, in member order, with one numpy call per round over a strided view of all the slots, into
-its output as each round brings it (an output only: a call that fails after its first round may
-leave it partly written). This module must not import ``core``.
+Members publish their input (in the accumulation dtype, premultiplied: ``kernels``' rule), one
+slot per round when it does not fit one; member ``i`` reduces block ``i`` of every member's
+terms, in member order, with one numpy call per round, into its output as each round brings it
+(an output only: a call that fails after its first round may leave it partly written). Two
+members publish only the block their peer reduces and take their own terms from their input
+(``_pair``): half the bytes through the slots. More members publish their whole input and
+reduce over a strided view of all the slots. This module must not import ``core``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ def reduce_scatter(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence
     d = ctx.team.shm
     if d is None:
         raise no_domain(ctx)
+    if d.size == 2:
+        _pair(ctx, send, out, counts, op)
+        return
     r = d.rank
     plan = ctx.plan
     if plan.state is None:
@@ -61,3 +66,52 @@ def reduce_scatter(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence
             reduce_rows(red, window, out[(a - start) // itemsize:(b - start) // itemsize])
 
     run_rounds(ctx, Stream.of([terms]), read)  # ``out`` is an output only: no journal
+
+
+def _pair(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence[int], op: Op) -> None:
+    """``reduce_scatter`` on two members: each publishes only its peer's block of terms, and
+    reduces its own block of ``send`` with the peer's, in member order."""
+    d = ctx.team.shm
+    r = d.rank
+    peer = 1 - r
+    plan = ctx.plan
+    if plan.state is None:  # per slot parity: (this member's published block, the peer's), or None
+        red = reduction(op, out.dtype)
+        offsets = bounds(counts)
+        size = red.acc.itemsize
+        views = None
+        if max(counts) * size <= d.slot_bytes:
+            views = tuple((d.inbox[r][p][:counts[peer] * size].view(red.acc),
+                           d.inbox[peer][p][:counts[r] * size].view(red.acc)) for p in (0, 1))
+        plan.state = red, offsets, views
+    red, offsets, views = plan.state
+    given = send[offsets[peer]:offsets[peer + 1]]  # the block this member hands its peer
+    own = send[offsets[r]:offsets[r + 1]]
+    if not red.raw:  # terms in the accumulation dtype, premultiplied
+        terms = np.empty(own.size, dtype=red.acc)
+        load(red, terms, own)
+        own = terms
+    if views is not None:  # one round
+        parity = d.next_round()
+        mine, theirs = views[parity]
+        load(red, mine, given)
+        d.start(ctx)  # nobody reads extents in one round
+        reduce_rows(red, (own, theirs) if r == 0 else (theirs, own), out)  # type: ignore[arg-type]
+        return
+    if not red.raw:
+        staged = np.empty(given.size, dtype=red.acc)
+        load(red, staged, given)
+        given = staged
+    itemsize = red.acc.itemsize
+    stop = own.size * itemsize
+    source = d.inbox[peer]
+
+    def read(parity: int, lo: int, hi: int, journal: Journal | None) -> None:
+        b = min(hi, stop)
+        if lo < b:
+            i, j = lo // itemsize, b // itemsize
+            theirs = source[parity][:b - lo].view(red.acc)
+            reduce_rows(red, (own[i:j], theirs) if r == 0 else (theirs, own[i:j]),  # type: ignore[arg-type]
+                        out[i:j])
+
+    run_rounds(ctx, Stream.of([given]), read)  # ``out`` is an output only: no journal

@@ -25,8 +25,8 @@ from typing import Any
 
 from ..launch.env import LaunchConfigError
 from ..rendezvous.discovery import discover
+from . import bound, peers, report, runner
 from . import options as bench_options
-from . import peers, report, runner
 from .options import BenchOptions
 from .progress import progress
 from .results import TENSORCOMM, Row
@@ -58,7 +58,7 @@ def _footer(rows: Sequence[Row]) -> list[str]:
 def _finish(opts: BenchOptions, rows: list[Row], machine: Mapping[str, Any],
             ranks: int) -> int:
     """Print the summary, write the requested files; return the exit code."""
-    for line in report.ratio_summary(rows) + _footer(rows):
+    for line in report.ratio_summary(rows) + bound.summary(rows, ranks) + _footer(rows):
         print(line)
     if opts.csv:
         report.write_csv(opts.csv, rows)

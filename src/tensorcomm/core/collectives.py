@@ -184,3 +184,16 @@ def barrier(group: Group, async_op: bool) -> Work | None:
     if plan is None:
         plan = group._keep_plan(("barrier",), _make(group, "barrier", 0, signature("barrier"), ()))
     return group._run(plan, async_op)
+
+
+def scan(group: Group, x: np.ndarray, op: ReduceOpLike, inclusive: bool, async_op: bool,
+         fn: str = "scan") -> Work | None:
+    """Member ``r``'s ``x`` becomes the reduction of members ``0..r``' (``inclusive``) or
+    ``0..r-1``' (exclusive: ``exscan``, which leaves member 0's ``x`` as it is), in place."""
+    collective = "scan" if inclusive else "exscan"
+    x = _flat(x)
+    key = (collective, x.dtype, x.size, _op_key(op))
+    plan = group._plans.get(key)
+    if plan is None:
+        plan = group._keep_plan(key, _reduction(group, collective, fn, x, op, (x,)))
+    return group._run(plan, async_op, x, plan.op)

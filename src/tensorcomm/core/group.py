@@ -10,14 +10,16 @@ one ``Ctx`` per call from them.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..algorithms.base import Ctx, Hierarchy, Plan, Team
 from ..config import MAX_TIMEOUT
 from ..errors import CommError, ConcurrentUseError, GroupAbortedError, PeerLostError
+from ..trace import recorder
 from ..types import TransportKind
 from .elastic import agree
 from .engine import Engine
+from .split import split as split_by_color
 from .work import Work
 
 PLANS_KEPT = 256  # call shapes a group remembers; the oldest is forgotten beyond that
@@ -26,6 +28,16 @@ ABORT_GRACE = 0.25  # seconds a call that lost a peer waits for the abort that m
 if TYPE_CHECKING:
     from ..transports.shm.domain import ShmDomain
     from .world import World
+
+
+class CallInfo(NamedTuple):
+    """What ran a call: ``collective`` (``"all_reduce"``), ``algorithm`` (a row of
+    docs/algorithms.md, e.g. ``"shm_direct"``) and ``transport`` (``"shm"``, ``"tcp"``,
+    ``"mpi"``, ``"loopback"``, or ``"hier"``: shared memory within hosts, the transport between)."""
+
+    collective: str
+    algorithm: str
+    transport: str
 
 
 class Group:
@@ -53,6 +65,7 @@ class Group:
         # One plan per call shape (``core/collectives.py`` makes them), gone with the group.
         self._plans: dict[Hashable, Plan] = {}
         self._shrinks = 0  # calls of shrink() so far: the members match them by this count
+        self._last_plan: Plan | None = None  # the plan of the latest call that ran (last_call)
 
     # The WORLD handle overrides this to follow whichever world is current.
     def _target(self) -> Group:
@@ -99,6 +112,22 @@ class Group:
         """
         target = self._target()
         return target.group_rank(target._world.rank)
+
+    @property
+    def last_call(self) -> CallInfo | None:
+        """Which collective, algorithm and transport this process's latest call on the group ran
+        (None before the first). For a blocking call, read it after the call returns; an
+        ``async_op=True`` call's ``Work`` says the same (``work.algorithm``, ``work.transport``).
+
+        Raises:
+            ValueError: this process is not a member.
+        """
+        target = self._target()
+        team = target._member_team()
+        plan = target._last_plan
+        if plan is None:
+            return None
+        return CallInfo(plan.label.split(" ", 1)[0], plan.algorithm, recorder.transport_name(team))
 
     def group_rank(self, global_rank: int) -> int:
         """Translate a global rank to this group's rank.
@@ -161,11 +190,15 @@ class Group:
         team = target._team
         if team is None:
             raise target._not_member(target._world.rank)
+        index = recorder.issue(team, plan)  # -1 (and nothing else) while tracing is off
         try:
-            return target._engine.submit(plan.label, _call, async_op, (team, plan, args))
+            work = target._engine.submit(plan.label, _call, async_op, (target, team, plan, args, index))
         except ConcurrentUseError as exc:  # the ranks' orders may differ already: end the group
             target.abort(f"calls from two threads at once ({exc})")
             raise
+        if async_op:
+            work.algorithm, work.transport = plan.algorithm, recorder.transport_name(team)
+        return work
 
     def destroy(self) -> None:
         """Leave this group on this process: free its shared memory and fail its pending and
@@ -206,6 +239,27 @@ class Group:
             if group._shm is not None:
                 group._shm.abort(error)
         target._engine.stop(error)
+
+    def split(self, color: int | None, key: int = 0) -> Group | None:
+        """Split the group by ``color``, as MPI's ``Comm_split``: a collective of its members.
+
+        Members that pass the same color form a new group, ordered by ``key``, then by their rank
+        in this group; a member that passes None (or a negative color) gets no group. Each new
+        group is made as ``new_group`` makes one (on shared memory when its members share a host).
+
+        Args:
+            color: which new group this member joins; None or negative: none.
+            key: this member's place in its new group (ties keep this group's order).
+
+        Returns:
+            This member's new group, or None.
+
+        Raises:
+            TypeError: ``color`` is not an int or None, or ``key`` is not an int.
+            ValueError: this process is not a member, or a value does not fit in 64 bits.
+            CollectiveMismatchError: another member made a different call at this step.
+        """
+        return split_by_color(self._target(), color, key)
 
     def shrink(self, timeout: float | None = None) -> Group:
         """Agree with the other live members on who is left, and return a new group of them.
@@ -251,7 +305,10 @@ class Group:
         if self._shm is not None:
             self._shm.abort(error, tell_peers=False)  # peers learn we left from close()
         self._engine.stop(error)
-        self._plans.clear()  # they hold views of the domain's memory
+        for plan in (*self._plans.values(), self._last_plan):  # ``last_call`` keeps one
+            if plan is not None:
+                plan.state = None  # views of the domain's memory: it cannot close under them
+        self._plans.clear()
         if self._team is not None:
             self._team.scratch.clear()
         if self._shm is not None:
@@ -263,22 +320,31 @@ class Group:
         return f"Group(name={self.name!r}, ranks={list(self.ranks)})"
 
 
-def _call(seq: int, team: Team, plan: Plan, args: tuple[Any, ...]) -> Any:
-    """Run call ``seq`` of a group: ``plan``'s algorithm on ``args``. The one place every
-    collective call runs, inline or queued (the engine calls it in issue order).
+def _call(seq: int, group: Group, team: Team, plan: Plan, args: tuple[Any, ...], index: int) -> Any:
+    """Run call ``seq`` of ``group``: ``plan``'s algorithm on ``args``. The one place every
+    collective call runs, inline or queued (the engine calls it in issue order); ``index`` is
+    the call's trace record (``trace.recorder``; -1 when tracing is off).
 
     A call that fails ends the group on every member (``_failed``), then raises what explains
     the failure best (``_cause``).
     """
+    group._last_plan = plan
     ctx = Ctx.of(team, seq, plan)
+    if index >= 0:
+        recorder.started(index, seq)
     try:
-        return plan.run(ctx, *args)
+        result = plan.run(ctx, *args)
     except BaseException as exc:
         _failed(ctx, exc)  # the peers first, at once
         cause = _cause(ctx, exc)
+        if index >= 0:
+            recorder.end(index, cause)
         if cause is exc:
             raise
         raise cause from exc
+    if index >= 0:
+        recorder.end(index)
+    return result
 
 
 def _cause(ctx: Ctx, error: BaseException) -> BaseException:

@@ -16,7 +16,9 @@ class Work:
     """A pending collective or point-to-point call.
 
     ``wait`` blocks until it completes and re-raises its error on the waiting thread, as
-    torch.distributed's ``Work.wait`` does.
+    torch.distributed's ``Work.wait`` does. A collective's ``algorithm`` (a row of
+    docs/algorithms.md) and ``transport`` (``"shm"``, ``"tcp"``, ``"mpi"``, ``"loopback"``,
+    ``"hier"``) say what runs it; both are None for point-to-point calls.
     """
 
     def __init__(self, description: str) -> None:
@@ -31,6 +33,8 @@ class Work:
         # Set by the engine that queued the call: runs it on the waiting thread if it has not
         # started yet (see ``Engine._run_here``).
         self._run_here: Callable[[Work], None] | None = None
+        self.algorithm: str | None = None  # set by the group that issues a collective
+        self.transport: str | None = None
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the call completes; return True.

@@ -43,7 +43,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING
 
-from .. import config
+from .. import config, trace
 from ..algorithms import select
 from ..algorithms.base import Hierarchy, Plan
 from ..errors import AuthenticationError, CommTimeoutError, GroupAbortedError, RendezvousError
@@ -55,6 +55,7 @@ from ..transports.shm import slots as shm_slots
 from ..transports.shm.domain import ShmDomain, ShmUnavailable, open_domain
 from ..transports.tcp.mesh import connect_mesh
 from ..transports.tcp.transport import TcpTransport
+from .collectives import barrier
 from .engine import Engine
 from .group import Group
 
@@ -483,6 +484,8 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
             rdzv.close()
             raise
         _worlds_made += 1
+    world = _current
+    trace.on_init(world.rank, world.size, lambda: barrier(world.world_group, False))  # collective
 
 
 def destroy(group: Group | None = None) -> None:
@@ -499,6 +502,7 @@ def destroy(group: Group | None = None) -> None:
         if world is not None and group._target() is not world.world_group:
             group.destroy()
             return
+    trace.on_destroy()
     with _current_lock:
         world, _current = _current, None
     if world is not None:

@@ -15,6 +15,11 @@ Processes outside the destinations take part in the communication and get ``None
 strategy's ``group`` (a ``Group``, a registered group name, or ``None`` for the world) says which
 processes take part.
 
+A value may also be an ``IndexedSlices`` (rows of a dense array, as TF's ``tf.IndexedSlices``) or
+a list of them: every strategy sums those across processes with ``sparse_all_reduce``, so every
+process gets the coalesced rows (each row once, sorted, repeats summed), and processes outside the
+destinations get ``None``.
+
 Strategies: ``ReductionToOneDevice`` reduces onto one rank and broadcasts from there;
 ``AllReduceCrossDeviceOps(num_packs)`` and ``CollectiveAllReduce(bytes_per_pack)`` all-reduce
 batches fused into packs (``packing.py``) and fall back to reduce-to-one when the destinations
@@ -36,6 +41,7 @@ from ..core.group import Group
 from ..types import ReduceOp as CoreReduceOp
 from . import packing, validate
 from .arrays import Staged
+from .sparse import sparse_all_reduce
 
 Destinations = Any  # None | "all" | int | Sequence[int]; see the module docstring
 
@@ -85,6 +91,67 @@ class _Value:
         return None if array is None else self.like.adapter.new_like(self.like.obj, array)
 
 
+@dataclass(frozen=True)
+class IndexedSlices:
+    """Some rows of a dense array of shape ``dense_shape``, as TF's ``tf.IndexedSlices``.
+
+    Attributes:
+        values: an array of shape ``(len(indices), *dense_shape[1:])``; ``values[i]`` is row
+            ``indices[i]``.
+        indices: a 1-d integer array of row numbers; rows may repeat (their values add up).
+        dense_shape: the dense array's shape.
+    """
+
+    values: Any
+    indices: Any
+    dense_shape: Sequence[int]
+
+
+@dataclass
+class _Slices:
+    """One validated ``IndexedSlices`` value: its local replicas concatenated."""
+
+    indices: np.ndarray
+    values: np.ndarray
+    dense_shape: tuple[int, ...]
+    replicas: int
+    like: Staged  # the first replica's values: results come back as arrays of its kind
+
+
+def _is_slices(value: Any) -> bool:
+    return isinstance(value, IndexedSlices) or (
+        isinstance(value, (list, tuple)) and bool(value) and isinstance(value[0], IndexedSlices))
+
+
+def _slices(value: Any, op: ReduceOp, fn: str) -> _Slices:
+    replicas = value if isinstance(value, (list, tuple)) else [value]
+    if not all(isinstance(r, IndexedSlices) for r in replicas):
+        raise TypeError(f"{fn}: a value's replicas must all be IndexedSlices or all arrays, got "
+                        f"{[type(r).__name__ for r in replicas]}")
+    shapes = {tuple(r.dense_shape) for r in replicas}
+    if len(shapes) != 1:
+        raise ValueError(f"{fn}: a value's IndexedSlices replicas must share one dense_shape, got "
+                         f"{sorted(shapes)}")
+    values = [validate.array(r.values, f"value[{i}].values", fn) for i, r in enumerate(replicas)]
+    indices = [validate.array(r.indices, f"value[{i}].indices", fn).array for i, r in enumerate(replicas)]
+    validate.same_dtype(values, values[0], "value", fn)
+    kernels.check_op_dtype(CoreReduceOp.AVG if op is ReduceOp.MEAN else CoreReduceOp.SUM,
+                           values[0].array.dtype, f"{fn}: reduce_op")
+    return _Slices(np.concatenate([i.reshape(-1) for i in indices]),
+                   np.concatenate([v.array for v in values]), shapes.pop(), len(replicas), values[0])
+
+
+def _reduce_slices(group: Group, value: _Slices, targets: tuple[int, ...] | None,
+                   total: int | None) -> IndexedSlices | None:
+    """Sum ``value`` across ``group`` (divided by ``total`` replicas for MEAN)."""
+    indices, summed = sparse_all_reduce(value.indices, value.values, value.dense_shape, group=group)
+    if targets is not None and group.rank not in targets:
+        return None
+    if total is not None:
+        summed = np.divide(summed, total, dtype=summed.dtype)
+    return IndexedSlices(value.like.adapter.new_like(value.like.obj, summed), indices, value.dense_shape)
+
+
 def _value(value: Any, op: ReduceOp, fn: str) -> _Value:
     replicas = value if isinstance(value, (list, tuple)) else [value]
     if not replicas:
@@ -123,7 +190,7 @@ def _destinations(value: Destinations, group: Group, fn: str) -> tuple[int, ...]
     return None if group.size == 1 else ranks
 
 
-def _replica_totals(group: Group, values: Sequence[_Value]) -> np.ndarray:
+def _replica_totals(group: Group, values: Sequence[_Value | _Slices]) -> np.ndarray:
     """Replicas per value summed over every process (one small all-reduce for the whole batch)."""
     counts = np.fromiter((v.replicas for v in values), dtype=np.int64, count=len(values))
     collectives.all_reduce(group, counts, CoreReduceOp.SUM, False)
@@ -155,11 +222,13 @@ class CrossDeviceOps:
 
         Args:
             reduce_op: ``ReduceOp.SUM``/``MEAN`` or ``"sum"``/``"mean"``.
-            value: an array, or a list of same-shaped arrays (this process's replicas).
+            value: an array, or a list of same-shaped arrays (this process's replicas); or an
+                ``IndexedSlices``, or a list of them.
             destinations: who receives the result (see the module docstring).
 
         Returns:
-            A new array of the first replica's kind on destination ranks, ``None`` elsewhere.
+            A new array of the first replica's kind on destination ranks, ``None`` elsewhere; for
+            ``IndexedSlices``, a new coalesced ``IndexedSlices`` (int64 indices).
 
         Raises:
             TypeError: a non-array value, or a bad ``reduce_op`` or destination type.
@@ -190,17 +259,27 @@ class CrossDeviceOps:
                 isinstance(p, (list, tuple)) and len(p) == 2 for p in value_destination_pairs):
             raise ValueError(f"{fn}: value_destination_pairs must be a list of (value, destinations) "
                              "pairs")
-        values = [_value(v, op, fn) for v, _ in value_destination_pairs]
+        values: list[_Value | _Slices] = [_slices(v, op, fn) if _is_slices(v) else _value(v, op, fn)
+                                          for v, _ in value_destination_pairs]
         targets = [_destinations(d, group, fn) for _, d in value_destination_pairs]
         if not values:
             return []
         totals = _replica_totals(group, values) if op is ReduceOp.MEAN else None
-        reduced = self._reduce_batch(group, values, targets)
-        if totals is not None:
-            for array, total in zip(reduced, totals, strict=True):
-                if array is not None:
-                    _mean(array, int(total))
-        return [v.result(r) for v, r in zip(values, reduced, strict=True)]
+        dense = {i: v for i, v in enumerate(values) if isinstance(v, _Value)}
+        reduced = dict(zip(dense, self._reduce_batch(group, list(dense.values()),
+                                                     [targets[i] for i in dense]), strict=True)) \
+            if dense else {}
+        results: list[Any] = []
+        for i, value in enumerate(values):
+            total = None if totals is None else int(totals[i])
+            if isinstance(value, _Slices):
+                results.append(_reduce_slices(group, value, targets[i], total))
+                continue
+            array = reduced[i]
+            if total is not None and array is not None:
+                _mean(array, total)
+            results.append(value.result(array))
+        return results
 
     def broadcast(self, tensor: Any, destinations: Destinations = None, src: int = 0) -> Any:
         """Copy global rank ``src``'s ``tensor`` to the destination processes.

@@ -76,6 +76,44 @@ def all_reduce(tensor: Any, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
     return None
 
 
+def scan(tensor: Any, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
+         async_op: bool = False) -> Work | None:
+    """Inclusive prefix reduction, in place (MPI's ``Scan``): group rank ``r`` ends with the
+    reduction of ranks ``0..r``'s tensors.
+
+    Every op and dtype of ``all_reduce`` works, with its accumulation rule (half-precision sums
+    combine in float32); ``AVG`` is the running mean (the prefix's sum divided by ``r + 1``).
+
+    Raises:
+        TypeError: a non-array tensor, unsupported dtype, or a bad ``op``/``group``/``async_op``.
+        ValueError: an op the dtype does not support, or a read-only tensor.
+    """
+    return _scan(tensor, op, group, async_op, True, "scan")
+
+
+def exscan(tensor: Any, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
+           async_op: bool = False) -> Work | None:
+    """Exclusive prefix reduction, in place (MPI's ``Exscan``): group rank ``r`` ends with the
+    reduction of ranks ``0..r-1``'s tensors; group rank 0's tensor is left as it is (MPI leaves
+    it undefined).
+
+    Ops and dtypes as ``scan``; ``AVG`` divides the prefix's sum by ``r``.
+
+    Raises:
+        TypeError: a non-array tensor, unsupported dtype, or a bad ``op``/``group``/``async_op``.
+        ValueError: an op the dtype does not support, or a read-only tensor.
+    """
+    return _scan(tensor, op, group, async_op, False, "exscan")
+
+
+def _scan(tensor: Any, op: ReduceOpLike, group: Any, async_op: bool, inclusive: bool,
+          fn: str) -> Work | None:
+    g = validate.group(group, fn)
+    validate.flag(async_op, "async_op", fn)
+    staged = validate.array(tensor, "tensor", fn, writable=True)
+    return _done(collectives.scan(g, staged.buf, op, inclusive, async_op, fn), [staged], async_op)
+
+
 def reduce(tensor: Any, dst: int = 0, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
            async_op: bool = False, *, group_dst: int | None = None) -> Work | None:
     """Reduce ``tensor`` across the group onto global rank ``dst`` (or group rank ``group_dst``);

@@ -249,3 +249,45 @@ class AlltoAll(_Operator):
         # Put the source axis just before concat_dim and merge the two: concatenation in rank order.
         out_shape = (*block[:concat], n * block[concat], *block[concat + 1:])
         return self._new(staged, np.moveaxis(recv, 0, concat).reshape(out_shape))
+
+
+class Scan(_Operator):
+    """Inclusive prefix reduction (MPI's ``Scan``): group rank ``r`` gets the reduction of ranks
+    ``0..r``' inputs as a new array; the input is left as it is.
+
+    Ops and dtypes as ``tensorcomm.scan`` (bool inputs are refused, as ``AllReduce`` refuses them).
+
+    Args:
+        op: as ``AllReduce``.
+        group: a group name (str) or ``Group``.
+    """
+
+    _inclusive = True
+
+    def __init__(self, op: ReduceOpLike = ReduceOp.SUM, group: str | Group = WORLD) -> None:
+        super().__init__(group)
+        self.op = _reduce_op(op, self._fn)
+
+    def __call__(self, input_x: Any) -> Any:
+        """Return the prefix reduction (same shape and dtype); ``Exscan`` returns None on group
+        rank 0, whose exclusive prefix is empty."""
+        group = self._resolve()
+        staged = self._input(input_x)
+        _reducible(staged, self.op, self._fn)
+        out = _copy(staged)
+        collectives.scan(group, out, self.op, self._inclusive, False, self._fn)
+        if not self._inclusive and group.rank == 0:
+            return None
+        return self._new(staged, out)
+
+
+class Exscan(Scan):
+    """Exclusive prefix reduction (MPI's ``Exscan``): group rank ``r > 0`` gets the reduction of
+    ranks ``0..r-1``' inputs as a new array, group rank 0 gets None (as mpi4py's ``exscan``).
+
+    Args:
+        op: as ``AllReduce``.
+        group: a group name (str) or ``Group``.
+    """
+
+    _inclusive = False

@@ -11,7 +11,7 @@ from . import validate
 
 __all__ = ["init", "init_process_group", "destroy", "destroy_process_group", "is_initialized",
            "get_rank", "get_world_size", "get_local_rank", "new_group", "create_group",
-           "get_group_rank", "get_global_rank"]
+           "new_subgroups_by_enumeration", "get_group_rank", "get_global_rank"]
 
 init_process_group = init
 destroy_process_group = destroy
@@ -62,6 +62,43 @@ def new_group(ranks: Sequence[int] | None = None) -> Group:
     ``Group`` with ``is_member`` False, and collectives on it raise ValueError.
     """
     return current_world().new_group(_ranks(ranks, "new_group"))
+
+
+def new_subgroups_by_enumeration(ranks_per_subgroup_list: Sequence[Sequence[int]],
+                                 ) -> tuple[Group | None, list[Group]]:
+    """One group per list of global ranks, as ``torch.distributed.new_subgroups_by_enumeration``.
+
+    Every process calls it with the same lists (each made as ``new_group`` makes it, in the
+    order given). A rank may appear in one list at most; ranks in none get no subgroup.
+
+    Returns:
+        ``(this process's subgroup or None, every subgroup in the order given)``.
+
+    Raises:
+        TypeError: the argument is not a list of lists of ints.
+        ValueError: it is empty, a list is empty or out of range, or a rank is in two lists.
+    """
+    fn = "new_subgroups_by_enumeration"
+    if isinstance(ranks_per_subgroup_list, (str, bytes)) or not isinstance(ranks_per_subgroup_list, Sequence):
+        raise TypeError(f"{fn}: ranks_per_subgroup_list must be a list of lists of ranks, got "
+                        f"{type(ranks_per_subgroup_list).__name__}")
+    if not ranks_per_subgroup_list:
+        raise ValueError(f"{fn}: ranks_per_subgroup_list must not be empty")
+    lists: list[list[int]] = []
+    seen: dict[int, int] = {}
+    for i, ranks in enumerate(ranks_per_subgroup_list):
+        if ranks is None:
+            raise TypeError(f"{fn}: ranks_per_subgroup_list[{i}] must be a list of ranks, got None")
+        lists.append(_ranks(ranks, f"{fn} (ranks_per_subgroup_list[{i}])"))
+        for rank in lists[-1]:
+            if rank in seen:
+                raise ValueError(f"{fn}: rank {rank} is in ranks_per_subgroup_list[{seen[rank]}] "
+                                 f"and ranks_per_subgroup_list[{i}]")
+            seen[rank] = i
+    world = current_world()
+    subgroups = [world.new_group(ranks) for ranks in lists]
+    mine = next((g for g in subgroups if g.is_member), None)
+    return mine, subgroups
 
 
 def create_group(name: str, ranks: Sequence[int]) -> Group:

@@ -35,6 +35,7 @@ from ..types import ReduceOp, ReduceOpLike
 from . import functional as F
 from .torch_c10d import BACKEND_NAME, register_cpu_backend
 from .torch_monitored import monitored_barrier
+from .torch_sparse import is_sparse, sparse_allreduce
 from .torch_work import TensorcommWork, timeout_seconds
 
 _OPS = {
@@ -219,10 +220,14 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         """Reduce in place across the group (also ``allreduce(tensor, op)``).
 
         With several tensors per process, as on Gloo, every tensor ends with the reduction of
-        all of them on every member.
+        all of them on every member. Sparse COO tensors (SUM, AVG) run inline: ``torch_sparse.py``.
         """
         _, run_async = _options(opts)
         reduce_op = _op_of(opts, op)
+        if is_sparse(tensors):
+            tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+            sparse_allreduce(tensors, reduce_op, self._group)
+            return self._work(None, tensors)
         if isinstance(tensors, torch.Tensor) or len(tensors) == 1:
             tensor = _one(tensors, "allreduce")
             return self._work(F.all_reduce(tensor, reduce_op, self._group, run_async), [tensor])

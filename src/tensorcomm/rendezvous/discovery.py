@@ -41,6 +41,9 @@ Read whatever the source::
                                members each (docs/algorithms.md)
     TENSORCOMM_ALGORITHMS      "collective=algorithm,...", e.g. "all_reduce=ring": run these
                                algorithms (names in docs/algorithms.md) instead of choosing
+    TENSORCOMM_TUNING_FILE     the tuning file ``tensorcomm tune`` writes and selection reads, or
+                               "off"; unset: one per host under $XDG_CACHE_HOME/tensorcomm, else
+                               ~/.cache/tensorcomm (``tuning_location``)
     TORCHELASTIC_USE_AGENT_STORE  "True" (torchrun): torchrun's own store holds MASTER_PORT, so
                                tensorcomm meets there (through torch) instead of serving one
     TORCHELASTIC_RESTART_COUNT    (torchrun) how often the agent restarted the workers; each
@@ -76,6 +79,8 @@ from tensorcomm.config import (
     BACKENDS,
     ENV_ALGORITHMS,
     ENV_BACKEND,
+    ENV_FLIGHT_CALLS,
+    ENV_FLIGHT_DIR,
     ENV_HIERARCHY,
     ENV_HOST_ID,
     ENV_LOCAL_RANK,
@@ -87,9 +92,12 @@ from tensorcomm.config import (
     ENV_SECRET_DIR,
     ENV_STORE_HOSTED,
     ENV_TIMEOUT,
+    ENV_TRACE,
     ENV_TRANSPORT,
+    ENV_TUNING_FILE,
     ENV_WIRE_DTYPE,
     ENV_WORLD_SIZE,
+    FLIGHT_CALLS,
     KNOWN_ENV_VARS,
     MAX_TIMEOUT,
     WIRE_DTYPES,
@@ -107,6 +115,7 @@ MS_SCHED_HOST, MS_SCHED_PORT = "MS_SCHED_HOST", "MS_SCHED_PORT"
 TORCH_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 TORCH_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 XDG_RUNTIME_DIR = "XDG_RUNTIME_DIR"
+XDG_CACHE_HOME = "XDG_CACHE_HOME"
 PMIX_RANK = "PMIX_RANK"
 MPI_LAUNCHER_VARS = (OMPI_RANK, OMPI_SIZE, PMI_RANK, PMI_SIZE, PMIX_RANK)
 SLURM_NODELISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
@@ -353,6 +362,15 @@ def wire_dtype(environ: Mapping[str, str] | None = None) -> str | None:
     return value
 
 
+def tuning_location(environ: Mapping[str, str] | None = None) -> tuple[str | None, str]:
+    """``(TENSORCOMM_TUNING_FILE stripped or None when unset or empty, the per-user cache
+    directory)``: ``$XDG_CACHE_HOME/tensorcomm``, else ``~/.cache/tensorcomm``."""
+    env = os.environ if environ is None else environ
+    raw = (env.get(ENV_TUNING_FILE) or "").strip() or None
+    cache = env.get(XDG_CACHE_HOME) or os.path.join(os.path.expanduser("~"), ".cache")
+    return raw, os.path.join(cache, "tensorcomm")
+
+
 def _seconds(env: Mapping[str, str], name: str) -> float | None:
     raw = env.get(name)
     if raw is None:
@@ -364,3 +382,17 @@ def _seconds(env: Mapping[str, str], name: str) -> float | None:
     if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT:
         raise ValueError(f"{name}={raw!r}: expected a positive number of seconds, at most {MAX_TIMEOUT:g}")
     return value
+
+
+def trace_settings(environ: Mapping[str, str] | None = None) -> tuple[str | None, int, str | None]:
+    """``(TENSORCOMM_TRACE, TENSORCOMM_FLIGHT_CALLS, TENSORCOMM_FLIGHT_DIR)``: the directory
+    that collects timelines (None: off), how many calls the flight recorder keeps (default
+    ``config.FLIGHT_CALLS``; 0: off), where it dumps them (None: the default).
+
+    Raises:
+        ValueError: ``TENSORCOMM_FLIGHT_CALLS`` is not a whole number >= 0.
+    """
+    env = os.environ if environ is None else environ
+    calls = _int(env, ENV_FLIGHT_CALLS, 0)
+    return (env.get(ENV_TRACE) or None, FLIGHT_CALLS if calls is None else calls,
+            env.get(ENV_FLIGHT_DIR) or None)
