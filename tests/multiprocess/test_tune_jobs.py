@@ -82,7 +82,8 @@ def test_the_per_user_default_file_is_read(tmp_path: Path) -> None:
     assert path is not None
     Path(path).parent.mkdir(parents=True)
     tuning_file(Path(path))
-    for names, said in job("auto", XDG_CACHE_HOME=str(cache)):
+    # empty counts as unset (the suite sets "off": tests/conftest.py)
+    for names, said in job("auto", XDG_CACHE_HOME=str(cache), **{config.ENV_TUNING_FILE: ""}):
         assert names == [TUNED["auto"]] and said == []
 
 
