@@ -78,7 +78,7 @@ def winners(measured: Mapping[int, Mapping[str, float]]) -> tuning.Rows:
             end += 1
         return end
 
-    rows: list[tuple[int | None, str]] = []
+    rows: list[tuple[int | None, str]] = []  # the last ends at the largest size measured
     start = 0
     while start < len(sizes):
         times = measured[sizes[start]]
@@ -86,8 +86,6 @@ def winners(measured: Mapping[int, Mapping[str, float]]) -> tuning.Rows:
                    key=lambda n: (reach(n, start), -times[n]))
         start = reach(name, start)
         rows.append((sizes[start - 1], name))
-    if rows:
-        rows[-1] = (None, rows[-1][1])
     return tuple(rows)
 
 
@@ -265,7 +263,7 @@ def _tune(args: argparse.Namespace, path: str, work: list[tuple[str, int, str, l
         measured_out.append({"transport": transport, "collective": collective, "members": members,
                              "times_us": {str(s): t for s, t in sorted(measured.items())}})
         print(f"{transport} {members} {collective}: " + ", ".join(
-            f"{name} up to {bound} B" if bound is not None else f"{name} above" for bound, name in rows))
+            f"{name} up to {bound} B" for bound, name in rows))
     _write(path, choices, measured_out)
     print(f"wrote {path}")
     return 0
