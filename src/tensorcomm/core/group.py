@@ -182,7 +182,7 @@ class Group:
         return plan
 
     def _run(self, plan: Plan, async_op: bool, *args: Any) -> Work | Any:
-        """Run ``plan``'s algorithm on ``args`` in this group's issue order.
+        """Run ``plan``'s algorithm on ``args`` in this group's issue order (``_call`` runs it).
 
         A call that fails ends the group on every member (see ``_failed``).
         """
@@ -190,53 +190,15 @@ class Group:
         team = target._team
         if team is None:
             raise target._not_member(target._world.rank)
-        engine = target._engine
-        if not async_op:  # the common case, inline on this thread: no closure, no extra frame
-            seq = engine.enter()
-            if seq is not None:
-                target._last_plan = plan
-                ctx = Ctx.of(team, seq, plan)
-                call = recorder.issue(team, plan, seq)
-                try:
-                    result = plan.run(ctx, *args)
-                except BaseException as exc:
-                    _failed(ctx, exc)  # the peers first, at once
-                    cause = _cause(ctx, exc)
-                    recorder.end(call, cause)
-                    if cause is exc:
-                        raise
-                    raise cause from exc
-                finally:
-                    engine.leave()
-                recorder.end(call)
-                return result
-
-        queued = recorder.issue(team, plan)
-
-        def body(seq: int) -> Any:
-            target._last_plan = plan
-            ctx = Ctx.of(team, seq, plan)
-            recorder.started(queued, seq)
-            try:
-                result = plan.run(ctx, *args)
-            except BaseException as exc:
-                _failed(ctx, exc)  # the peers first, at once
-                cause = _cause(ctx, exc)
-                recorder.end(queued, cause)
-                if cause is exc:
-                    raise
-                raise cause from exc
-            recorder.end(queued)
-            return result
-
+        call = recorder.issue(team, plan)
         try:
-            work = engine.submit(plan.label, body, async_op)
+            result = target._engine.submit(plan.label, _call, async_op, (target, team, plan, call, args))
         except ConcurrentUseError as exc:  # the ranks' orders may differ already: end the group
             target.abort(f"calls from two threads at once ({exc})")
             raise
         if async_op:
-            work.algorithm, work.transport = plan.algorithm, recorder.transport_name(team)
-        return work
+            result.algorithm, result.transport = plan.algorithm, recorder.transport_name(team)
+        return result
 
     def destroy(self) -> None:
         """Leave this group on this process: free its shared memory and fail its pending and
@@ -353,6 +315,30 @@ class Group:
 
     def __repr__(self) -> str:
         return f"Group(name={self.name!r}, ranks={list(self.ranks)})"
+
+
+def _call(seq: int, group: Group, team: Team, plan: Plan, call: int, args: tuple[Any, ...]) -> Any:
+    """Run call ``seq`` of ``group``: ``plan``'s algorithm on ``args``. The one place every
+    collective call runs, inline or queued (the engine calls it in issue order); ``call`` is its
+    flight-recorder entry (``trace.recorder.issue``).
+
+    A call that fails ends the group on every member (``_failed``), then raises what explains
+    the failure best (``_cause``).
+    """
+    group._last_plan = plan
+    ctx = Ctx.of(team, seq, plan)
+    recorder.started(call, seq)
+    try:
+        result = plan.run(ctx, *args)
+    except BaseException as exc:
+        _failed(ctx, exc)  # the peers first, at once
+        cause = _cause(ctx, exc)
+        recorder.end(call, cause)
+        if cause is exc:
+            raise
+        raise cause from exc
+    recorder.end(call)
+    return result
 
 
 def _cause(ctx: Ctx, error: BaseException) -> BaseException:
