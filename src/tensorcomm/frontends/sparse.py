@@ -235,7 +235,8 @@ def sparse_all_reduce(indices: Any, values: Any, dense_shape: Sequence[int], op:
         TypeError, ValueError: bad arguments here (mismatched lengths, non-integer indices, an
             index outside ``dense_shape``, an op other than SUM/AVG); a ValueError naming the
             ranks on every other member, since nothing is reduced.
-        CollectiveMismatchError: members passed different dense shapes, dtypes or sparse dimensions.
+        CollectiveMismatchError: members passed different dense shapes, value dtypes, numbers of
+            sparse dimensions, ops or algorithms.
     """
     fn = "sparse_all_reduce"
     g = validate.group(group, fn)
