@@ -164,8 +164,9 @@ def _linear(idx: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def _coalesce(positions: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each position once, ascending, with the sum of its rows, added left to right in input
-    order (so every member that coalesces the same entries gets the same bits)."""
+    """Each position once, ascending, with the sum of its rows in input order (left to right up
+    to ``_REPEATS_BY_ROUNDS`` repeats, numpy's ``reduceat`` beyond): every member that
+    coalesces the same entries gets the same bits."""
     if not positions.size:
         return positions, vals
     order = np.argsort(positions, kind="stable")
