@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tensorcomm import config
+from tensorcomm import cli, config
 from tensorcomm.algorithms import select, tuning
 from tensorcomm.bench import tune
 from tensorcomm.launch.env import LaunchConfigError
@@ -158,7 +158,32 @@ def test_member_counts(text: str, expected: list[int]) -> None:
     assert tune._ranks(text) == expected
 
 
+def test_default_member_counts() -> None:
+    assert tune.default_counts(1) == [2]
+    assert tune.default_counts(2) == [2]
+    assert tune.default_counts(8) == [2, 3, 4, 5, 6, 7, 8]
+    assert tune.default_counts(16) == [2, 4, 8, 16]
+    assert tune.default_counts(24) == [2, 4, 8, 16, 24]
+
+
 @pytest.mark.parametrize("text", ["1", "x", "", "2-x"])
 def test_bad_member_counts(text: str) -> None:
     with pytest.raises(LaunchConfigError, match="-n"):
         tune._ranks(text)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--transport", "nvlink"], "--transport"), (["frobnicate"], "COLLECTIVE"),
+    (["-b", "1X"], "size"), (["-f", "1"], "-f"), (["--rounds", "0"], "--rounds"), (["-n", "1"], "-n")])
+def test_usage_errors_return_2_naming_the_flag(argv: list[str], words: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["tune", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "usage: tensorcomm tune" in err and words in err
+
+
+def test_off_without_a_file_is_a_usage_error(monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv(config.ENV_TUNING_FILE, "off")
+    assert cli.main(["tune"]) == 2
+    assert "-o" in capsys.readouterr().err

@@ -29,6 +29,7 @@ from ..launch.env import LaunchConfigError
 from ..transports.shm.domain import SLOT_BYTES
 from . import check, runner
 from .control import JobFailed
+from .formulas import COLLECTIVES
 from .options import BenchOptions, parse_size, size_sweep
 from .peers.base import Task
 from .results import Row
@@ -90,10 +91,19 @@ def winners(measured: Mapping[int, Mapping[str, float]]) -> tuning.Rows:
     return tuple(rows)
 
 
+def default_counts(cores: int) -> list[int]:
+    """Every count from 2 to ``cores`` up to 8 cores; beyond, the powers of two and ``cores``
+    (selection takes the nearest tuned count for the others)."""
+    cores = max(2, cores)
+    if cores <= 8:
+        return list(range(2, cores + 1))
+    return sorted({1 << k for k in range(1, cores.bit_length()) if 1 << k <= cores} | {cores})
+
+
 def _ranks(text: str | None) -> list[int]:
     if text is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        return list(range(2, max(2, cores or 2) + 1))
+        return default_counts(cores or 2)
     out: list[int] = []
     for item in text.split(","):
         low, sep, high = item.strip().partition("-")
@@ -115,7 +125,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("collectives", nargs="*", metavar="COLLECTIVE",
                         help="what to tune (default: every collective with a choice)")
     parser.add_argument("-n", "--ranks", metavar="COUNTS",
-                        help="member counts, e.g. 2,4 or 2-8 (default 2 up to this process's cores)")
+                        help="member counts, e.g. 2,4 or 2-8 (default 2 up to this process's cores: "
+                             "all up to 8, then powers of two and the core count)")
     parser.add_argument("-b", "--minbytes", default="1K", metavar="SIZE", help="smallest size (default 1K)")
     parser.add_argument("-e", "--maxbytes", default="16M", metavar="SIZE", help="largest size (default 16M)")
     parser.add_argument("-f", "--stepfactor", type=float, default=4.0, metavar="F",
@@ -190,20 +201,29 @@ def _measure(args: argparse.Namespace, transport: str, collective: str, members:
 
 
 def _plan(args: argparse.Namespace) -> list[tuple[str, int, str, list[str]]]:
+    """``(transport, members, collective, rows)`` for everything to time, the flags checked.
+
+    Raises:
+        LaunchConfigError: a bad flag; the message names it.
+    """
     transports = [t.strip() for t in args.transport.split(",") if t.strip()]
     bad = [t for t in transports if t not in tuning.TRANSPORTS]
     if bad or not transports:
         raise LaunchConfigError(f"--transport: expected some of {', '.join(tuning.TRANSPORTS)}, "
                                 f"got {args.transport!r}")
-    wanted = args.collectives or select.collectives()
-    unknown = [c for c in wanted if c not in select.collectives()]
+    timed = [c for c in select.collectives() if c in COLLECTIVES]  # those bench can time
+    wanted = args.collectives or timed
+    unknown = [c for c in wanted if c not in timed]
     if unknown:
         raise LaunchConfigError(f"COLLECTIVE: unknown {', '.join(unknown)}; expected some of "
-                                f"{', '.join(select.collectives())}")
+                                f"{', '.join(timed)}")
+    size_sweep(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)  # checks them
     for value, flag in ((args.iters, "--iters"), (args.rounds, "--rounds"),
                         (args.time_budget, "--time-budget"), (args.timeout, "--timeout")):
         if value is not None and not value > 0:
             raise LaunchConfigError(f"{flag}: expected a positive number, got {value}")
+    if args.warmup is not None and args.warmup < 0:
+        raise LaunchConfigError(f"--warmup: expected a non-negative count, got {args.warmup}")
     return [(t, n, c, candidates(c, t)) for t in transports for n in _ranks(args.ranks)
             for c in wanted if len(candidates(c, t)) > 1]
 

@@ -68,8 +68,9 @@ def _reduction(group: Group, collective: str, fn: str, x: np.ndarray, op: Reduce
 def all_reduce(group: Group, x: np.ndarray, op: ReduceOpLike, async_op: bool,
                fn: str = "all_reduce") -> Work | None:
     """Reduce ``x`` across the group, in place on every member."""
-    x = _flat(x)
-    key = ("all_reduce", x.dtype, x.size, _op_key(op))
+    if x.ndim != 1:  # ``_flat`` and ``_op_key`` inline: this is the small-call path
+        x = x.reshape(-1)
+    key = ("all_reduce", x.dtype, x.size, op._value_ if type(op) is ReduceOp else _op_key(op))
     plan = group._plans.get(key)
     if plan is None:
         plan = group._keep_plan(key, _reduction(group, "all_reduce", fn, x, op, (x,)))

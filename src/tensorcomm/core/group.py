@@ -2,8 +2,9 @@
 
 Each group owns an ``Engine`` (issue order and sequence numbers), a ``Team`` (what the
 algorithms see of the group: transport, ranks, and the shared-memory domain when every member
-shares this host), its ``Plan`` per call shape (a bounded dictionary: the only cache of the
-per-call path, gone with the group), and builds one ``Ctx`` per call from them.
+shares this host, and the scratch memory its calls reuse), its ``Plan`` per call shape (a
+bounded dictionary: the only cache of the per-call path), both gone with the group, and builds
+one ``Ctx`` per call from them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ..trace import recorder
 from ..types import TransportKind
 from .elastic import agree
 from .engine import Engine
-from .split import split
+from .split import split as split_by_color
 from .work import Work
 
 PLANS_KEPT = 256  # call shapes a group remembers; the oldest is forgotten beyond that
@@ -296,7 +297,7 @@ class Group:
             ValueError: this process is not a member, or a value does not fit in 64 bits.
             CollectiveMismatchError: another member made a different call at this step.
         """
-        return split(self._target(), color, key)
+        return split_by_color(self._target(), color, key)
 
     def shrink(self, timeout: float | None = None) -> Group:
         """Agree with the other live members on who is left, and return a new group of them.
@@ -343,6 +344,8 @@ class Group:
             self._shm.abort(error, tell_peers=False)  # peers learn we left from close()
         self._engine.stop(error)
         self._plans.clear()  # they hold views of the domain's memory
+        if self._team is not None:
+            self._team.scratch.clear()
         if self._shm is not None:
             self._shm.close()
         for part in self._parts:
