@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..types import PremulSum, ReduceOp
-from .base import Ctx, Plan
+from .base import Ctx, Plan, Team
 from .kernels import Reduction, load, reduction
 
 __all__ = ["Reduction", "load", "reduction"]  # kernels' reduction descriptor, for the shm_* modules
@@ -45,6 +45,13 @@ def no_domain(where: Ctx | Plan) -> ValueError:
     name = where.label if isinstance(where, Plan) else where.name
     return ValueError(f"{name}: this algorithm needs a group whose members share a host "
                       "(the group has no shared-memory domain)")
+
+
+def domain(team: Team, plan: Plan) -> Any:
+    """The group's shared-memory domain, for a ``prepare``; raises ``no_domain`` without one."""
+    if team.shm is None:
+        raise no_domain(plan)
+    return team.shm
 
 
 # -- reductions -----------------------------------------------------------------------------------
