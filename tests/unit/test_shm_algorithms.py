@@ -254,6 +254,22 @@ def test_all_to_all_with_equal_blocks(group, count):
         np.testing.assert_array_equal(outs[r], expected)
 
 
+def test_all_to_all_one_slot_fast_path_follows_a_peer_that_needs_more_rounds():
+    g = Group(3)
+    k = 4
+    send_counts = [[k, k, 100], [k, k, k], [k, k, k]]  # rank 0's stream spans several slots
+    recv_counts = [[send_counts[q][r] for q in range(3)] for r in range(3)]
+    sends = [np.arange(sum(c), dtype=np.int32) + 1000 * r for r, c in enumerate(send_counts)]
+    outs = [np.zeros(sum(c), np.int32) for c in recv_counts]
+    g.call(lambda ctx: run(ctx, shm_alltoall.all_to_all, sends[ctx.rank], send_counts[ctx.rank],
+                           outs[ctx.rank], recv_counts[ctx.rank]),
+           signature("all_to_all", np.dtype(np.int32), UNCHECKED))
+    for r in range(3):
+        expected = [_split(sends[q], send_counts[q])[r] for q in range(3)]
+        np.testing.assert_array_equal(outs[r], np.concatenate(expected))
+    g.close()
+
+
 def test_all_to_all_size_disagreement_is_a_mismatch():
     g = Group(2)
     recv_counts = [[3, 5], [3, 3]]

@@ -38,6 +38,9 @@ class AllToAll:
         uniform: when every block this member gets has one size and the call fits one slot:
             where each member's header must place that block, and per slot parity each peer's
             block in its slot, typed; else None.
+        outgoing: when this member's stream fits one slot, per slot parity the places of its
+            blocks for the peers in its slot, typed (the one-slot fast path); else None.
+        nbytes: bytes of this member's stream (header included).
     """
 
     d: Any
@@ -47,6 +50,8 @@ class AllToAll:
     send_offsets: list[int]
     recv_offsets: list[int]
     uniform: tuple[list[list[int]], tuple[tuple[np.ndarray, ...], ...]] | None
+    outgoing: tuple[tuple[np.ndarray, ...], ...] | None
+    nbytes: int
 
 
 def prepare(team: Team, plan: Plan, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
@@ -70,7 +75,13 @@ def prepare(team: Team, plan: Plan, send: np.ndarray, send_counts: Sequence[int]
         views = tuple(tuple(d.inbox[q][p][header_bytes + places[q][0]:][:block].view(send.dtype)
                             for q in d.peers) for p in (0, 1))
         uniform = places, views
-    return AllToAll(d, header, headers, expected, bounds(send_counts), bounds(recv_counts), uniform)
+    nbytes = header_bytes + int(offsets[-1])
+    outgoing = None
+    if nbytes <= d.slot_bytes:
+        outgoing = tuple(tuple(d.inbox[r][p][header_bytes + offsets[j]:header_bytes + offsets[j + 1]]
+                               .view(send.dtype) for j in d.peers) for p in (0, 1))
+    return AllToAll(d, header, headers, expected, bounds(send_counts), bounds(recv_counts), uniform,
+                    outgoing, nbytes)
 
 
 def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
@@ -87,6 +98,18 @@ def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.n
     d, header, headers, expected, uniform = s.d, s.header, s.headers, s.expected, s.uniform
     send_offsets, recv_offsets, header_bytes = s.send_offsets, s.recv_offsets, s.header.size
     r, itemsize = d.rank, out.itemsize
+    started = None
+    if s.outgoing is not None and uniform is not None:  # one round, blocks of one size
+        started = parity = d.next_round()
+        d.inbox[r][parity][:header_bytes] = header
+        for j, place in zip(d.peers, s.outgoing[parity], strict=True):
+            place[...] = send[send_offsets[j]:send_offsets[j + 1]]
+        d.start(ctx, s.nbytes)
+        if headers[parity][:, r:r + 2].tolist() == uniform[0] and max(d.extents(ctx)) <= d.slot_bytes:
+            for q, block in zip(d.peers, uniform[1][parity], strict=True):
+                out[recv_offsets[q]:recv_offsets[q + 1]] = block
+            out[recv_offsets[r]:recv_offsets[r + 1]] = send[send_offsets[r]:send_offsets[r + 1]]
+            return
     raw = out.view(np.uint8)
     taken: list[tuple[int, int, int]] = []  # (peer, start, stop) of this member's block in its stream
     whole: list[tuple[np.ndarray, ...]] = []  # each peer's block in its slot, when that applies
@@ -120,5 +143,6 @@ def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.n
                 raw[base + a - start:base + b - start] = d.inbox[q][parity][a - lo:b - lo]
 
     blocks = [send[send_offsets[j]:send_offsets[j + 1]] for j in d.peers]
-    run_rounds(ctx, Stream.of(blocks, start=header_bytes), read, verify=verify, header=header)
+    run_rounds(ctx, Stream.of(blocks, start=header_bytes), read, verify=verify, header=header,
+               started=started)
     out[recv_offsets[r]:recv_offsets[r + 1]] = send[send_offsets[r]:send_offsets[r + 1]]
