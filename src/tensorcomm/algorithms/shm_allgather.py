@@ -44,7 +44,8 @@ class Gathered:
         offsets: element bounds of each member's block of the output.
         expected: bytes each member sends (its announced extent).
         slots: when the call fits one slot, per slot parity the members' slots as one strided
-            ``(members, count)`` array (equal counts) or one view per member; else None (rounds).
+            ``(members, count)`` array (equal counts, more than two members) or one view per
+            member; else None (rounds).
     """
 
     d: Any
@@ -63,7 +64,7 @@ def prepare(team: Team, plan: Plan, send: np.ndarray, out: Any, counts: Sequence
     expected = [count * itemsize for count in counts]
     if total * itemsize > d.slot_bytes:
         return Gathered(d, offsets, expected, None)
-    if len(set(counts)) == 1:
+    if len(set(counts)) == 1 and d.size > 2:  # two members: one view each copies with fewer calls
         return Gathered(d, offsets, expected, tuple(d.stacked(p, dtype, counts[0]) for p in (0, 1)))
     return Gathered(d, offsets, expected, tuple(
         tuple(d.inbox[q][p][:counts[q] * itemsize].view(dtype) for q in range(d.size)) for p in (0, 1)))
