@@ -37,6 +37,9 @@ def _make(group: Group, collective: str, nbytes: int, sig: Any, args: tuple[Any,
     """The plan of a new call shape; ``args`` are its first call's arguments, as the algorithm
     gets them (its row's ``prepare`` reads their shape)."""
     team = group._member_team()
+    stopped = group._engine.stopped
+    if stopped is not None:  # destroyed or aborted: its memory may be gone, plan nothing
+        raise stopped
     row = select.pick(collective, team, nbytes, group._world.algorithms.get(collective))
     log.debug("%s on group %r, %s: %s", collective, group.name, sig.describe(), row.name)
     return make_plan(row, f"{collective} on group {group.name!r}", sig, team, args, op, reduction)
