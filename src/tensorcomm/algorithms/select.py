@@ -173,9 +173,9 @@ ROWS: tuple[Row, ...] = (
     Row("barrier", "shm_counters", _shm, shm_barrier.barrier),
     Row("barrier", "hierarchical", _hierarchical, hier.barrier),
     Row("barrier", "dissemination", _always, barrier.dissemination),
-    Row("scan", "shm_prefix", _shm, scan.shm_prefix(inclusive=True)),
+    Row("scan", "shm_prefix", _shm, scan.shm_prefix(inclusive=True), scan.prepare_prefix(inclusive=True)),
     Row("scan", "recursive_doubling", _always, scan.recursive_doubling(inclusive=True)),
-    Row("exscan", "shm_prefix", _shm, scan.shm_prefix(inclusive=False)),
+    Row("exscan", "shm_prefix", _shm, scan.shm_prefix(inclusive=False), scan.prepare_prefix(inclusive=False)),
     Row("exscan", "recursive_doubling", _always, scan.recursive_doubling(inclusive=False)),
 )
 _BY_COLLECTIVE: dict[str, tuple[Row, ...]] = {}

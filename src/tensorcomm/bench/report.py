@@ -137,7 +137,8 @@ def header(options: BenchOptions, ranks: int, machine: Mapping[str, Any]) -> lis
 
 _COLUMNS = (("size(B)", ">12"), ("count", ">11"), ("type", ">9"), ("redop", ">6"),
             ("library", "<11"), ("time(us)", ">10"), ("min(us)", ">10"), ("max(us)", ">10"),
-            ("algbw(GB/s)", ">12"), ("busbw(GB/s)", ">12"), ("#wrong", ">7"), ("tc/peer", ">8"))
+            ("algbw(GB/s)", ">12"), ("busbw(GB/s)", ">12"), ("#wrong", ">7"), ("tc/peer", ">8"),
+            ("algorithm", "<"))
 # send_recv (point to point) in OSU's osu_latency terms: one-way latency and the bandwidth it implies.
 _OSU_COLUMNS = (("size(B)", ">12"), ("type", ">9"), ("library", "<11"), ("latency(us)", ">12"),
                 ("min(us)", ">10"), ("max(us)", ">10"), ("bandwidth(MB/s)", ">16"), ("#wrong", ">7"),
@@ -164,7 +165,7 @@ def _cells(row: Row, ratio: float | None, reduces: bool) -> list[str]:
     if row.time_us is None:
         return [*base, row.note]
     return [*base, _num(row.time_us, 1), _num(row.min_us, 1), _num(row.max_us, 1), _num(row.algbw),
-            _num(row.busbw), *tail]
+            _num(row.busbw), *tail, row.algorithm]
 
 
 def _line(cells: Sequence[str], columns: Sequence[tuple[str, str]] = _COLUMNS) -> str:

@@ -36,6 +36,7 @@ class Row:
     wrong: int | None  # None: not checked or not run
     iters: int  # timed calls, all rounds
     note: str = ""  # why there are no numbers ("n/a: ...", "failed: ...")
+    algorithm: str = ""  # what ran the calls, "algorithm/transport" (tensorcomm's rows only)
 
     def to_json(self) -> dict[str, Any]:
         """The row as a JSON-ready dict."""
@@ -61,7 +62,8 @@ def make_row(task: Task, library: str, ranks: int, itemsize: int,
     return Row(task.collective, library, ranks, size, task.count, task.dtype, op,
                median * 1e6, min(times) * 1e6, max(times) * 1e6, algbw(size, median),
                busbw(task.collective, size, median, ranks), sum(checked) if checked else None,
-               sum(int(m["iters"]) for m in measurements), note)
+               sum(int(m["iters"]) for m in measurements), note,
+               str(measurements[0].get("algorithm") or ""))
 
 
 def ratios(rows: Sequence[Row]) -> dict[tuple[str, int, str], float]:

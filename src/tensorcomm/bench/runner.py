@@ -174,7 +174,8 @@ def local_run(peer: Any, plan: Plan) -> Run:
             case = peer.case(task)
         except Unsupported as exc:
             return {"unsupported": str(exc)}
-        return {"done": asdict(measure(case, peer.barrier, peer, plan))}
+        done = asdict(measure(case, peer.barrier, peer, plan))
+        return {"done": {**done, "algorithm": getattr(case, "algorithm", "")}}
     return run
 
 

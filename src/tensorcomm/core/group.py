@@ -2,8 +2,9 @@
 
 Each group owns an ``Engine`` (issue order and sequence numbers), a ``Team`` (what the
 algorithms see of the group: transport, ranks, and the shared-memory domain when every member
-shares this host), its ``Plan`` per call shape (a bounded dictionary: the only cache of the
-per-call path, gone with the group), and builds one ``Ctx`` per call from them.
+shares this host, and the scratch memory its calls reuse), its ``Plan`` per call shape (a
+bounded dictionary: the only cache of the per-call path), both gone with the group, and builds
+one ``Ctx`` per call from them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ..trace import recorder
 from ..types import TransportKind
 from .elastic import agree
 from .engine import Engine
-from .split import split
+from .split import split as split_by_color
 from .work import Work
 
 PLANS_KEPT = 256  # call shapes a group remembers; the oldest is forgotten beyond that
@@ -181,7 +182,7 @@ class Group:
         return plan
 
     def _run(self, plan: Plan, async_op: bool, *args: Any) -> Work | Any:
-        """Run ``plan``'s algorithm on ``args`` in this group's issue order.
+        """Run ``plan``'s algorithm on ``args`` in this group's issue order (``_call`` runs it).
 
         A call that fails ends the group on every member (see ``_failed``).
         """
@@ -189,53 +190,15 @@ class Group:
         team = target._team
         if team is None:
             raise target._not_member(target._world.rank)
-        engine = target._engine
-        if not async_op:  # the common case, inline on this thread: no closure, no extra frame
-            seq = engine.enter()
-            if seq is not None:
-                target._last_plan = plan
-                ctx = Ctx.of(team, seq, plan)
-                call = recorder.issue(team, plan, seq)
-                try:
-                    result = plan.run(ctx, *args)
-                except BaseException as exc:
-                    _failed(ctx, exc)  # the peers first, at once
-                    cause = _cause(ctx, exc)
-                    recorder.end(call, cause)
-                    if cause is exc:
-                        raise
-                    raise cause from exc
-                finally:
-                    engine.leave()
-                recorder.end(call)
-                return result
-
-        queued = recorder.issue(team, plan)
-
-        def body(seq: int) -> Any:
-            target._last_plan = plan
-            ctx = Ctx.of(team, seq, plan)
-            recorder.started(queued, seq)
-            try:
-                result = plan.run(ctx, *args)
-            except BaseException as exc:
-                _failed(ctx, exc)  # the peers first, at once
-                cause = _cause(ctx, exc)
-                recorder.end(queued, cause)
-                if cause is exc:
-                    raise
-                raise cause from exc
-            recorder.end(queued)
-            return result
-
+        call = recorder.issue(team, plan)
         try:
-            work = engine.submit(plan.label, body, async_op)
+            result = target._engine.submit(plan.label, _call, async_op, (target, team, plan, call, args))
         except ConcurrentUseError as exc:  # the ranks' orders may differ already: end the group
             target.abort(f"calls from two threads at once ({exc})")
             raise
         if async_op:
-            work.algorithm, work.transport = plan.algorithm, recorder.transport_name(team)
-        return work
+            result.algorithm, result.transport = plan.algorithm, recorder.transport_name(team)
+        return result
 
     def destroy(self) -> None:
         """Leave this group on this process: free its shared memory and fail its pending and
@@ -296,7 +259,7 @@ class Group:
             ValueError: this process is not a member, or a value does not fit in 64 bits.
             CollectiveMismatchError: another member made a different call at this step.
         """
-        return split(self._target(), color, key)
+        return split_by_color(self._target(), color, key)
 
     def shrink(self, timeout: float | None = None) -> Group:
         """Agree with the other live members on who is left, and return a new group of them.
@@ -343,6 +306,8 @@ class Group:
             self._shm.abort(error, tell_peers=False)  # peers learn we left from close()
         self._engine.stop(error)
         self._plans.clear()  # they hold views of the domain's memory
+        if self._team is not None:
+            self._team.scratch.clear()
         if self._shm is not None:
             self._shm.close()
         for part in self._parts:
@@ -350,6 +315,30 @@ class Group:
 
     def __repr__(self) -> str:
         return f"Group(name={self.name!r}, ranks={list(self.ranks)})"
+
+
+def _call(seq: int, group: Group, team: Team, plan: Plan, call: int, args: tuple[Any, ...]) -> Any:
+    """Run call ``seq`` of ``group``: ``plan``'s algorithm on ``args``. The one place every
+    collective call runs, inline or queued (the engine calls it in issue order); ``call`` is its
+    flight-recorder entry (``trace.recorder.issue``).
+
+    A call that fails ends the group on every member (``_failed``), then raises what explains
+    the failure best (``_cause``).
+    """
+    group._last_plan = plan
+    ctx = Ctx.of(team, seq, plan)
+    recorder.started(call, seq)
+    try:
+        result = plan.run(ctx, *args)
+    except BaseException as exc:
+        _failed(ctx, exc)  # the peers first, at once
+        cause = _cause(ctx, exc)
+        recorder.end(call, cause)
+        if cause is exc:
+            raise
+        raise cause from exc
+    recorder.end(call)
+    return result
 
 
 def _cause(ctx: Ctx, error: BaseException) -> BaseException:

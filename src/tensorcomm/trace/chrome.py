@@ -26,6 +26,7 @@ FORMAT = "tensorcomm-trace-1"
 _lock = threading.Lock()
 _out: IO[str] | None = None
 _pending: list[tuple[Any, ...]] = []
+_prefixes: dict[tuple[Any, ...], str] = {}  # per kind of call: its event's fixed part (_event)
 _rank = 0
 
 
@@ -38,19 +39,24 @@ def _collect(call: recorder.Call) -> None:
         _flush()
 
 
-def _event(row: tuple[Any, ...]) -> dict[str, Any]:
-    from ..signature import SUPPORTED_DTYPES
-
+def _event(row: tuple[Any, ...], prefixes: dict[tuple[Any, ...], str]) -> str:
+    """One call as a JSON object (a complete event, ``ph: X``); what is the same for every call
+    of a plan is formatted once (``prefixes``)."""
     start, end, seq, label, sig, group, group_id, algorithm, transport, state = row
-    dtype = SUPPORTED_DTYPES[sig.dtype - 1] if 0 < sig.dtype <= len(SUPPORTED_DTYPES) else None
-    elements = sig.elements if sig.elements >= 0 else None
-    return {
-        "name": label.split(" ", 1)[0], "cat": "collective", "ph": "X", "pid": _rank, "tid": group_id,
-        "ts": start / 1000, "dur": max(0, end - start) / 1000,
-        "args": {"seq": seq, "call": sig.describe(), "dtype": None if dtype is None else dtype.name,
-                 "bytes": None if dtype is None or elements is None else elements * dtype.itemsize,
-                 "group": group, "algorithm": algorithm, "transport": transport, "state": state},
-    }
+    key = (label, sig, group, group_id, algorithm, transport, state)
+    prefix = prefixes.get(key)
+    if prefix is None:
+        from ..signature import SUPPORTED_DTYPES
+
+        dtype = SUPPORTED_DTYPES[sig.dtype - 1] if 0 < sig.dtype <= len(SUPPORTED_DTYPES) else None
+        nbytes = None if dtype is None or sig.elements < 0 else sig.elements * dtype.itemsize
+        args = json.dumps({"call": sig.describe(), "dtype": None if dtype is None else dtype.name,
+                           "bytes": nbytes, "group": group, "algorithm": algorithm,
+                           "transport": transport, "state": state})
+        prefix = prefixes[key] = (
+            f'{{"name": {json.dumps(label.split(" ", 1)[0])}, "cat": "collective", "ph": "X", '
+            f'"pid": {_rank}, "tid": {group_id}, "args": {args[:-1]}, "seq": ')
+    return f'{prefix}{seq}}}, "ts": {start / 1000:.3f}, "dur": {max(0, end - start) / 1000:.3f}}},\n'
 
 
 def _flush() -> None:
@@ -59,7 +65,7 @@ def _flush() -> None:
         del _pending[:len(rows)]
         if _out is None or not rows:
             return
-        _out.write("".join(json.dumps(_event(row)) + ",\n" for row in rows))
+        _out.write("".join([_event(row, _prefixes) for row in rows]))
         _out.flush()
 
 
@@ -93,6 +99,7 @@ def start(directory: str | os.PathLike[str]) -> str:
               "clock_sync_ns": stamps}
     with _lock:
         _rank = rank
+        _prefixes.clear()
         _out = open(path, "w")  # noqa: SIM115 - closed by stop()
         name = {"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}}
         _out.write('{"tensorcomm": ' + json.dumps(header) + ',\n"traceEvents": [\n')

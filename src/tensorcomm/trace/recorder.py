@@ -46,7 +46,7 @@ class Call:
     """
 
     __slots__ = ("index", "state", "seq", "team", "plan_label", "signature", "algorithm",
-                 "issued", "started_at", "ended", "code", "line", "error")
+                 "issued", "started_at", "ended", "code", "offset", "error")
 
     index: int
     state: str
@@ -59,7 +59,7 @@ class Call:
     started_at: int
     ended: int
     code: CodeType | None
-    line: int
+    offset: int  # of the caller's current instruction in ``code``
     error: str | None
 
     def to_json(self) -> dict[str, Any]:
@@ -75,9 +75,18 @@ class Call:
             "signature": list(sig), "algorithm": self.algorithm, "transport": transport_name(team),
             "issued_ns": self.issued, "started_ns": None if state == ISSUED else self.started_at,
             "ended_ns": self.ended if state in (COMPLETED, FAILED) else None,
-            "site": None if code is None else f"{code.co_filename}:{self.line} ({code.co_name})",
+            "site": None if code is None
+            else f"{code.co_filename}:{_line(code, self.offset)} ({code.co_name})",
             "error": self.error if state == FAILED else None,
         }
+
+
+def _line(code: CodeType, offset: int) -> int:
+    """The source line of the instruction at ``offset`` in ``code``."""
+    for start, end, line in code.co_lines():
+        if start <= offset < end:
+            return line or 0
+    return 0
 
 
 def transport_name(team: Team) -> str:
@@ -91,6 +100,8 @@ def transport_name(team: Team) -> str:
 
 
 _size = FLIGHT_CALLS
+_now = time.time_ns
+_getframe = sys._getframe
 # The ring's entries are made once and overwritten in place: a call allocates nothing the
 # garbage collector tracks. A call holds its entry by index; ``index % _size`` finds it, and an
 # entry whose ``index`` differs has been reused since (that call's updates are dropped).
@@ -150,14 +161,14 @@ def _caller_frame() -> FrameType | None:
     internal = _internal
     global _depth
     try:
-        inner = sys._getframe(_depth)  # 0: this function, 1: issue, 2: issue's caller
+        inner = _getframe(_depth)  # 0: this function, 1: issue, 2: issue's caller
     except ValueError:
         inner = None
     outer = None if inner is None else inner.f_back
     if inner is not None and outer is not None and internal.get(inner.f_code) is True \
             and internal.get(outer.f_code) is False:
         return outer
-    frame: FrameType | None = sys._getframe(2)
+    frame: FrameType | None = _getframe(2)
     depth = 2
     while frame is not None:
         code = frame.f_code
@@ -188,10 +199,10 @@ def issue(team: Team, plan: Plan, seq: int | None = None) -> int:
     call.algorithm = plan.algorithm
     frame = _caller_frame()
     if frame is None:
-        call.code, call.line = None, 0
-    else:
-        call.code, call.line = frame.f_code, frame.f_lineno
-    call.issued = call.started_at = time.time_ns()  # a queued call's start is set by started()
+        call.code, call.offset = None, 0
+    else:  # the line is found from the instruction offset when dumped: f_lineno costs more
+        call.code, call.offset = frame.f_code, frame.f_lasti
+    call.issued = call.started_at = _now()  # a queued call's start is set by started()
     if seq is None:
         call.state, call.seq = ISSUED, None
     else:
@@ -207,7 +218,7 @@ def started(index: int, seq: int) -> None:
         call = ring[index % len(ring)]
         if call.index == index:
             call.seq = seq
-            call.started_at = time.time_ns()
+            call.started_at = _now()
             call.state = STARTED
 
 
@@ -219,7 +230,7 @@ def end(index: int, error: BaseException | None = None) -> None:
     call = ring[index % len(ring)] if ring else None
     if call is None or call.index != index:
         return
-    call.ended = time.time_ns()
+    call.ended = _now()
     if error is None:
         call.state = COMPLETED
     else:

@@ -54,6 +54,7 @@ class ArrayCase(Case):
     """
 
     run: Callable[[], object]
+    algorithm = ""  # what runs the calls, where the library says (the table's algorithm column)
 
     def __init__(self, task: Task, ranks: int, rank: int) -> None:
         self.task, self.ranks, self.rank = task, ranks, rank
