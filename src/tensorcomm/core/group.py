@@ -190,15 +190,15 @@ class Group:
         team = target._team
         if team is None:
             raise target._not_member(target._world.rank)
-        call = recorder.issue(team, plan)
+        index = recorder.issue(team, plan)  # -1 (and nothing else) while tracing is off
         try:
-            result = target._engine.submit(plan.label, _call, async_op, (target, team, plan, call, args))
+            work = target._engine.submit(plan.label, _call, async_op, (target, team, plan, args, index))
         except ConcurrentUseError as exc:  # the ranks' orders may differ already: end the group
             target.abort(f"calls from two threads at once ({exc})")
             raise
         if async_op:
-            result.algorithm, result.transport = plan.algorithm, recorder.transport_name(team)
-        return result
+            work.algorithm, work.transport = plan.algorithm, recorder.transport_name(team)
+        return work
 
     def destroy(self) -> None:
         """Leave this group on this process: free its shared memory and fail its pending and
@@ -305,7 +305,10 @@ class Group:
         if self._shm is not None:
             self._shm.abort(error, tell_peers=False)  # peers learn we left from close()
         self._engine.stop(error)
-        self._plans.clear()  # they hold views of the domain's memory
+        for plan in (*self._plans.values(), self._last_plan):  # ``last_call`` keeps one
+            if plan is not None:
+                plan.state = None  # views of the domain's memory: it cannot close under them
+        self._plans.clear()
         if self._team is not None:
             self._team.scratch.clear()
         if self._shm is not None:
@@ -317,27 +320,30 @@ class Group:
         return f"Group(name={self.name!r}, ranks={list(self.ranks)})"
 
 
-def _call(seq: int, group: Group, team: Team, plan: Plan, call: int, args: tuple[Any, ...]) -> Any:
+def _call(seq: int, group: Group, team: Team, plan: Plan, args: tuple[Any, ...], index: int) -> Any:
     """Run call ``seq`` of ``group``: ``plan``'s algorithm on ``args``. The one place every
-    collective call runs, inline or queued (the engine calls it in issue order); ``call`` is its
-    flight-recorder entry (``trace.recorder.issue``).
+    collective call runs, inline or queued (the engine calls it in issue order); ``index`` is
+    the call's trace record (``trace.recorder``; -1 when tracing is off).
 
     A call that fails ends the group on every member (``_failed``), then raises what explains
     the failure best (``_cause``).
     """
     group._last_plan = plan
     ctx = Ctx.of(team, seq, plan)
-    recorder.started(call, seq)
+    if index >= 0:
+        recorder.started(index, seq)
     try:
         result = plan.run(ctx, *args)
     except BaseException as exc:
         _failed(ctx, exc)  # the peers first, at once
         cause = _cause(ctx, exc)
-        recorder.end(call, cause)
+        if index >= 0:
+            recorder.end(index, cause)
         if cause is exc:
             raise
         raise cause from exc
-    recorder.end(call)
+    if index >= 0:
+        recorder.end(index)
     return result
 
 

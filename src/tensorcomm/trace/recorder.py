@@ -268,11 +268,13 @@ def dump(reason: str) -> str | None:
         return None
     rank, size = _rank, _world_size
     with _lock:
-        _dumps.append({"reason": reason, "time_ns": time.time_ns()})
+        entries = [call.to_json() for call in calls()]
+        in_flight = [{key: entry[key] for key in ("group", "ranks", "seq", "call", "state")}
+                     for entry in entries if entry["state"] in (ISSUED, STARTED)]
+        _dumps.append({"reason": reason, "time_ns": time.time_ns(), "in_flight": in_flight})
         record = {
             "format": "tensorcomm-flight-1", "rank": rank, "world_size": size, "pid": os.getpid(),
-            "host": socket.gethostname(), "dumps": list(_dumps),
-            "calls": [call.to_json() for call in calls()],
+            "host": socket.gethostname(), "dumps": list(_dumps), "calls": entries,
         }
         directory = dump_dir()
         name = f"rank{rank}.json" if rank is not None else f"pid{os.getpid()}.json"
