@@ -132,7 +132,8 @@ def main() -> None:
         for d, t in result.items():
             counts = [max(int(rows * d), 1)] * args.ranks
             ratio = sum(counts) * (8 + args.dim * 4) / (rows * args.dim * 4)
-            pick = sparse.choose(counts, (rows, args.dim), 1, 4)
+            kind = tc.TransportKind.TCP if transport == "tcp" else tc.TransportKind.SHM
+            pick = sparse.choose(counts, (rows, args.dim), 1, 4, kind)
             print(f"{d:>8.2f}{ratio:>22.2f}{t['gather']:>11.2f}{t['dense']:>10.2f}"
                   f"{t['dense'] / t['gather']:>14.2f}{pick:>12}")
     else:

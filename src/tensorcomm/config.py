@@ -58,7 +58,7 @@ SOCKET_BUFFER_BYTES = 4 << 20
 # 10 Gbit/s (benchmarks/multihost_allreduce.py), 256 KiB chunks ran 0.53-0.65x Gloo at 16-256 MiB;
 # 1, 4 and 16 MiB were within that loaded machine's noise of each other (0.7-1.06x).
 TCP_CHUNK_BYTES = 1 << 20
-# Largest scratch buffer a transport keeps for its algorithms' next call (Transport.scratch).
+# Largest scratch buffer a group keeps for its algorithms' next call (algorithms.base.Scratch).
 SCRATCH_KEEP_BYTES = 512 << 20
 WIRE_DTYPES = ("bfloat16", "float16")  # what ENV_WIRE_DTYPE accepts
 LINK_PROTECTIONS = ("headers", "mac", "encrypt")  # what ENV_LINK_PROTECTION accepts, weakest first

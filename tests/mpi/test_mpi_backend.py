@@ -92,3 +92,10 @@ def test_dead_rank_ends_the_job():
 def test_destroy_and_init_again():
     results = check(mpirun(2, "reinit", timeout=180, env=MPI_ONLY), 2)
     assert results == [[1, 3, 5]] * 2, results
+
+
+@pytest.mark.timeout(300)
+def test_split_and_scan_over_mpi():
+    bodies = [f"multiprocess/test_split_scan:body_{name}" for name in (
+        "scan_every_op_and_dtype", "scan_async_groups_and_objects", "split")]
+    check(mpirun(3, "bodies", *bodies, timeout=280, env=MPI_ONLY), 3)

@@ -65,9 +65,13 @@ def body_scan_every_op_and_dtype() -> None:
         inputs = [rank_data(r, count, dtype, op=op) for r in range(size)]
         x = inputs[rank].copy()
         tc.scan(x, op=op)
+        assert tc.WORLD.last_call.collective == "scan"
         _check(x, _prefix(op, inputs, rank), op, f"scan {op} {np.dtype(dtype)} x{count}")
         y = inputs[rank].copy()
-        tc.exscan(y, op=op)
+        work = tc.exscan(y, op=op, async_op=True)
+        work.wait(timeout=60)
+        assert work.algorithm == ("shm_prefix" if tc.WORLD.transport_kind is tc.TransportKind.SHM
+                                  else "recursive_doubling"), work.algorithm
         what = f"exscan {op} {np.dtype(dtype)} x{count}"
         if rank == 0:
             np.testing.assert_array_equal(y, inputs[0], err_msg=what + " (rank 0 left as it was)")

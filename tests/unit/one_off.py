@@ -23,7 +23,7 @@ def one_off_ctx(transport: Any, ranks: Sequence[int], rank: int, group_id: int, 
     return Ctx.of(team, seq, Plan(name, signature, "", _no_algorithm))
 
 
-REDUCTIONS = ("all_reduce", "reduce", "reduce_scatter")  # their last argument is the op
+REDUCTIONS = ("all_reduce", "reduce", "reduce_scatter", "scan", "exscan")  # their last argument is the op
 
 
 def run(ctx: Ctx, fn: Any, *args: Any) -> Any:

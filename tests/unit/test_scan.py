@@ -11,15 +11,18 @@ import time
 
 import ml_dtypes
 import numpy as np
+import one_off  # same directory
 import pytest
 from test_algorithms import TIERED_SIZES, run_ranks  # same directory
 from test_shm_algorithms import SLOT, Group  # same directory
 
-from tensorcomm.algorithms import kernels, scan
+from tensorcomm import config
+from tensorcomm.algorithms import kernels, scan, select
 from tensorcomm.algorithms.base import Ctx
 from tensorcomm.errors import GroupAbortedError
 from tensorcomm.signature import signature
 from tensorcomm.testing import rank_data
+from tensorcomm.transports.loopback import run_threads
 from tensorcomm.transports.shm import slots
 from tensorcomm.types import PremulSum, ReduceOp
 
@@ -31,6 +34,12 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 CUMULATIVE = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum,
               ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and, ReduceOp.BOR: np.bitwise_or,
               ReduceOp.BXOR: np.bitwise_xor}
+
+
+def algorithm(inclusive: bool, name: str):
+    """The row's function of ``select.ROWS`` (``one_off.run`` prepares its plan as the core does)."""
+    return next(row.fn for row in select.ROWS
+                if row.collective == ("scan" if inclusive else "exscan") and row.name == name)
 
 
 def valid(op, dtype) -> bool:
@@ -71,7 +80,7 @@ def assert_prefix(got: np.ndarray, expected: np.ndarray, op, what: str) -> None:
 @pytest.mark.parametrize("inclusive", [True, False], ids=["scan", "exscan"])
 @pytest.mark.parametrize("size", TIERED_SIZES)
 def test_recursive_doubling_matches_numpy_cumulative_ops(size, inclusive):
-    run = scan.recursive_doubling(inclusive)
+    fn = algorithm(inclusive, "recursive_doubling")
     cases = [(op, np.dtype(dtype), count) for op in OPS for dtype in DTYPES if valid(op, dtype)
              for count in (0, 1, 37)]
 
@@ -80,7 +89,7 @@ def test_recursive_doubling_matches_numpy_cumulative_ops(size, inclusive):
         for op, dtype, count in cases:
             ctx = next_ctx()
             x = rank_data(ctx.rank, count, dtype, op=op)
-            run(ctx, x, op)
+            one_off.run(ctx, fn, x, op)
             results.append(x)
         return results
 
@@ -96,19 +105,44 @@ def test_recursive_doubling_matches_numpy_cumulative_ops(size, inclusive):
                 assert_prefix(got, expected, op, what)
 
 
+@pytest.mark.parametrize("size", [2, 3, 5])
+def test_recursive_doubling_in_chunks(size, monkeypatch):
+    """Blocks travel in several messages of one step (the transport keeps them in order), each
+    combined as it arrives."""
+    monkeypatch.setattr(config, "TCP_CHUNK_BYTES", 40)  # 5 float64 per message
+    count = 37
+
+    def rank_main(transport):
+        results = []
+        for seq, inclusive in enumerate((True, False)):
+            ctx = one_off.one_off_ctx(transport, range(size), transport.rank, group_id=1, seq=seq,
+                                      timeout=15.0)
+            x = rank_data(transport.rank, count, np.float64)
+            one_off.run(ctx, algorithm(inclusive, "recursive_doubling"), x, ReduceOp.SUM)
+            results.append(x)
+        return results
+
+    per_rank = run_threads(size, rank_main, timeout=60)
+    running = np.cumsum([rank_data(r, count, np.float64) for r in range(size)], axis=0)
+    for r in range(size):
+        np.testing.assert_array_equal(per_rank[r][0], running[r])
+        exclusive = running[r - 1] if r else rank_data(0, count, np.float64)
+        np.testing.assert_array_equal(per_rank[r][1], exclusive)
+
+
 def test_recursive_doubling_keeps_lower_ranks_on_the_left():
     """Signed zeros tie under MIN/MAX, and numpy returns one operand or the other: the result is
     bit for bit numpy's left-to-right accumulation at every rank."""
     size = 6
     values = [np.array([0.0, -0.0, 0.0], np.float64) * (-1) ** r for r in range(size)]
-    run = scan.recursive_doubling(True)
+    fn = algorithm(True, "recursive_doubling")
 
     def body(next_ctx):
         out = []
         for op in (ReduceOp.MIN, ReduceOp.MAX):
             ctx = next_ctx()
             x = values[ctx.rank].copy()
-            run(ctx, x, op)
+            one_off.run(ctx, fn, x, op)
             out.append(x)
         return out
 
@@ -124,7 +158,7 @@ def test_recursive_doubling_keeps_lower_ranks_on_the_left():
 @pytest.mark.parametrize("size", [1, 2, 3, pytest.param(5, marks=pytest.mark.slow)])
 def test_shm_prefix_matches_numpy_cumulative_ops(size, inclusive):
     group = Group(size)
-    run = scan.shm_prefix(inclusive)
+    fn = algorithm(inclusive, "shm_prefix")
     try:
         for op in OPS:
             for dtype in map(np.dtype, DTYPES):
@@ -134,7 +168,7 @@ def test_shm_prefix_matches_numpy_cumulative_ops(size, inclusive):
                 for count in (0, 7, 5 * SLOT // kernels.accumulation_dtype(op, dtype).itemsize + 3):
                     inputs = [rank_data(r, count, dtype, op=op) for r in range(size)]
                     arrays = [a.copy() for a in inputs]
-                    group.call(lambda ctx, arrays=arrays, op=op: run(ctx, arrays[ctx.rank], op),
+                    group.call(lambda ctx, arrays=arrays, op=op: one_off.run(ctx, fn, arrays[ctx.rank], op),
                                signature("scan" if inclusive else "exscan", dtype, count, op))
                     for r, expected in enumerate(expected_prefixes(op, inputs, inclusive)):
                         what = f"{op} {dtype} x{count} rank {r}"
@@ -164,7 +198,7 @@ def test_a_failed_multi_round_shm_scan_leaves_the_array_untouched():
             time.sleep(0.3)
             d.abort(GroupAbortedError("peer gave up"))
             raise GroupAbortedError("gave up on purpose")
-        scan.shm_prefix(True)(ctx, array, ReduceOp.SUM)
+        one_off.run(ctx, algorithm(True, "shm_prefix"), array, ReduceOp.SUM)
 
     try:
         with pytest.raises(GroupAbortedError):

@@ -130,16 +130,21 @@ def test_compression_leaves_other_ops_and_dtypes_exact():
         np.testing.assert_allclose(wide, exact, rtol=1e-12)
 
 
-def test_scratch_is_reused_between_calls_and_bounded(monkeypatch):
-    from tensorcomm.transports.loopback import LoopbackHub
+def test_scratch_is_reused_between_calls_bounded_and_freed_with_its_owner(monkeypatch):
+    from tensorcomm.algorithms.base import Scratch
 
-    transport = LoopbackHub(1).transport(0)
-    first = transport.scratch((1, "inbox"), 64)
-    assert np.shares_memory(first, transport.scratch((1, "inbox"), 32))  # reused, no new pages
-    assert not np.shares_memory(first, transport.scratch((2, "inbox"), 64))  # per group
+    u8 = np.dtype(np.uint8)
+    scratch, other_group = Scratch(), Scratch()
+    first = scratch.take("inbox", 64, u8)
+    assert np.shares_memory(first, scratch.take("inbox", 32, u8))  # reused, no new pages
+    assert scratch.take("inbox", 8, np.dtype(np.float32)).dtype == np.float32
+    assert not np.shares_memory(first, scratch.take("outbox", 64, u8))  # per purpose
+    assert not np.shares_memory(first, other_group.take("inbox", 64, u8))  # per group
+    scratch.clear()  # the group is gone: its memory goes with it
+    assert not np.shares_memory(first, scratch.take("inbox", 64, u8))
     monkeypatch.setattr(config, "SCRATCH_KEEP_BYTES", 100)
-    big = transport.scratch((1, "inbox"), 128)  # above the bound: fresh, and not kept
-    assert big.size == 128 and not np.shares_memory(big, transport.scratch((1, "inbox"), 128))
+    big = scratch.take("inbox", 128, u8)  # above the bound: fresh, and not kept
+    assert big.size == 128 and not np.shares_memory(big, scratch.take("inbox", 128, u8))
 
 
 def test_wire_dtype_variable_is_checked():

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import config
 from ..types import ReduceOp
 from .allgather import bounds, even_counts, ring_inplace
 from .base import Ctx, Request
-from .kernels import combine
+from .kernels import ufunc
 from .reduce_scatter import ring_reduce
 from .wire import chunk_elements, compressed, recv_chunked, round_to, scratch, send_chunked, spans
 
@@ -54,27 +55,34 @@ def recursive_doubling(ctx: Ctx, buf: np.ndarray, op: ReduceOp, source: np.ndarr
     their own value to the wire dtype first (each then adds the same two rounded values), and the
     result is rounded once more at the end. Scratch: one buffer (two with compression).
     """
-    p = 1 << (ctx.size.bit_length() - 1)
-    wire = compressed(ctx, buf.dtype, op)
+    n, rank = ctx.size, ctx.rank
+    p = 1 << (n.bit_length() - 1)
+    extra = n - p
+    wire = None if ctx.transport.wire_dtype is None else compressed(ctx, buf.dtype, op)
+    fn = ufunc(op)
     unfold_step = p.bit_length()  # fold is step 0, the rounds are steps 1 .. log2(p)
-    folded = _fold(ctx, buf, op, buf if source is None else source, wire, unfold_step)
-    if folded is None:
-        return
-    virtual, mine = folded
-    incoming = scratch(ctx, "incoming", buf.size, buf.dtype if wire is None else wire)
+    virtual, mine = rank, buf if source is None else source
+    if extra or n == 1:
+        folded = _fold(ctx, buf, fn, mine, wire, unfold_step)
+        if folded is None:
+            return
+        virtual, mine = folded
+    incoming = ctx.team.scratch.take("incoming", buf.size, buf.dtype if wire is None else wire)
     mask, step = 1, 1
     while mask < p:
-        partner = _real_rank(ctx, virtual ^ mask)
-        _exchange(ctx, partner, partner, mine, buf, incoming, step, op, wire,
+        partner = virtual ^ mask
+        partner = 2 * partner + 1 if partner < extra else partner + extra  # its group rank
+        _exchange(ctx, partner, partner, mine, buf, incoming, step, fn, wire,
                   partner_first=bool(virtual & mask))
         mine = buf
         mask, step = mask * 2, step + 1
     if wire is not None:
         round_to(wire, buf)
-    _unfold(ctx, buf, wire, unfold_step)
+    if rank < 2 * extra:
+        _unfold(ctx, buf, wire, unfold_step)
 
 
-def _fold(ctx: Ctx, buf: np.ndarray, op: ReduceOp, mine: np.ndarray, wire: np.dtype | None,
+def _fold(ctx: Ctx, buf: np.ndarray, fn: np.ufunc, mine: np.ndarray, wire: np.dtype | None,
           unfold_step: int) -> tuple[int, np.ndarray] | None:
     """Fold the ranks beyond the largest power of two p: rank 2i (i < size - p) sends ``mine`` to
     rank 2i + 1, which combines it into ``buf`` (the sender's value on the left), and waits for
@@ -94,7 +102,7 @@ def _fold(ctx: Ctx, buf: np.ndarray, op: ReduceOp, mine: np.ndarray, wire: np.dt
         recv_chunked(ctx, r + 1, buf, unfold_step, wire)
         return None
     incoming = scratch(ctx, "incoming", buf.size, buf.dtype if wire is None else wire)
-    _exchange(ctx, None, r - 1, mine, buf, incoming, 0, op, wire, partner_first=True)
+    _exchange(ctx, None, r - 1, mine, buf, incoming, 0, fn, wire, partner_first=True)
     return r // 2, buf
 
 
@@ -112,26 +120,44 @@ def _unfold(ctx: Ctx, buf: np.ndarray, wire: np.dtype | None, unfold_step: int) 
 
 
 def _exchange(ctx: Ctx, dst: int | None, src: int, mine: np.ndarray, buf: np.ndarray,
-              incoming: np.ndarray, step: int, op: ReduceOp, wire: np.dtype | None,
+              incoming: np.ndarray, step: int, fn: np.ufunc, wire: np.dtype | None,
               partner_first: bool) -> None:
     """Send ``mine`` to ``dst`` (None: send nothing) while receiving ``src``'s into ``incoming``,
-    chunk by chunk, and write each chunk combined with ``mine`` into ``buf`` as it arrives
-    (``mine`` may be ``buf``; the partner's value is the left operand when ``partner_first``)."""
-    pieces = spans(0, buf.size, chunk_elements(incoming.itemsize))
+    chunk by chunk, and write each chunk combined (``fn``) with ``mine`` into ``buf`` as it
+    arrives (``mine`` may be ``buf``; the partner's value is the left operand when
+    ``partner_first``)."""
+    size = buf.size
+    pieces = [(0, size)] if size * incoming.itemsize <= config.TCP_CHUNK_BYTES else \
+        spans(0, size, chunk_elements(incoming.itemsize))
     outgoing = mine
     if wire is not None and dst is not None:
         outgoing = scratch(ctx, "outgoing", buf.size, wire)
         outgoing[...] = mine
         buf[...] = outgoing  # both partners combine the same two rounded values
         mine = buf
-    receiving = [ctx.irecv(src, incoming[lo:hi], step) for lo, hi in pieces]
-    sending = [] if dst is None else [ctx.isend(dst, outgoing[lo:hi], step) for lo, hi in pieces]
+    if len(pieces) == 1:  # the common small case, without the loops' comprehensions
+        receiving = [ctx.irecv(src, incoming, step)]
+        sending = [] if dst is None else [ctx.isend(dst, outgoing, step)]
+    else:
+        receiving = [ctx.irecv(src, incoming[lo:hi], step) for lo, hi in pieces]
+        sending = [] if dst is None else [ctx.isend(dst, outgoing[lo:hi], step) for lo, hi in pieces]
+    if wire is None and len(pieces) == 1:  # as the loop below does, inline
+        ctx.wait(receiving[0])
+        if sending and outgoing is buf:
+            ctx.wait(sending[0])
+        if partner_first:
+            fn(incoming, mine, out=buf)
+        else:
+            fn(mine, incoming, out=buf)
+        if sending and outgoing is not buf:
+            ctx.wait(sending[0])
+        return
     widened = None if wire is None else scratch(ctx, "widened", pieces[0][1], buf.dtype)
     for index, ((lo, hi), request) in enumerate(zip(pieces, receiving, strict=True)):
         ctx.wait(request)
         if sending and outgoing is buf:
             ctx.wait(sending[index])  # buf[lo:hi] changes next: its send must be out
-        _combine_arrived(op, incoming[lo:hi], widened, mine[lo:hi], buf[lo:hi], partner_first)
+        _combine_arrived(fn, incoming[lo:hi], widened, mine[lo:hi], buf[lo:hi], partner_first)
     for request in sending:
         ctx.wait(request)
 
@@ -154,7 +180,7 @@ def halving_doubling(ctx: Ctx, buf: np.ndarray, op: ReduceOp, source: np.ndarray
     wire = compressed(ctx, buf.dtype, op)
     rounds = p.bit_length() - 1
     unfold_step = 2 * rounds + 1  # fold is step 0, halving 1 .. rounds, doubling rounds + 1 .. 2 rounds
-    folded = _fold(ctx, buf, op, buf if source is None else source, wire, unfold_step)
+    folded = _fold(ctx, buf, ufunc(op), buf if source is None else source, wire, unfold_step)
     if folded is None:
         return
     virtual, mine = folded
@@ -218,7 +244,7 @@ def _halve(ctx: Ctx, partner: int, mine: np.ndarray, buf: np.ndarray, keep: _Spa
     ours, target = mine[keep[0]:keep[1]], buf[keep[0]:keep[1]]
     for (a, b), request in zip(spans(0, incoming.size, chunk), receiving, strict=True):
         ctx.wait(request)
-        _combine_arrived(op, incoming[a:b], widened, ours[a:b], target[a:b], partner_first)
+        _combine_arrived(ufunc(op), incoming[a:b], widened, ours[a:b], target[a:b], partner_first)
     for request in sending:
         ctx.wait(request)
 
@@ -238,7 +264,7 @@ def _double(ctx: Ctx, partner: int, buf: np.ndarray, carrier: np.ndarray, keep: 
         ctx.wait(request)
 
 
-def _combine_arrived(op: ReduceOp, arrived: np.ndarray, widened: np.ndarray | None, mine: np.ndarray,
+def _combine_arrived(fn: np.ufunc, arrived: np.ndarray, widened: np.ndarray | None, mine: np.ndarray,
                      out: np.ndarray, partner_first: bool) -> None:
     """Write the partner's ``arrived`` chunk combined with ``mine`` into ``out``: widened first
     (into ``widened``) when it travelled packed, the partner's value as the left operand when
@@ -248,6 +274,6 @@ def _combine_arrived(op: ReduceOp, arrived: np.ndarray, widened: np.ndarray | No
         theirs = widened[:arrived.size]
         theirs[...] = arrived
     if partner_first:
-        combine(op, theirs, mine, out)
+        fn(theirs, mine, out=out)
     else:
-        combine(op, mine, theirs, out)
+        fn(mine, theirs, out=out)

@@ -10,15 +10,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from .. import config
 from ..errors import CollectiveMismatchError, CommError, CommTimeoutError
 from ..signature import Signature
-from ..transports.base import STEP_BITS, Request, Transport, as_bytes, collective_tag, p2p_tag  # noqa: F401
+from ..transports.base import (  # noqa: F401  (collective_tag, p2p_tag: re-exported for algorithms)
+    SEQ_BITS,
+    STEP_BITS,
+    Request,
+    Transport,
+    as_bytes,
+    collective_tag,
+    p2p_tag,
+)
 from .kernels import Reduction
 
 _new = object.__new__
@@ -31,6 +40,9 @@ PROGRESS_PROBE_SECONDS = 1.0  # how long a stalled rank waits for peers to say w
 STALL_PROBE_SECONDS = 2.0
 ACK_STEP = (1 << STEP_BITS) - 1  # the step of acknowledgements (see ``Ctx.acknowledge``)
 _NOTHING = np.empty(0, dtype=np.uint8)
+_BYTE = np.dtype(np.uint8)
+_GROUP_SHIFT = SEQ_BITS + STEP_BITS
+_SEQ_MASK = (1 << SEQ_BITS) - 1
 
 
 Predicate = Callable[["Team", int], bool]
@@ -92,6 +104,36 @@ class Hierarchy:
         return seq
 
 
+class Scratch:
+    """Memory one group's calls reuse, one buffer per purpose; owned by the group's ``Team`` and
+    freed with the group (``clear``).
+
+    Fresh memory costs a page fault per 4 KiB page on first touch, which on a VM took longer than
+    the copy itself: the transport algorithms take their working buffers here instead of
+    ``np.empty``. The group's calls run one at a time, so each purpose's buffer belongs to the
+    running call. Buffers above ``config.SCRATCH_KEEP_BYTES`` are not kept.
+    """
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held: dict[str, np.ndarray] = {}
+
+    def take(self, purpose: str, count: int, dtype: np.dtype) -> np.ndarray:
+        """``count`` elements of ``dtype`` (a ``np.dtype``) for ``purpose``, this call's to use."""
+        nbytes = count * dtype.itemsize
+        held = self._held.get(purpose)
+        if held is None or held.size < nbytes:
+            held = np.empty(nbytes, np.uint8)
+            if nbytes <= config.SCRATCH_KEEP_BYTES:
+                self._held[purpose] = held
+        return held[:nbytes].view(dtype)
+
+    def clear(self) -> None:
+        """Let go of every kept buffer."""
+        self._held.clear()
+
+
 @dataclass(frozen=True)
 class Team:
     """What every call on one group shares; the core builds it once per group.
@@ -109,6 +151,8 @@ class Team:
             member shares this host and shared memory could be set up; else None.
         hier: the group's ``Hierarchy`` when it spans hosts that hold as many members each
             (``algorithms/hier.py``); else None.
+        size: the number of members (``len(ranks)``; derived, not passed).
+        scratch: the group's reused working memory (``Scratch``), freed with the group.
     """
 
     transport: Transport
@@ -120,6 +164,11 @@ class Team:
     group_name: str = ""
     shm: Any = None
     hier: Hierarchy | None = None
+    size: int = field(init=False)
+    scratch: Scratch = field(init=False, default_factory=Scratch)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", len(self.ranks))
 
 
 class Plan:
@@ -182,13 +231,14 @@ class Ctx:
     stores.
     """
 
-    __slots__ = ("team", "plan", "seq", "name", "signature", "deadline")
+    __slots__ = ("team", "plan", "seq", "name", "signature", "deadline", "_tag")
     team: Team
     plan: Plan
     seq: int
     name: str
     signature: Signature
     deadline: float
+    _tag: int  # the tag of the call's step 0 (``collective_tag``); step ``s`` is ``_tag | s``
 
     @classmethod
     def of(cls, team: Team, seq: int, plan: Plan) -> Ctx:
@@ -200,6 +250,7 @@ class Ctx:
         ctx.name = plan.label
         ctx.signature = plan.signature
         ctx.deadline = _monotonic() + team.timeout
+        ctx._tag = (team.group_id << _GROUP_SHIFT) | ((seq & _SEQ_MASK) << STEP_BITS)
         return ctx
 
     transport = property(attrgetter("team.transport"), doc="Moves bytes between global ranks.")
@@ -211,9 +262,7 @@ class Ctx:
     group_name = property(attrgetter("team.group_name"), doc="The group's name.")
     shm = property(attrgetter("team.shm"), doc="The group's shared-memory domain, or None.")
 
-    @property
-    def size(self) -> int:
-        return len(self.ranks)
+    size = property(attrgetter("team.size"), doc="The number of members.")
 
     def remaining(self) -> float:
         """Seconds left before the call's deadline (raise if none)."""
@@ -223,14 +272,18 @@ class Ctx:
         return left
 
     def isend(self, peer: int, buf: np.ndarray, step: int = 0) -> Request:
-        """Start sending ``buf`` to group rank ``peer``."""
-        return self.transport.isend(self.ranks[peer], as_bytes(buf),
-                                    collective_tag(self.group_id, self.seq, step), self.signature)
+        """Start sending ``buf`` (1-D, C-contiguous) to group rank ``peer``."""
+        if step >> STEP_BITS or step < 0:
+            raise ValueError(f"step {step} out of range")
+        team = self.team
+        return team.transport.isend(team.ranks[peer], buf.view(_BYTE).data, self._tag | step, self.signature)
 
     def irecv(self, peer: int, buf: np.ndarray, step: int = 0) -> Request:
-        """Post a receive into ``buf`` from group rank ``peer``."""
-        return self.transport.irecv(self.ranks[peer], as_bytes(buf),
-                                    collective_tag(self.group_id, self.seq, step), self.signature)
+        """Post a receive into ``buf`` (1-D, C-contiguous) from group rank ``peer``."""
+        if step >> STEP_BITS or step < 0:
+            raise ValueError(f"step {step} out of range")
+        team = self.team
+        return team.transport.irecv(team.ranks[peer], buf.view(_BYTE).data, self._tag | step, self.signature)
 
     def wait(self, request: Request) -> None:
         """Wait for ``request`` within the call's deadline.
@@ -240,10 +293,14 @@ class Ctx:
         """
         try:
             # A request that already ended carries its own verdict (a relayed abort, a stalled
-            # send naming its peer): read it before the deadline can hide it.
-            if not request.done():
-                self._wait_watching(request)
-            request.wait(0)
+            # send naming its peer): ``wait`` reads it before the deadline can hide it.
+            left = self.deadline - _monotonic()
+            try:
+                request.wait(max(0.0, min(STALL_PROBE_SECONDS, left)))
+            except CommTimeoutError:
+                if not request.done():  # this wait's own timeout, not the request's verdict
+                    self._wait_watching(request, left > STALL_PROBE_SECONDS)
+                request.wait(0)
         except CommError as exc:
             if isinstance(exc, CommTimeoutError) and not request.done():  # this rank's own wait
                 error = CommTimeoutError(f"{self.name} (group rank {self.rank}) timed out after "
@@ -253,15 +310,18 @@ class Ctx:
             self.transport.abort_group(self.group_id, exc)
             raise
 
-    def _wait_watching(self, request: Request) -> None:
+    def _wait_watching(self, request: Request, stalled: bool) -> None:
         """Wait until ``request`` is done or the deadline passes, asking the peers where they
-        are whenever the wait stalls.
+        are whenever the wait stalls (at once if it ``stalled`` already, ``STALL_PROBE_SECONDS``).
 
         Raises:
             CollectiveMismatchError: a peer is in another call at this step.
             CommTimeoutError: the deadline passed.
         """
         stall = STALL_PROBE_SECONDS
+        if stalled and not request.done():
+            self._check_peers()
+            stall *= 2
         while not request.done():
             left = self.remaining()
             try:

@@ -52,6 +52,7 @@ _UFUNCS = {
     ReduceOp.BOR: np.bitwise_or,
     ReduceOp.BXOR: np.bitwise_xor,
 }
+_UFUNC_OF_VALUE = {op._value_: fn for op, fn in _UFUNCS.items()}
 _BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
 # Complex numbers have no order; PROD is refused too, as torch.distributed refuses it, so that a
 # program behaves the same under both libraries.
@@ -114,7 +115,8 @@ def ufunc(op: ReduceOp) -> np.ufunc:
     Raises:
         ValueError: ``op`` is AVG or PREMUL_SUM, which ``prepare`` turns into SUM first.
     """
-    found = _UFUNCS.get(op)
+    # Keyed by the member's value: Enum.__hash__ runs Python code, a string hashes in C.
+    found = _UFUNC_OF_VALUE.get(op._value_) if type(op) is ReduceOp else None
     if found is None:
         raise ValueError(f"{op.name} has no kernel; run kernels.prepare() to turn it into SUM")
     return found
@@ -221,5 +223,7 @@ def finish(red: Reduction, work: np.ndarray, out: np.ndarray, size: int) -> None
                          f"{out.size} elements (c_contiguous={out.flags.c_contiguous})")
     if red.average:
         np.divide(work, size, out=work)
-    # The one rounding of the accumulation rule happens here, hence the unsafe cast.
-    np.copyto(out.reshape(-1), work, casting="unsafe")
+    if red.in_acc:
+        out.reshape(-1)[...] = work
+    else:  # the one rounding of the accumulation rule happens here, hence the unsafe cast
+        np.copyto(out.reshape(-1), work, casting="unsafe")

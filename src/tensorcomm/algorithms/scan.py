@@ -29,14 +29,16 @@ module must not import ``core``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ..types import PremulSum, ReduceOp
-from .base import Ctx
+from .base import Ctx, Plan, Team
 from .kernels import combine
-from .shm_common import Journal, load, no_domain, reduce_rows, reduction
-from .wire import scratch
+from .shm_common import Journal, Reduction, load, no_domain, reduce_rows
+from .wire import chunk_elements, scratch, spans
 
 Op = ReduceOp | PremulSum
 
@@ -46,69 +48,147 @@ def terms(rank: int, inclusive: bool) -> int:
     return rank + 1 if inclusive else rank
 
 
-def doubling(ctx: Ctx, partial: np.ndarray, result: np.ndarray, op: ReduceOp, inclusive: bool) -> bool:
-    """The recursive doubling on buffers in the accumulation dtype.
+def doubling(ctx: Ctx, own: np.ndarray, op: ReduceOp) -> np.ndarray | None:
+    """The recursive doubling on ``own``, this rank's terms in the accumulation dtype (read only).
 
-    ``partial`` holds this rank's terms on entry and is overwritten (it becomes the total of this
-    rank's block of ``2^k`` ranks after round ``k``). Returns whether ``result`` holds a result:
-    the prefix up to this rank (``inclusive``) or up to the rank before it (not on rank 0).
+    Returns the exclusive prefix (the lower ranks' terms combined; None on rank 0), in scratch.
+    Each round sends this rank's running block total and receives the partner's in chunks,
+    combining each chunk as it arrives; the new block total goes to the other of two scratch
+    buffers (the old one may still be on its way out), and is not computed when no later round
+    sends it. The first block received from below becomes the prefix without a copy.
     """
     n, r = ctx.size, ctx.rank
-    incoming = scratch(ctx, "scan incoming", partial.size, partial.dtype)
-    held = inclusive
-    if inclusive:
-        result[...] = partial
+    pieces = spans(0, own.size, chunk_elements(own.itemsize))
+    arriving = scratch(ctx, "scan in 0", own.size, own.dtype)
+    total, prefix, which = own, None, 0
     mask, step = 1, 0
     while mask < n:
         peer = r ^ mask
         if peer < n:
-            ctx.sendrecv(peer, partial, peer, incoming, step)
-            if peer < r:  # the partner's block comes first: it is the left operand
-                if held:
-                    combine(op, incoming, result, result)
-                else:
-                    result[...] = incoming
-                    held = True
-                combine(op, incoming, partial, partial)
-            else:
-                combine(op, partial, incoming, partial)
+            below = peer < r  # the partner's block comes first: it is the left operand
+            new_total = None
+            if _sends_again(r, mask, n):
+                which ^= 1
+                new_total = scratch(ctx, f"scan total {which}", own.size, own.dtype)
+            receiving = [ctx.irecv(peer, arriving[lo:hi], step) for lo, hi in pieces]
+            sending = [ctx.isend(peer, total[lo:hi], step) for lo, hi in pieces]
+            for (lo, hi), request in zip(pieces, receiving, strict=True):
+                ctx.wait(request)
+                part = arriving[lo:hi]
+                if new_total is not None:
+                    if below:
+                        combine(op, part, total[lo:hi], new_total[lo:hi])
+                    else:
+                        combine(op, total[lo:hi], part, new_total[lo:hi])
+                if below and prefix is not None:
+                    combine(op, part, prefix[lo:hi], prefix[lo:hi])
+            for request in sending:
+                ctx.wait(request)
+            if below and prefix is None:  # keep it: later rounds receive into the other buffer
+                prefix, arriving = arriving, scratch(ctx, "scan in 1", own.size, own.dtype)
+            if new_total is not None:
+                total = new_total
         mask, step = mask * 2, step + 1
-    return held
+    return prefix
+
+
+def _sends_again(rank: int, mask: int, n: int) -> bool:
+    """Whether ``rank`` has a partner in a round after the one at distance ``mask``."""
+    mask *= 2
+    while mask < n:
+        if rank ^ mask < n:
+            return True
+        mask *= 2
+    return False
+
+
+def _reduction(plan: Plan) -> Reduction:
+    if plan.reduction is None:
+        raise TypeError(f"{plan.label}: a reduction's plan has no reduction descriptor")
+    return plan.reduction
 
 
 def recursive_doubling(inclusive: bool) -> Callable[[Ctx, np.ndarray, Op], None]:
-    """The transport algorithm of ``scan`` (``inclusive``) or ``exscan``, on scratch copies: the
-    caller's array is written only once the call has succeeded."""
+    """The transport algorithm of ``scan`` (``inclusive``) or ``exscan``. ``x`` is read (or
+    loaded into scratch in the accumulation dtype) and written only once the call has succeeded."""
     def run(ctx: Ctx, x: np.ndarray, op: Op) -> None:
-        red = reduction(op, x.dtype)
-        partial = scratch(ctx, "scan partial", x.size, red.acc)
-        load(red, partial, x)
-        result = scratch(ctx, "scan result", x.size, red.acc)
-        if doubling(ctx, partial, result, red.op, inclusive):
-            if red.average:
-                np.divide(result, terms(ctx.rank, inclusive), out=result)
-            np.copyto(x, result, casting="unsafe")  # the one rounding of the accumulation rule
+        red = _reduction(ctx.plan)
+        own = x
+        if not red.raw:
+            own = scratch(ctx, "scan own", x.size, red.acc)
+            load(red, own, x)
+        prefix = doubling(ctx, own, red.op)
+        count = terms(ctx.rank, inclusive)
+        if prefix is None:  # rank 0: its own terms (scan) or nothing (exscan)
+            if count and own is not x:
+                np.copyto(x, own, casting="unsafe")
+            return
+        if inclusive:
+            combine(red.op, prefix, own, prefix)
+        if red.average:
+            np.divide(prefix, count, out=prefix)
+        np.copyto(x, prefix, casting="unsafe")  # the one rounding of the accumulation rule
     run.__name__ = run.__qualname__ = "staged_recursive_doubling"  # select's transport rows are staged
     return run
 
 
-def shm_prefix(inclusive: bool) -> Callable[[Ctx, np.ndarray, Op], None]:
-    """The shared-memory algorithm of ``scan`` (``inclusive``) or ``exscan``."""
-    def run(ctx: Ctx, x: np.ndarray, op: Op) -> None:
-        d = ctx.team.shm
+@dataclass(frozen=True, slots=True)
+class Prefix:
+    """``shm_prefix``'s state for one call shape.
+
+    Attributes:
+        d: the group's domain.
+        red: the reduction.
+        count: how many members' slots this member reduces (``terms``).
+        chunk: elements of one round (one slot's worth in the accumulation dtype).
+        rounds: rounds of the call.
+        rows: per slot parity, the first ``count`` members' slots, when one round holds the call.
+    """
+
+    d: Any
+    red: Reduction
+    count: int
+    chunk: int
+    rounds: int
+    rows: tuple[np.ndarray, np.ndarray] | None
+
+
+def prepare_prefix(inclusive: bool) -> Callable[..., Prefix]:
+    """``shm_prefix(inclusive)``'s ``Row.prepare``."""
+    def prepare(team: Team, plan: Plan, x: np.ndarray, op: Op) -> Prefix:
+        d = team.shm
         if d is None:
-            raise no_domain(ctx)
-        plan = ctx.plan
-        if plan.state is None:
-            red = reduction(op, x.dtype)
-            plan.state = red, max(1, d.slot_bytes // red.acc.itemsize)
-        red, chunk = plan.state
+            raise no_domain(plan)
+        red = _reduction(plan)
         count = terms(d.rank, inclusive)
+        chunk = max(1, d.slot_bytes // red.acc.itemsize)
         rounds = max(1, -(-x.size // chunk))
-        journal = Journal(d, [x]) if rounds > 1 and count else None
-        mine, base = d.inbox[d.rank], d.posts
+        rows = None
+        if rounds == 1:
+            stacked = [d.stacked(p, red.acc, x.size) for p in (0, 1)]
+            rows = (stacked[0][:count], stacked[1][:count])
+        return Prefix(d, red, count, chunk, rounds, rows)
+    return prepare
+
+
+def shm_prefix(inclusive: bool) -> Callable[[Ctx, np.ndarray, Op], None]:
+    """The shared-memory algorithm of ``scan`` (``inclusive``) or ``exscan``; its state comes from
+    ``prepare_prefix(inclusive)``."""
+    def run(ctx: Ctx, x: np.ndarray, op: Op) -> None:
+        s: Prefix = ctx.plan.state
+        d, red, count, chunk = s.d, s.red, s.count, s.chunk
+        mine = d.inbox[d.rank]
+        if s.rows is not None:  # one round: the common case, in a straight line
+            parity = d.next_round()
+            load(red, mine[parity][:x.size * red.acc.itemsize].view(red.acc), x)
+            d.start(ctx)
+            if count:
+                reduce_rows(red, s.rows[parity], x)
+            return
+        journal = Journal(d, [x]) if count else None
+        base = d.posts
         try:
-            for t in range(rounds):
+            for t in range(s.rounds):
                 lo, hi = t * chunk, min((t + 1) * chunk, x.size)
                 parity = d.next_round()
                 load(red, mine[parity][:(hi - lo) * red.acc.itemsize].view(red.acc), x[lo:hi])
@@ -117,9 +197,8 @@ def shm_prefix(inclusive: bool) -> Callable[[Ctx, np.ndarray, Op], None]:
                     d.wait(d.peers, base + t + 1, ctx)
                 else:
                     d.start(ctx)
-                if count:
-                    if journal is not None:
-                        journal.save(0, lo * x.itemsize, hi * x.itemsize)
+                if journal is not None:
+                    journal.save(0, lo * x.itemsize, hi * x.itemsize)
                     reduce_rows(red, d.stacked(parity, red.acc, hi - lo)[:count], x[lo:hi])
         except BaseException:
             if journal is not None:

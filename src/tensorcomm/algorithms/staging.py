@@ -45,10 +45,12 @@ def all_reduce(algorithm: Algorithm) -> Algorithm:
     """``algorithm(ctx, work, base_op, source)``: reads ``x`` (or its converted copy in ``work``),
     leaves the result in ``work``."""
     def run(ctx: Ctx, x: np.ndarray, op: Op) -> None:
-        red = _reduction(ctx)
-        work = scratch(ctx, "staged work", x.size, red.acc)
-        algorithm(ctx, work, red.op, kernels.prepare(red, x, work, copy=False))
-        kernels.finish(red, work, x, ctx.size)
+        red = ctx.plan.reduction
+        assert red is not None, "the core makes a reduction descriptor for every reduction's plan"
+        team = ctx.team
+        work = team.scratch.take("staged work", x.size, red.acc)
+        algorithm(ctx, work, red.op, x if red.raw else kernels.prepare(red, x, work))
+        kernels.finish(red, work, x, team.size)
     return _named(run, algorithm)
 
 

@@ -50,10 +50,9 @@ def compressed(ctx: Ctx, dtype: np.dtype, op: ReduceOp) -> np.dtype | None:
 
 
 def scratch(ctx: Ctx, purpose: str, count: int, dtype: np.dtype) -> np.ndarray:
-    """``count`` elements of ``dtype`` that this group's calls reuse (``Transport.scratch``):
-    each ``purpose`` names one buffer of one call."""
-    dtype = np.dtype(dtype)
-    return ctx.transport.scratch((ctx.group_id, purpose), count * dtype.itemsize).view(dtype)
+    """``count`` elements of ``dtype`` that this group's calls reuse (``Team.scratch``): each
+    ``purpose`` names one buffer of one call."""
+    return ctx.team.scratch.take(purpose, count, np.dtype(dtype))
 
 
 def round_to(wire: np.dtype, values: np.ndarray) -> None:

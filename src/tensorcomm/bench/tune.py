@@ -10,7 +10,8 @@ that noise between near-equal rows does not make the choice flicker.
 
 ``--check`` writes nothing: it times the rows again, with one more job that selects as a user's
 job does (from the file), and reports at each size the row the file chooses against the fastest
-forced row of the same run; it fails where the chosen row is more than ``CHECK_WITHIN`` slower.
+forced row of the same run; it fails where the chosen row is more than ``CHECK_WITHIN`` slower,
+or where the selecting job ran another row than the chosen one.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ..launch.env import LaunchConfigError
 from ..transports.shm.domain import SLOT_BYTES
 from . import check, runner
 from .control import JobFailed
+from .formulas import COLLECTIVES
 from .options import BenchOptions, parse_size, size_sweep
 from .peers.base import Task
 from .results import Row
@@ -77,7 +79,7 @@ def winners(measured: Mapping[int, Mapping[str, float]]) -> tuning.Rows:
             end += 1
         return end
 
-    rows: list[tuple[int | None, str]] = []
+    rows: list[tuple[int | None, str]] = []  # the last ends at the largest size measured
     start = 0
     while start < len(sizes):
         times = measured[sizes[start]]
@@ -85,15 +87,22 @@ def winners(measured: Mapping[int, Mapping[str, float]]) -> tuning.Rows:
                    key=lambda n: (reach(n, start), -times[n]))
         start = reach(name, start)
         rows.append((sizes[start - 1], name))
-    if rows:
-        rows[-1] = (None, rows[-1][1])
     return tuple(rows)
+
+
+def default_counts(cores: int) -> list[int]:
+    """Every count from 2 to ``cores`` up to 8 cores; beyond, the powers of two and ``cores``
+    (selection takes the nearest tuned count for the others)."""
+    cores = max(2, cores)
+    if cores <= 8:
+        return list(range(2, cores + 1))
+    return sorted({1 << k for k in range(1, cores.bit_length()) if 1 << k <= cores} | {cores})
 
 
 def _ranks(text: str | None) -> list[int]:
     if text is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        return list(range(2, max(2, cores or 2) + 1))
+        return default_counts(cores or 2)
     out: list[int] = []
     for item in text.split(","):
         low, sep, high = item.strip().partition("-")
@@ -115,7 +124,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("collectives", nargs="*", metavar="COLLECTIVE",
                         help="what to tune (default: every collective with a choice)")
     parser.add_argument("-n", "--ranks", metavar="COUNTS",
-                        help="member counts, e.g. 2,4 or 2-8 (default 2 up to this process's cores)")
+                        help="member counts, e.g. 2,4 or 2-8 (default 2 up to this process's cores: "
+                             "all up to 8, then powers of two and the core count)")
     parser.add_argument("-b", "--minbytes", default="1K", metavar="SIZE", help="smallest size (default 1K)")
     parser.add_argument("-e", "--maxbytes", default="16M", metavar="SIZE", help="largest size (default 16M)")
     parser.add_argument("-f", "--stepfactor", type=float, default=4.0, metavar="F",
@@ -150,8 +160,9 @@ def _say(message: str) -> None:
 
 
 def _measure(args: argparse.Namespace, transport: str, collective: str, members: int,
-             names: Sequence[str], path: str | None) -> dict[int, dict[str, float]]:
-    """``{nbytes: {row: µs}}`` of every row in ``names`` (and ``AUTO`` when ``path``), interleaved."""
+             names: Sequence[str], path: str | None) -> tuple[dict[int, dict[str, float]], dict[int, str]]:
+    """``{nbytes: {row: µs}}`` of every row in ``names`` (and ``AUTO`` when ``path``), interleaved,
+    and ``{nbytes: the algorithm AUTO's ranks ran}``."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env[config.ENV_TRANSPORT] = "auto" if transport == "shm" else "tcp"
@@ -186,24 +197,34 @@ def _measure(args: argparse.Namespace, transport: str, collective: str, members:
         times = measured.setdefault(row.size, {})
         if row.time_us is not None:
             times[row.library] = row.time_us
-    return measured
+    ran = {row.size: row.algorithm.partition("/")[0] for row in rows if row.library == AUTO}
+    return measured, ran
 
 
 def _plan(args: argparse.Namespace) -> list[tuple[str, int, str, list[str]]]:
+    """``(transport, members, collective, rows)`` for everything to time, the flags checked.
+
+    Raises:
+        LaunchConfigError: a bad flag; the message names it.
+    """
     transports = [t.strip() for t in args.transport.split(",") if t.strip()]
     bad = [t for t in transports if t not in tuning.TRANSPORTS]
     if bad or not transports:
         raise LaunchConfigError(f"--transport: expected some of {', '.join(tuning.TRANSPORTS)}, "
                                 f"got {args.transport!r}")
-    wanted = args.collectives or select.collectives()
-    unknown = [c for c in wanted if c not in select.collectives()]
+    timed = [c for c in select.collectives() if c in COLLECTIVES]  # those bench can time
+    wanted = args.collectives or timed
+    unknown = [c for c in wanted if c not in timed]
     if unknown:
         raise LaunchConfigError(f"COLLECTIVE: unknown {', '.join(unknown)}; expected some of "
-                                f"{', '.join(select.collectives())}")
+                                f"{', '.join(timed)}")
+    size_sweep(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)  # checks them
     for value, flag in ((args.iters, "--iters"), (args.rounds, "--rounds"),
                         (args.time_budget, "--time-budget"), (args.timeout, "--timeout")):
         if value is not None and not value > 0:
             raise LaunchConfigError(f"{flag}: expected a positive number, got {value}")
+    if args.warmup is not None and args.warmup < 0:
+        raise LaunchConfigError(f"--warmup: expected a non-negative count, got {args.warmup}")
     return [(t, n, c, candidates(c, t)) for t in transports for n in _ranks(args.ranks)
             for c in wanted if len(candidates(c, t)) > 1]
 
@@ -235,7 +256,7 @@ def _tune(args: argparse.Namespace, path: str, work: list[tuple[str, int, str, l
     measured_out: list[dict[str, Any]] = []
     for transport, members, collective, names in work:
         _say(f"tune: {collective}, {members} members over {transport}: {', '.join(names)}")
-        measured = _measure(args, transport, collective, members, names, None)
+        measured, _ = _measure(args, transport, collective, members, names, None)
         rows = winners(measured)
         if not rows:
             _say(f"tune: {collective}: nothing measured, left to the built-in thresholds")
@@ -245,7 +266,7 @@ def _tune(args: argparse.Namespace, path: str, work: list[tuple[str, int, str, l
         measured_out.append({"transport": transport, "collective": collective, "members": members,
                              "times_us": {str(s): t for s, t in sorted(measured.items())}})
         print(f"{transport} {members} {collective}: " + ", ".join(
-            f"{name} up to {bound} B" if bound is not None else f"{name} above" for bound, name in rows))
+            f"{name} up to {bound} B" for bound, name in rows))
     _write(path, choices, measured_out)
     print(f"wrote {path}")
     return 0
@@ -258,11 +279,11 @@ def _check(args: argparse.Namespace, path: str, work: list[tuple[str, int, str, 
     except (FileNotFoundError, tuning.Ignored) as exc:
         _say(f"tune --check: no usable tuning file at {path} ({exc}); run `tensorcomm tune` first")
         return 1
-    failed = 0
+    failed = strays = 0
     print(f"{'transport':9} {'n':>2} {'collective':14} {'bytes':>9} {'chosen':18} {'µs':>9} "
-          f"{'best':18} {'µs':>9} {'ratio':>5} {'selected µs':>11}  ok")
+          f"{'best':18} {'µs':>9} {'ratio':>5} {'selected µs':>11}  ok    selected ran")
     for transport, members, collective, names in work:
-        measured = _measure(args, transport, collective, members, names, path)
+        measured, ran = _measure(args, transport, collective, members, names, path)
         team = model_team(members, transport)
         for size, times in sorted(measured.items()):
             forced = {k: v for k, v in times.items() if k != AUTO}
@@ -275,13 +296,16 @@ def _check(args: argparse.Namespace, path: str, work: list[tuple[str, int, str, 
             ratio = mine / forced[best] if mine is not None else float("inf")
             ok = ratio <= CHECK_WITHIN
             failed += not ok
-            auto = times.get(AUTO)
+            auto, auto_ran = times.get(AUTO), ran.get(size, "")
+            strays += bool(auto_ran) and auto_ran != chosen
             print(f"{transport:9} {members:>2} {collective:14} {size:>9} {chosen:18} "
                   f"{mine or float('nan'):>9.1f} {best:18} {forced[best]:>9.1f} {ratio:>5.2f} "
-                  f"{auto or float('nan'):>11.1f}  {'ok' if ok else 'SLOW'}")
+                  f"{auto or float('nan'):>11.1f}  {'ok' if ok else 'SLOW':5} {auto_ran or '?'}"
+                  f"{'' if not auto_ran or auto_ran == chosen else ' (not the chosen row)'}")
     print(f"tune --check: {failed} size(s) where the chosen row is more than {CHECK_WITHIN:g}x the "
-          f"fastest; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    return 1 if failed else 0
+          f"fastest, {strays} where the selecting job ran another row; load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return 1 if failed or strays else 0
 
 
 def main(args: argparse.Namespace) -> int:

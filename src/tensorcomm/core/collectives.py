@@ -37,6 +37,9 @@ def _make(group: Group, collective: str, nbytes: int, sig: Any, args: tuple[Any,
     """The plan of a new call shape; ``args`` are its first call's arguments, as the algorithm
     gets them (its row's ``prepare`` reads their shape)."""
     team = group._member_team()
+    stopped = group._engine.stopped
+    if stopped is not None:  # destroyed or aborted: its memory may be gone, plan nothing
+        raise stopped
     row = select.pick(collective, team, nbytes, group._world.algorithms.get(collective))
     log.debug("%s on group %r, %s: %s", collective, group.name, sig.describe(), row.name)
     return make_plan(row, f"{collective} on group {group.name!r}", sig, team, args, op, reduction)
@@ -68,8 +71,9 @@ def _reduction(group: Group, collective: str, fn: str, x: np.ndarray, op: Reduce
 def all_reduce(group: Group, x: np.ndarray, op: ReduceOpLike, async_op: bool,
                fn: str = "all_reduce") -> Work | None:
     """Reduce ``x`` across the group, in place on every member."""
-    x = _flat(x)
-    key = ("all_reduce", x.dtype, x.size, _op_key(op))
+    if x.ndim != 1:  # ``_flat`` and ``_op_key`` inline: this is the small-call path
+        x = x.reshape(-1)
+    key = ("all_reduce", x.dtype, x.size, op._value_ if type(op) is ReduceOp else _op_key(op))
     plan = group._plans.get(key)
     if plan is None:
         plan = group._keep_plan(key, _reduction(group, "all_reduce", fn, x, op, (x,)))

@@ -8,10 +8,12 @@ time limit) for a queued call the worker has not started yet runs it, and the ca
 of it, itself: the caller waits anyway, and a hop to the worker and back costs two thread
 wake-ups (DDP's buffer broadcast in every forward waits at once for its async call).
 
-Whoever runs a call (an inline caller or the worker) holds ``_running``; sequence numbers are
-handed out only by its holder, so they follow the order calls actually run in. A queued call stays
-at the head of the queue until the worker holds ``_running``, so an inline caller can never jump
-ahead of it. The inline path costs a non-blocking lock acquire and release, no condition variable.
+Every call is ``call(seq, *args)``, run by ``submit`` on whichever thread gets to it. Whoever runs a
+call (an inline caller, the worker, or a waiter) holds ``_running``; sequence numbers are handed
+out only by its holder, so they follow the order calls actually run in. A queued call stays at the
+head of the queue until the worker holds ``_running``, so an inline caller can never jump ahead of
+it. The inline path costs a non-blocking lock acquire and release, no condition variable, and
+tries once: a blocking call that cannot run inline queues at once.
 
 One group, one issuing thread at a time: calls issued from two threads while either's calls are
 still in flight would run in a different order on each rank and pair the wrong arrays silently,
@@ -31,7 +33,7 @@ from ..errors import ConcurrentUseError
 from ..transports.threads import mark_worker
 from .work import Work
 
-Body = Callable[[int], Any]  # takes the call's sequence number
+Call = Callable[..., Any]  # call(seq, *args): seq is the call's sequence number
 
 
 class Engine:
@@ -42,7 +44,7 @@ class Engine:
         self._mutex = threading.Lock()  # guards _queue, _worker and _stopped
         self._wakeup = threading.Condition(self._mutex)  # the worker waits here for queued calls
         self._running = threading.Lock()  # held while a call of this group runs
-        self._queue: deque[tuple[Body, Work]] = deque()
+        self._queue: deque[tuple[Call, tuple[Any, ...], Work]] = deque()
         self._seq = 0  # the next call's sequence number; only the holder of _running changes it
         self._worker: threading.Thread | None = None
         self._stopped: BaseException | None = None
@@ -57,41 +59,33 @@ class Engine:
         engine._stopped = error
         return engine
 
-    def enter(self) -> int | None:
-        """Claim the engine for a blocking call to run inline on the caller's thread.
+    @property
+    def stopped(self) -> BaseException | None:
+        """The error every call is refused with once the engine stopped, else None."""
+        return self._stopped
 
-        Returns the call's sequence number, or None when the call must queue (something is
-        running or queued ahead of it, or the engine stopped): then use ``submit``. After a
-        successful ``enter`` the caller runs the call and must ``leave()``, even if it fails.
-        """
-        if self._queue or self._stopped is not None or not self._running.acquire(False):
-            return None
-        if self._queue or self._stopped is not None:  # queued while we claimed: it goes first
-            self._running.release()
-            return None
-        self._inline = get_ident()
-        seq = self._seq
-        self._seq = seq + 1
-        return seq
+    def submit(self, description: str, call: Call, async_op: bool, args: tuple[Any, ...] = ()) -> Work | Any:
+        """Run ``call(seq, *args)`` in issue order; return a ``Work`` if async, else its result.
 
-    def leave(self) -> None:
-        """End the inline call claimed by ``enter``."""
-        self._inline = None
-        self._running.release()
-
-    def submit(self, description: str, body: Body, async_op: bool) -> Work | Any:
-        """Run ``body(seq)`` in issue order; return a ``Work`` if async, else body's result.
+        A blocking call runs inline on the caller's thread when nothing runs or waits ahead of
+        it; otherwise it queues, and the caller waits for it (running it, and the calls ahead of
+        it, itself if the worker has not started them).
 
         Raises:
             ConcurrentUseError: another thread's calls on this group are in flight.
         """
-        if not async_op:
-            seq = self.enter()
-            if seq is not None:
+        if not async_op and not self._queue and self._stopped is None and self._running.acquire(False):
+            if self._queue or self._stopped is not None:  # queued while we claimed: it goes first
+                self._running.release()
+            else:
+                self._inline = get_ident()
+                seq = self._seq
+                self._seq = seq + 1
                 try:
-                    return body(seq)
+                    return call(seq, *args)
                 finally:
-                    self.leave()
+                    self._inline = None
+                    self._running.release()
         work = Work(description)
         work._run_here = self._run_here
         me = get_ident()
@@ -108,7 +102,7 @@ class Engine:
                     "group per thread, or finish one thread's calls before the other starts")
             self._issuer = me
             self._queued += 1
-            self._queue.append((body, work))
+            self._queue.append((call, args, work))
             self._ensure_worker()
             self._wakeup.notify_all()
         if async_op:
@@ -123,21 +117,21 @@ class Engine:
         try:
             while True:
                 with self._mutex:
-                    if not any(queued is work for _, queued in self._queue):
+                    if not any(queued is work for _, _, queued in self._queue):
                         return  # taken by the worker before we held _running, or failed by stop()
-                    body, queued = self._queue.popleft()
-                self._run_one(body, queued)
+                    call, args, queued = self._queue.popleft()
+                self._run_one(call, args, queued)
                 if queued is work:
                     return
         finally:
             self._running.release()
 
-    def _run_one(self, body: Body, work: Work) -> None:
+    def _run_one(self, call: Call, args: tuple[Any, ...], work: Work) -> None:
         """Run one dequeued call (the caller holds ``_running``) and complete its ``Work``."""
         seq = self._seq
         self._seq = seq + 1
         try:
-            work._complete(result=body(seq))
+            work._complete(result=call(seq, *args))
         except BaseException as exc:  # noqa: BLE001 - delivered to whoever waits on the Work
             work._complete(error=exc)
         with self._mutex:
@@ -161,8 +155,8 @@ class Engine:
                 with self._mutex:
                     if not self._queue:  # failed by stop() while we waited for _running
                         continue
-                    body, work = self._queue.popleft()
-                self._run_one(body, work)
+                    call, args, work = self._queue.popleft()
+                self._run_one(call, args, work)
 
     def stop(self, error: BaseException) -> None:
         """Refuse new calls with ``error``; fail queued ones; let the running one finish."""
@@ -172,7 +166,7 @@ class Engine:
             self._queue.clear()
             self._queued -= len(pending)
             self._wakeup.notify_all()
-        for _, work in pending:
+        for _, _, work in pending:
             work._complete(error=error)
         if self._worker is not None and self._worker is not threading.current_thread():
             self._worker.join(timeout=5)

@@ -2,8 +2,9 @@
 
 Each group owns an ``Engine`` (issue order and sequence numbers), a ``Team`` (what the
 algorithms see of the group: transport, ranks, and the shared-memory domain when every member
-shares this host), its ``Plan`` per call shape (a bounded dictionary: the only cache of the
-per-call path, gone with the group), and builds one ``Ctx`` per call from them.
+shares this host, and the scratch memory its calls reuse), its ``Plan`` per call shape (a
+bounded dictionary: the only cache of the per-call path), both gone with the group, and builds
+one ``Ctx`` per call from them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ..trace import recorder
 from ..types import TransportKind
 from .elastic import agree
 from .engine import Engine
-from .split import split
+from .split import split as split_by_color
 from .work import Work
 
 PLANS_KEPT = 256  # call shapes a group remembers; the oldest is forgotten beyond that
@@ -181,7 +182,7 @@ class Group:
         return plan
 
     def _run(self, plan: Plan, async_op: bool, *args: Any) -> Work | Any:
-        """Run ``plan``'s algorithm on ``args`` in this group's issue order.
+        """Run ``plan``'s algorithm on ``args`` in this group's issue order (``_call`` runs it).
 
         A call that fails ends the group on every member (see ``_failed``).
         """
@@ -189,47 +190,9 @@ class Group:
         team = target._team
         if team is None:
             raise target._not_member(target._world.rank)
-        engine = target._engine
-        if not async_op:  # the common case, inline on this thread: no closure, no extra frame
-            seq = engine.enter()
-            if seq is not None:
-                target._last_plan = plan
-                ctx = Ctx.of(team, seq, plan)
-                call = recorder.issue(team, plan, seq)
-                try:
-                    result = plan.run(ctx, *args)
-                except BaseException as exc:
-                    _failed(ctx, exc)  # the peers first, at once
-                    cause = _cause(ctx, exc)
-                    recorder.end(call, cause)
-                    if cause is exc:
-                        raise
-                    raise cause from exc
-                finally:
-                    engine.leave()
-                recorder.end(call)
-                return result
-
-        queued = recorder.issue(team, plan)
-
-        def body(seq: int) -> Any:
-            target._last_plan = plan
-            ctx = Ctx.of(team, seq, plan)
-            recorder.started(queued, seq)
-            try:
-                result = plan.run(ctx, *args)
-            except BaseException as exc:
-                _failed(ctx, exc)  # the peers first, at once
-                cause = _cause(ctx, exc)
-                recorder.end(queued, cause)
-                if cause is exc:
-                    raise
-                raise cause from exc
-            recorder.end(queued)
-            return result
-
+        index = recorder.issue(team, plan)  # -1 (and nothing else) while tracing is off
         try:
-            work = engine.submit(plan.label, body, async_op)
+            work = target._engine.submit(plan.label, _call, async_op, (target, team, plan, args, index))
         except ConcurrentUseError as exc:  # the ranks' orders may differ already: end the group
             target.abort(f"calls from two threads at once ({exc})")
             raise
@@ -296,7 +259,7 @@ class Group:
             ValueError: this process is not a member, or a value does not fit in 64 bits.
             CollectiveMismatchError: another member made a different call at this step.
         """
-        return split(self._target(), color, key)
+        return split_by_color(self._target(), color, key)
 
     def shrink(self, timeout: float | None = None) -> Group:
         """Agree with the other live members on who is left, and return a new group of them.
@@ -342,7 +305,12 @@ class Group:
         if self._shm is not None:
             self._shm.abort(error, tell_peers=False)  # peers learn we left from close()
         self._engine.stop(error)
-        self._plans.clear()  # they hold views of the domain's memory
+        for plan in (*self._plans.values(), self._last_plan):  # ``last_call`` keeps one
+            if plan is not None:
+                plan.state = None  # views of the domain's memory: it cannot close under them
+        self._plans.clear()
+        if self._team is not None:
+            self._team.scratch.clear()
         if self._shm is not None:
             self._shm.close()
         for part in self._parts:
@@ -350,6 +318,33 @@ class Group:
 
     def __repr__(self) -> str:
         return f"Group(name={self.name!r}, ranks={list(self.ranks)})"
+
+
+def _call(seq: int, group: Group, team: Team, plan: Plan, args: tuple[Any, ...], index: int) -> Any:
+    """Run call ``seq`` of ``group``: ``plan``'s algorithm on ``args``. The one place every
+    collective call runs, inline or queued (the engine calls it in issue order); ``index`` is
+    the call's trace record (``trace.recorder``; -1 when tracing is off).
+
+    A call that fails ends the group on every member (``_failed``), then raises what explains
+    the failure best (``_cause``).
+    """
+    group._last_plan = plan
+    ctx = Ctx.of(team, seq, plan)
+    if index >= 0:
+        recorder.started(index, seq)
+    try:
+        result = plan.run(ctx, *args)
+    except BaseException as exc:
+        _failed(ctx, exc)  # the peers first, at once
+        cause = _cause(ctx, exc)
+        if index >= 0:
+            recorder.end(index, cause)
+        if cause is exc:
+            raise
+        raise cause from exc
+    if index >= 0:
+        recorder.end(index)
+    return result
 
 
 def _cause(ctx: Ctx, error: BaseException) -> BaseException:

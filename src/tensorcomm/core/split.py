@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..algorithms import select
-from ..algorithms.base import Plan
+from ..algorithms.base import make_plan
 from ..signature import signature
 
 if TYPE_CHECKING:
@@ -41,17 +41,16 @@ def _checked(value: object, argument: str, allow_none: bool) -> int | None:
 def exchange(group: Group, color: int, key: int) -> np.ndarray:
     """Every member's ``(color, key)``, as a ``(size, 2)`` array in group-rank order."""
     n = group.size
+    args = (np.array([color, key], _INT64), np.empty(2 * n, _INT64), (2,) * n)
     plan_key = ("split", n)
     plan = group._plans.get(plan_key)
     if plan is None:
-        out_bytes = 2 * n * _INT64.itemsize
-        row = select.pick("all_gather", group._member_team(), out_bytes,
-                          group._world.algorithms.get("all_gather"))
-        plan = group._keep_plan(plan_key, Plan(f"split on group {group.name!r}",
-                                               signature("split", _INT64, 2 * n), row.name, row.fn))
-    out = np.empty(2 * n, _INT64)
-    group._run(plan, False, np.array([color, key], _INT64), out, (2,) * n)
-    return out.reshape(n, 2)
+        team = group._member_team()
+        row = select.pick("all_gather", team, args[1].nbytes, group._world.algorithms.get("all_gather"))
+        plan = group._keep_plan(plan_key, make_plan(row, f"split on group {group.name!r}",
+                                                    signature("split", _INT64, 2 * n), team, args))
+    group._run(plan, False, *args)
+    return args[1].reshape(n, 2)
 
 
 def split(group: Group, color: object, key: object) -> Group | None:

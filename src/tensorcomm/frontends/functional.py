@@ -69,7 +69,7 @@ def all_reduce(tensor: Any, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
     g = validate.group(group, fn)
     if async_op is not False:  # the common value needs no call
         validate.flag(async_op, "async_op", fn)
-    staged = validate.array(tensor, "tensor", fn, writable=True)
+    staged = Staged(tensor, (fn, "tensor"), True)  # ``validate.array``, one call fewer
     result = collectives.all_reduce(g, staged.buf, op, async_op)
     if async_op or staged.needs_commit:  # else (a contiguous numpy array, sync) nothing to do
         return _done(result, [staged], async_op)

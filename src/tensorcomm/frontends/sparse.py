@@ -18,8 +18,8 @@ every member instead of leaving the others waiting):
   array, whatever the sparsity.
 
 ``"auto"`` gathers while the gathered entries (indices and values, all members together) are
-under ``DENSE_CROSSOVER`` times the dense array's bytes, and densifies beyond (measured:
-``benchmarks/sparse_embedding.py --crossover``, docs/sparse.md).
+under ``DENSE_CROSSOVER[transport]`` times the dense array's bytes, and densifies beyond
+(measured: ``benchmarks/sparse_embedding.py --crossover``, docs/sparse.md).
 """
 
 from __future__ import annotations
@@ -34,20 +34,22 @@ from ..algorithms import kernels
 from ..core import collectives
 from ..core.group import Group
 from ..errors import CollectiveMismatchError
-from ..types import SUPPORTED_DTYPES, ReduceOp, ReduceOpLike
+from ..types import SUPPORTED_DTYPES, ReduceOp, ReduceOpLike, TransportKind
 from . import validate
 
 ALGORITHMS = ("auto", "gather", "dense")
 
 # Gather while total_nnz * (index + value bytes per entry) < DENSE_CROSSOVER * dense bytes.
-# Measured at 2 ranks on shared memory and TCP (docs/sparse.md): the dense path moves and
-# reduces the whole array but in one pipelined all-reduce; the gather path moves only the
-# entries but sorts them afterwards.
-DENSE_CROSSOVER = 0.5
+# Measured at 2 ranks (docs/sparse.md): on shared memory the dense all-reduce is cheap and
+# densifying wins from about 0.6; over TCP every gathered byte costs as much as a reduced one
+# and gathering wins up to about 1.
+DENSE_CROSSOVER = {TransportKind.SHM: 0.6, TransportKind.TCP: 1.0}
 
 _INDEX = np.dtype(np.int64)
-# Header fields: ok flag, values dtype, sparse_dim, dense ndim, dense shape fingerprint, algorithm, nnz.
-_OK, _DTYPE, _SPARSE_DIM, _NDIM, _SHAPE, _ALGORITHM, _NNZ = range(7)
+_REPEATS_BY_ROUNDS = 32  # up to this many entries per index, _coalesce adds them level by level
+# Header fields: ok flag, values dtype, sparse_dim, dense ndim, dense shape fingerprint, algorithm,
+# op (0 SUM, 1 AVG), nnz.
+_OK, _DTYPE, _SPARSE_DIM, _NDIM, _SHAPE, _ALGORITHM, _OP, _NNZ = range(8)
 
 
 class _Input:
@@ -115,10 +117,11 @@ class _Input:
 
     def header(self) -> np.ndarray:
         if self.error is not None:
-            return np.array([0, -1, 0, 0, 0, 0, 0], dtype=np.int64)
+            return np.zeros(_NNZ + 1, dtype=np.int64)
         fingerprint = zlib.crc32(np.asarray([len(self.shape), *self.shape], dtype=np.int64).tobytes())
         return np.array([1, SUPPORTED_DTYPES.index(self.vals.dtype), self.sparse_dim, len(self.shape),
-                         fingerprint, ALGORITHMS.index(self.algorithm), self.idx.shape[0]],
+                         fingerprint, ALGORITHMS.index(self.algorithm), int(self.op is ReduceOp.AVG),
+                         self.idx.shape[0]],
                         dtype=np.int64)
 
 
@@ -133,23 +136,24 @@ def _agree(group: Group, mine: _Input, fn: str) -> np.ndarray:
     if bad.size:
         raise ValueError(f"{fn}: group ranks {bad.tolist()} passed invalid arguments (their own "
                          f"errors say which); nothing was reduced")
-    fields = [_DTYPE, _SPARSE_DIM, _NDIM, _SHAPE, _ALGORITHM]
+    fields = [_DTYPE, _SPARSE_DIM, _NDIM, _SHAPE, _ALGORITHM, _OP]
     differ = np.flatnonzero((table[:, fields] != table[0, fields]).any(axis=1))
     if differ.size:
         raise CollectiveMismatchError(
             f"{fn}: members disagree on the values' dtype, dense_shape, number of sparse "
-            f"dimensions or algorithm: group ranks {differ.tolist()} differ from group rank 0 (this rank "
+            f"dimensions, op or algorithm: group ranks {differ.tolist()} differ from group rank 0 (this rank "
             f"passed {mine.vals.dtype} values, dense_shape {list(mine.shape)}, "
-            f"{mine.sparse_dim} sparse dimensions)")
+            f"{mine.sparse_dim} sparse dimensions, op {mine.op.name}, algorithm {mine.algorithm!r})")
     return table[:, _NNZ]
 
 
-def choose(counts: Sequence[int], dense_shape: Sequence[int], sparse_dim: int, itemsize: int) -> str:
+def choose(counts: Sequence[int], dense_shape: Sequence[int], sparse_dim: int, itemsize: int,
+           transport: TransportKind = TransportKind.SHM) -> str:
     """The algorithm ``"auto"`` picks: ``"gather"`` or ``"dense"`` (see the module docstring)."""
     row = int(np.prod(dense_shape[sparse_dim:], dtype=np.int64)) * itemsize
     gathered = int(sum(counts)) * (sparse_dim * _INDEX.itemsize + row)
     dense = int(np.prod(dense_shape[:sparse_dim], dtype=np.int64)) * row
-    return "gather" if gathered < DENSE_CROSSOVER * dense else "dense"
+    return "gather" if gathered < DENSE_CROSSOVER[transport] * dense else "dense"
 
 
 def _linear(idx: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -160,17 +164,27 @@ def _linear(idx: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def _coalesce(positions: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each position once, ascending, with the sum of its rows (ties summed in input order, so
-    every member that coalesces the same entries gets the same bits)."""
+    """Each position once, ascending, with the sum of its rows in input order (left to right up
+    to ``_REPEATS_BY_ROUNDS`` repeats, numpy's ``reduceat`` beyond): every member that
+    coalesces the same entries gets the same bits."""
     if not positions.size:
         return positions, vals
     order = np.argsort(positions, kind="stable")
-    positions = positions[order]
+    positions, vals = positions[order], vals[order]
     starts = np.flatnonzero(np.concatenate(([True], positions[1:] != positions[:-1])))
     if starts.size == positions.size:  # no repeats: nothing to sum
-        return positions, vals[order]
+        return positions, vals
+    lengths = np.diff(np.append(starts, positions.size))
     wide = kernels.accumulation_dtype(ReduceOp.SUM, vals.dtype)
-    summed = np.add.reduceat(vals[order].astype(wide, copy=False), starts, axis=0)
+    if lengths.max() > _REPEATS_BY_ROUNDS:
+        summed = np.add.reduceat(vals.astype(wide, copy=False), starts, axis=0)
+    else:
+        # One vectorised add per repeat level (at most a few: one per member, for coalesced
+        # inputs) is several times faster than reduceat over rows.
+        summed = vals[starts].astype(wide)
+        for k in range(1, int(lengths.max())):
+            longer = np.flatnonzero(lengths > k)
+            summed[longer] += vals[starts[longer] + k]
     return positions[starts], summed.astype(vals.dtype, copy=False)
 
 
@@ -222,14 +236,16 @@ def sparse_all_reduce(indices: Any, values: Any, dense_shape: Sequence[int], op:
         TypeError, ValueError: bad arguments here (mismatched lengths, non-integer indices, an
             index outside ``dense_shape``, an op other than SUM/AVG); a ValueError naming the
             ranks on every other member, since nothing is reduced.
-        CollectiveMismatchError: members passed different dense shapes, dtypes or sparse dimensions.
+        CollectiveMismatchError: members passed different dense shapes, value dtypes, numbers of
+            sparse dimensions, ops or algorithms.
     """
     fn = "sparse_all_reduce"
     g = validate.group(group, fn)
     mine = _Input(fn, indices, values, dense_shape, op, algorithm)
     counts = _agree(g, mine, fn)
     if algorithm == "auto":
-        algorithm = choose(counts.tolist(), mine.shape, mine.sparse_dim, mine.vals.dtype.itemsize)
+        algorithm = choose(counts.tolist(), mine.shape, mine.sparse_dim, mine.vals.dtype.itemsize,
+                           g.transport_kind)
     positions, summed = _gather(g, mine, counts) if algorithm == "gather" else _dense(g, mine)
     if mine.op is ReduceOp.AVG:
         summed = np.divide(summed, g.size, dtype=summed.dtype)

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import abc
 import struct
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
 
-from .. import config
 from ..errors import CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError, PeerLostError
 from ..signature import Signature
 
@@ -104,22 +103,6 @@ class Transport(abc.ABC):
     def recv(self, peer: int, out: memoryview, tag: int, timeout: float | None = None) -> int:
         """Receive into ``out``; return the sender's global rank."""
         return self.irecv(peer, out, tag).wait(timeout)
-
-    def scratch(self, key: Hashable, nbytes: int) -> np.ndarray:
-        """A byte buffer of ``nbytes`` kept for ``key`` from one call to the next.
-
-        Fresh memory costs a page fault per 4 KiB page on first touch, which on a VM took longer
-        than the copy itself: algorithms take their scratch here instead of ``np.empty``.
-        Whoever uses a key owns the buffer until it returns; keys name a group (whose calls run
-        one at a time) and a purpose. Buffers above ``config.SCRATCH_KEEP_BYTES`` are not kept.
-        """
-        pool: dict[Hashable, np.ndarray] = self.__dict__.setdefault("_scratch", {})
-        held = pool.get(key)
-        if held is None or held.size < nbytes:
-            held = np.empty(nbytes, np.uint8)
-            if nbytes <= config.SCRATCH_KEEP_BYTES:
-                pool[key] = held
-        return held[:nbytes]
 
     def progress(self, group_id: int, peers: Sequence[int],
                  timeout: float) -> dict[int, tuple[int, Signature | None] | None]:

@@ -139,7 +139,8 @@ class Driving:
         if self._sleepers:
             with self._cv:
                 self._cv.notify_all()
-        self.poke_elsewhere()
+        if self._driving and self._driver != threading.get_ident():  # ``poke_elsewhere``, inline
+            self.poke()
 
     def drain_wake_ups(self) -> None:
         """Empty the wake-up pipe (driver only, when ``poll`` says it is readable)."""

@@ -34,6 +34,11 @@ from ...errors import LinkAuthenticationError
 from ...rendezvous.auth import Session
 from . import framing
 
+try:  # hmac.digest's own one-shot, without its Python frame (one per sealed or opened header)
+    from _hashlib import hmac_digest as _digest
+except ImportError:  # a Python built without OpenSSL
+    _digest = hmac.digest  # type: ignore[assignment]
+
 LEVELS = LINK_PROTECTIONS
 HEADERS, MAC, ENCRYPT = range(len(LEVELS))
 TAG_BYTES = 16
@@ -110,7 +115,7 @@ class Sealer:
         elif self.level >= MAC or not data:
             tag = _payload_tag(self._send_payload, number, payload)
         head = header + tag
-        parts = [memoryview(head + hmac.digest(self._send_header, number + head, "sha256")[:TAG_BYTES])]
+        parts = [memoryview(head + _digest(self._send_header, number + head, "sha256")[:TAG_BYTES])]
         return [*parts, payload] if len(payload) else parts
 
     def open_header(self, raw: bytes) -> tuple[bytes, int, bytes]:
@@ -122,8 +127,8 @@ class Sealer:
         number = self._received
         self._received += 1
         head, tag = raw[:-TAG_BYTES], raw[-TAG_BYTES:]
-        if not hmac.compare_digest(tag, hmac.digest(self._recv_header, number.to_bytes(8, "little") + head,
-                                                    "sha256")[:TAG_BYTES]):
+        if not hmac.compare_digest(tag, _digest(self._recv_header, number.to_bytes(8, "little") + head,
+                                                "sha256")[:TAG_BYTES]):
             raise LinkAuthenticationError(self.peer, f"frame {number} failed its header check (altered, "
                                                      "injected or replayed on the way)")
         return head[:framing.HEADER.size], number, head[framing.HEADER.size:]

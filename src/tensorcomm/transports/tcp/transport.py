@@ -50,6 +50,7 @@ from ...errors import (
 from ...rendezvous import discovery
 from ...signature import Signature
 from ..base import (
+    STEP_BITS,
     Transport,
     call_of_tag,
     decode_abort,
@@ -90,6 +91,7 @@ class TcpTransport(Transport):
         self._links = {peer: Link(peer, sock, sealer) for peer, (sock, sealer) in links.items()}
         self._by_fd = {link.fd: link for link in self._links.values()}
         self._lock = threading.Lock()  # guards the matching state below
+        self._noted = -1  # the call (tag >> STEP_BITS) whose signature was noted last
         self._match: Matching[TcpRequest, Unexpected] = Matching(rank, size)
         # (group, peer) -> their latest call and its signature, from probe replies
         self._progress: dict[tuple[int, int], tuple[int, Signature | None]] = {}
@@ -115,7 +117,10 @@ class TcpTransport(Transport):
         if peer == self.rank:
             self._deliver(self.rank, tag, memoryview(bytearray(data)), signature)
             return completed(self.rank)
-        error = self._match.refusal(peer, tag) or self._note_call(tag, signature)
+        match = self._match
+        error = match.refusal(peer, tag) if match.aborted or match.aborted_groups or match.lost else None
+        if error is None and tag >> STEP_BITS != self._noted and signature is not None:
+            error = self._note_call(tag, signature)
         if error is not None:
             return completed(peer, error)
         request = TcpRequest(self._run_until, peer, tag)
@@ -132,11 +137,26 @@ class TcpTransport(Transport):
         failure: PeerLostError | None = None
         with link.send_lock:  # frames are sealed in the order they go onto the wire
             gone = self._match.lost.get(link.peer)
-            item = Send(link.sealer.seal(header, payload, request is not None), request,
-                        time.monotonic() + self.send_timeout)
+            parts = link.sealer.seal(header, payload, request is not None)
+            sent = 0
             if gone is None and not link.queue:
+                try:  # the whole frame at once, the common case: no ``Send`` to keep
+                    sent = link.sock.sendmsg(parts, (), _MSG_DONTWAIT)
+                except BlockingIOError:
+                    pass
+                except OSError as exc:
+                    failure = PeerLostError(link.peer, f"send failed: {exc}")
+                if sent == len(parts[0]) + (len(parts[1]) if len(parts) > 1 else 0):
+                    if request is not None:  # ``_complete``, inline on the hot path
+                        request._done = True
+                        self._role.completed()
+                    return True
+            item = Send(parts, request, time.monotonic() + self.send_timeout)
+            if sent:
+                item.advance(sent)
+            if gone is None and failure is None:
                 try:
-                    if self._write_item(link, item):
+                    if not link.queue and self._write_item(link, item):
                         return True
                 except OSError as exc:
                     failure = PeerLostError(link.peer, f"send failed: {exc}")
@@ -198,14 +218,17 @@ class TcpTransport(Transport):
               signature: Signature | None = None) -> TcpRequest:
         buffer = out.cast("B") if out.format != "B" else out
         request = TcpRequest(self._run_until, peer, tag, buffer, signature)
-        mismatch = self._note_call(tag, signature)
-        if mismatch is not None:
-            self._complete(request, peer, mismatch)
-            return request
+        if tag >> STEP_BITS != self._noted and signature is not None:
+            mismatch = self._note_call(tag, signature)
+            if mismatch is not None:
+                self._complete(request, peer, mismatch)
+                return request
+        match = self._match
         with self._lock:
-            source, entry = self._match.take_unexpected(peer, tag)
+            source, entry = match.take_unexpected(peer, tag) if match.unexpected else (peer, None)
             if entry is None:
-                error = self._match.refusal(peer, tag)
+                error = match.refusal(peer, tag) if match.aborted or match.aborted_groups or \
+                    match.lost else None
                 if error is None:
                     self._match.post(peer, tag, request)
                     return request
@@ -225,8 +248,9 @@ class TcpTransport(Transport):
     def _note_call(self, tag: int, signature: Signature | None) -> BaseException | None:
         """Remember this rank's signature for the tag's call; check messages already queued for it.
 
-        Returns the error to fail the request with when a queued message disagrees (the group is
-        then aborted everywhere).
+        Once per call: the requests that follow for the same call skip it (``_noted``); messages
+        that arrive later are checked on arrival (``_check_late``). Returns the error to fail the
+        request with when a queued message disagrees (the group is then aborted everywhere).
         """
         call = call_of_tag(tag)
         if call is None or signature is None:
@@ -235,7 +259,9 @@ class TcpTransport(Transport):
             mismatch = self._match.note_call(call, signature)
         if mismatch is not None:
             self.abort_group(call[0], mismatch)
-        return mismatch
+            return mismatch
+        self._noted = tag >> STEP_BITS
+        return None
 
     def _check_late(self, source: int, tag: int, signature: Signature | None) -> None:
         """Abort the group if an unmatched message contradicts the call this rank made."""
@@ -246,9 +272,9 @@ class TcpTransport(Transport):
     def _check(self, request: TcpRequest, source: int, nbytes: int,
                signature: Signature | None) -> BaseException | None:
         """The error a message of ``nbytes`` with ``signature`` raises for ``request``, if any."""
-        mismatch = signature_mismatch(source, signature, self.rank, request.signature)
-        if mismatch is not None:
-            return mismatch
+        mine = request.signature
+        if signature is not None and mine is not None and signature != mine:
+            return signature_mismatch(source, signature, self.rank, mine)
         assert request.out is not None
         if nbytes != len(request.out):
             return CollectiveMismatchError(
@@ -268,7 +294,7 @@ class TcpTransport(Transport):
 
     def _take_spare(self, nbytes: int) -> np.ndarray:
         """A buffer for an unexpected message: a reused one of that size if there is one
-        (fresh memory costs a page fault per page; see ``Transport.scratch``). Hold ``_lock``."""
+        (fresh memory costs a page fault per page; see ``algorithms.base.Scratch``). Hold ``_lock``."""
         kept = self._spares.get(nbytes)
         if kept:
             self._spare_bytes -= nbytes
@@ -470,8 +496,10 @@ class TcpTransport(Transport):
             request, entry = link.request, link.entry
             link.request = link.entry = None
             link.target = None
-            if request is not None:
-                self._complete(request, peer)
+            if request is not None:  # ``_complete``, inline on the hot path
+                request.source = peer
+                request._done = True
+                self._role.completed()
             elif entry is not None:
                 with self._lock:
                     entry.complete = True
