@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -102,6 +103,37 @@ def test_analyze_names_the_stopped_rank(tmp_path: Path, transport: str, resume: 
         assert sorted(records) == [0], paragraph
         assert "Rank 1 left no record" in paragraph, paragraph
     assert f"rank 0's all_reduce(float32[4], op=sum) at step {step}" in paragraph, paragraph
+
+
+def body_stopped_from_outside() -> str:
+    """Rank 0 stops rank 1 (SIGSTOP) from a timer thread while both run large all_reduces, so
+    rank 1 stops wherever it is, most likely inside a call; rank 0 times out, then sends SIGUSR1
+    and SIGCONT: rank 1 writes its record and goes on into a group that has failed."""
+    x = np.ones(1 << 20, np.float32)
+    pids = [0] * tc.get_world_size()
+    tc.all_gather_object(pids, os.getpid())
+    if tc.get_rank() == 0:
+        threading.Timer(0.3, os.kill, (pids[1], signal.SIGSTOP)).start()
+    try:
+        for _ in range(100000):
+            tc.all_reduce(x)
+    except tc.CommError as exc:
+        if tc.get_rank() == 0:
+            os.kill(pids[1], signal.SIGUSR1)
+            time.sleep(0.2)
+            os.kill(pids[1], signal.SIGCONT)
+        return type(exc).__name__
+    return "ok"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_analyze_names_a_rank_stopped_inside_a_call(tmp_path: Path, transport: str) -> None:
+    env = {**TRANSPORTS[transport], "TENSORCOMM_FLIGHT_DIR": str(tmp_path)}
+    outcomes = spawn_ranks(body_stopped_from_outside, 2, timeout=90, comm_timeout=3, env=env)
+    assert outcomes[0].result == "CommTimeoutError", outcomes[0].output
+    findings = find(load(tmp_path))
+    assert findings.behind == [1], findings.paragraph()
+    assert "Rank 1 " in findings.paragraph(), findings.paragraph()
 
 
 def _line_of(text: str, nth: int) -> int:

@@ -59,9 +59,10 @@ def _both(steps: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     return _train("tensorcomm", steps), _train("gloo", steps)
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_ddp_sparse_embedding_matches_gloo(world_size: int) -> None:
-    per_rank = run_ranks(_both, world_size, 5, timeout=240, init=False)
+@pytest.mark.parametrize("world_size, env", [(2, {}), (3, {}), (3, {"TENSORCOMM_TRANSPORT": "tcp"})],
+                         ids=["2-ranks-shm", "3-ranks-shm", "3-ranks-tcp"])
+def test_ddp_sparse_embedding_matches_gloo(world_size: int, env: dict) -> None:
+    per_rank = run_ranks(_both, world_size, 5, timeout=240, init=False, env=env)
     for rank, (ours, gloo) in enumerate(per_rank):
         for index, (a, b, c) in enumerate(zip(ours, gloo, per_rank[0][0], strict=True)):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m, i=index, r=rank:

@@ -80,12 +80,15 @@ def test_sparse_all_reduce_matches_numpy(world_size: int, transport: str) -> Non
     run_ranks(body_sparse_all_reduce, world_size, timeout=120, env=TRANSPORTS[transport])
 
 
-def _bad_call(case: str, rank: int) -> tuple[object, object, object]:
-    """(indices, values, dense_shape): rank 1 gets ``case``'s bad argument, the others good ones."""
+def _bad_call(case: str, rank: int) -> tuple[object, object, object, dict]:
+    """(indices, values, dense_shape, keywords): rank 1 gets ``case``'s bad argument, the others
+    good ones."""
     idx, vals, shape = np.array([[0, 2]]), np.ones((2, 3), np.float32), (4, 3)
     if rank != 1:
-        return idx, vals, shape
-    return {
+        return idx, vals, shape, {}
+    if case in ("op_mismatch", "algorithm_mismatch"):
+        return idx, vals, shape, {"op": "avg"} if case == "op_mismatch" else {"algorithm": "dense"}
+    return *{
         "lengths": (idx, np.ones((3, 3), np.float32), shape),
         "index_dtype": (idx.astype(np.float32), vals, shape),
         "value_dtype": (idx, vals.astype(object), shape),
@@ -93,7 +96,7 @@ def _bad_call(case: str, rank: int) -> tuple[object, object, object]:
         "negative": (np.array([[-1, 2]]), vals, shape),
         "sparse_dim": (np.zeros((3, 2), np.int64), vals, shape),
         "shape_mismatch": (idx, vals.reshape(2, 3), (5, 3)),
-    }[case]
+    }[case], {}
 
 
 _LOCAL = {"lengths": (ValueError, "values must have shape"),
@@ -102,16 +105,18 @@ _LOCAL = {"lengths": (ValueError, "values must have shape"),
           "out_of_range": (ValueError, r"must lie in \[0, 4\)"),
           "negative": (ValueError, r"must lie in \[0, 4\)"),
           "sparse_dim": (ValueError, "3 sparse dimensions"),
-          "shape_mismatch": (tc.CollectiveMismatchError, "disagree")}
+          "shape_mismatch": (tc.CollectiveMismatchError, "disagree"),
+          "op_mismatch": (tc.CollectiveMismatchError, "disagree"),
+          "algorithm_mismatch": (tc.CollectiveMismatchError, "disagree")}
 
 
 def body_bad_input(case: str) -> None:
     rank = tc.get_rank()
-    idx, vals, shape = _bad_call(case, rank)
-    error, text = _LOCAL[case] if rank == 1 or case == "shape_mismatch" else \
+    idx, vals, shape, keywords = _bad_call(case, rank)
+    error, text = _LOCAL[case] if rank == 1 or case.endswith("mismatch") else \
         (ValueError, r"group ranks \[1\] passed invalid arguments")
     with pytest.raises(error, match=text):
-        tc.sparse_all_reduce(idx, vals, shape)
+        tc.sparse_all_reduce(idx, vals, shape, **keywords)
     # The group is still usable afterwards.
     got_idx, got_vals = tc.sparse_all_reduce(np.array([rank]), np.ones(1), (8,))
     np.testing.assert_array_equal(got_idx, np.arange(tc.get_world_size()))

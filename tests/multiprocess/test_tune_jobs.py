@@ -82,7 +82,8 @@ def test_the_per_user_default_file_is_read(tmp_path: Path) -> None:
     assert path is not None
     Path(path).parent.mkdir(parents=True)
     tuning_file(Path(path))
-    for names, said in job("auto", XDG_CACHE_HOME=str(cache)):
+    # empty counts as unset (the suite sets "off": tests/conftest.py)
+    for names, said in job("auto", XDG_CACHE_HOME=str(cache), **{config.ENV_TUNING_FILE: ""}):
         assert names == [TUNED["auto"]] and said == []
 
 
@@ -132,9 +133,10 @@ def test_a_short_tune_writes_a_file_that_selection_accepts_and_check_reads_it(tm
     assert set(tuning.load(str(path), {c: select.names(c) for c in select.collectives()})) == set(table)
     checked = tune_command("all_reduce", "--transport", "shm", "--check", "-o", str(path))
     assert checked.returncode in (0, 1), checked.stderr  # 1: a timing miss, which tests do not judge
-    lines = [line for line in checked.stdout.splitlines() if line.startswith("shm ")]
-    assert [line.split()[3] for line in lines] == ["1024", "4096"]
-    assert "tune --check:" in checked.stdout
+    lines = [line.split() for line in checked.stdout.splitlines() if line.startswith("shm ")]
+    assert [fields[3] for fields in lines] == ["1024", "4096"]
+    assert all(fields[11] == fields[4] for fields in lines)  # the selecting job ran the chosen row
+    assert "0 where the selecting job ran another row" in checked.stdout
 
 
 def test_check_without_a_file_fails_saying_so(tmp_path: Path) -> None:

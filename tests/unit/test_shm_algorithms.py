@@ -168,7 +168,8 @@ def test_broadcast_and_scatter(group, count):
     n = group.size
     for root in range(n):
         arrays = [rank_data(r, count, np.int32, salt=root) for r in range(n)]
-        group.call(lambda ctx, arrays=arrays, root=root: shm_broadcast.broadcast(ctx, arrays[ctx.rank], root),
+        group.call(lambda ctx, arrays=arrays, root=root:
+                   run(ctx, shm_broadcast.broadcast, arrays[ctx.rank], root),
                    signature("broadcast", np.dtype(np.int32), count, root=root))
         for r in range(n):
             np.testing.assert_array_equal(arrays[r], rank_data(root, count, np.int32, salt=root))
@@ -176,8 +177,8 @@ def test_broadcast_and_scatter(group, count):
         send = np.concatenate(pieces)
         outs = [np.zeros(count, np.float64) for _ in range(n)]
         group.call(lambda ctx, send=send, outs=outs, root=root:
-                   shm_broadcast.scatter(ctx, send if ctx.rank == root else None, outs[ctx.rank], [count] * n,
-                                         root),
+                   run(ctx, shm_broadcast.scatter, send if ctx.rank == root else None, outs[ctx.rank],
+                       [count] * n, root),
                    signature("scatter", np.dtype(np.float64), count * n, root=root))
         for r in range(n):
             np.testing.assert_array_equal(outs[r], pieces[r])
@@ -189,7 +190,7 @@ def test_all_gather_and_gather_including_uneven(group, count):
     sizes = [count + 3 * r for r in range(n)]  # uneven: the "v" variant
     sends = [rank_data(r, sizes[r], np.float16) for r in range(n)]
     outputs = [np.zeros(sum(sizes), np.float16) for _ in range(n)]
-    group.call(lambda ctx: shm_allgather.all_gather(ctx, sends[ctx.rank], outputs[ctx.rank], sizes),
+    group.call(lambda ctx: run(ctx, shm_allgather.all_gather, sends[ctx.rank], outputs[ctx.rank], sizes),
                signature("all_gather", np.dtype(np.float16), sum(sizes)))
     for r in range(n):
         for q, block in enumerate(_split(outputs[r], sizes)):
@@ -197,8 +198,8 @@ def test_all_gather_and_gather_including_uneven(group, count):
     for root in range(n):
         outs = [np.full(sum(sizes), -1, np.float16) for _ in range(n)]
         group.call(lambda ctx, outs=outs, root=root:
-                   shm_allgather.gather(ctx, sends[ctx.rank], outs[ctx.rank] if ctx.rank == root else None,
-                                        sizes, root),
+                   run(ctx, shm_allgather.gather, sends[ctx.rank],
+                       outs[ctx.rank] if ctx.rank == root else None, sizes, root),
                    signature("gather", np.dtype(np.float16), sum(sizes), root=root))
         for q, block in enumerate(_split(outs[root], sizes)):
             np.testing.assert_array_equal(block, sends[q])
@@ -231,7 +232,7 @@ def test_all_to_all_with_per_pair_sizes(group, count):
     send_counts = [[count + r + 2 * j for j in range(n)] for r in range(n)]
     recv_counts = [[count + q + 2 * r for q in range(n)] for r in range(n)]
     outputs = [np.zeros(sum(c), np.int64) for c in recv_counts]
-    group.call(lambda ctx: shm_alltoall.all_to_all(ctx, np.concatenate(inputs[ctx.rank]),
+    group.call(lambda ctx: run(ctx, shm_alltoall.all_to_all, np.concatenate(inputs[ctx.rank]),
                                                    send_counts[ctx.rank], outputs[ctx.rank],
                                                    recv_counts[ctx.rank]),
                signature("all_to_all", np.dtype(np.int64), UNCHECKED))
@@ -245,7 +246,7 @@ def test_all_to_all_with_equal_blocks(group, count):
     n = group.size
     sends = [np.arange(n * count, dtype=np.float32) + 1000 * r for r in range(n)]
     outs = [np.zeros(n * count, np.float32) for _ in range(n)]
-    group.call(lambda ctx: shm_alltoall.all_to_all(ctx, sends[ctx.rank], [count] * n, outs[ctx.rank],
+    group.call(lambda ctx: run(ctx, shm_alltoall.all_to_all, sends[ctx.rank], [count] * n, outs[ctx.rank],
                                                    [count] * n),
                signature("all_to_all", np.dtype(np.float32), UNCHECKED))
     for r in range(n):
@@ -253,12 +254,28 @@ def test_all_to_all_with_equal_blocks(group, count):
         np.testing.assert_array_equal(outs[r], expected)
 
 
+def test_all_to_all_one_slot_fast_path_follows_a_peer_that_needs_more_rounds():
+    g = Group(3)
+    k = 4
+    send_counts = [[k, k, 100], [k, k, k], [k, k, k]]  # rank 0's stream spans several slots
+    recv_counts = [[send_counts[q][r] for q in range(3)] for r in range(3)]
+    sends = [np.arange(sum(c), dtype=np.int32) + 1000 * r for r, c in enumerate(send_counts)]
+    outs = [np.zeros(sum(c), np.int32) for c in recv_counts]
+    g.call(lambda ctx: run(ctx, shm_alltoall.all_to_all, sends[ctx.rank], send_counts[ctx.rank],
+                           outs[ctx.rank], recv_counts[ctx.rank]),
+           signature("all_to_all", np.dtype(np.int32), UNCHECKED))
+    for r in range(3):
+        expected = [_split(sends[q], send_counts[q])[r] for q in range(3)]
+        np.testing.assert_array_equal(outs[r], np.concatenate(expected))
+    g.close()
+
+
 def test_all_to_all_size_disagreement_is_a_mismatch():
     g = Group(2)
     recv_counts = [[3, 5], [3, 3]]
     with pytest.raises(Exception,
                        match="rank 1 called test sending 3 elements to rank 0, which called it expecting 5"):
-        g.call(lambda ctx: shm_alltoall.all_to_all(ctx, np.zeros(6, np.int64), [3, 3],
+        g.call(lambda ctx: run(ctx, shm_alltoall.all_to_all, np.zeros(6, np.int64), [3, 3],
                                                    np.zeros(sum(recv_counts[ctx.rank]), np.int64),
                                                    recv_counts[ctx.rank]))
     g.close()
@@ -318,7 +335,7 @@ def test_a_failed_broadcast_leaves_the_receivers_untouched():
                 d.wait(d.peers, d.posts, ctx)
             d.abort(GroupAbortedError("root gave up"))
             raise GroupAbortedError("gave up on purpose")
-        shm_broadcast.broadcast(ctx, receiver, 0)
+        run(ctx, shm_broadcast.broadcast, receiver, 0)
 
     with pytest.raises(GroupAbortedError):
         g.call(body, signature("broadcast", np.dtype(np.float64), 1000, root=0))

@@ -43,6 +43,11 @@ def test_a_good_file_gives_its_rows_by_transport_members_and_size() -> None:
     assert tuning.lookup(table, "shm", "all_reduce", 5, 1) == "shm_split"  # a tie: the smaller count
     assert tuning.lookup(table, "shm", "reduce", 2, 1) is None  # not tuned
     assert tuning.lookup(table, None, "all_reduce", 2, 1) is None
+    bounded = tuning.parse(good(choices=[{"transport": "shm", "collective": "all_reduce", "members": 2,
+                                          "rows": [[4096, "shm_split"], [65536, "shm_pipelined"]]}]),
+                           KNOWN)
+    assert tuning.lookup(bounded, "shm", "all_reduce", 2, 65536) == "shm_pipelined"
+    assert tuning.lookup(bounded, "shm", "all_reduce", 2, 65537) is None  # not measured: built-in
 
 
 @pytest.mark.parametrize("changes, kind, words", [
@@ -59,7 +64,7 @@ def test_a_good_file_gives_its_rows_by_transport_members_and_size() -> None:
     ({"choices": [{"transport": "tcp", "collective": "all_reduce", "members": 2,
                    "rows": [[10, "ring"], [5, "ring"], [None, "ring"]]}]}, "malformed", "ascending"),
     ({"choices": [{"transport": "tcp", "collective": "all_reduce", "members": 2,
-                   "rows": [[10, "ring"]]}]}, "malformed", "null"),
+                   "rows": [[None, "ring"], [10, "ring"]]}]}, "malformed", "null only last"),
     ({"choices": [{"transport": "tcp", "collective": "all_reduce", "members": 1,
                    "rows": [[None, "ring"]]}]}, "malformed", "members"),
     ({"choices": [{"transport": "tcp", "collective": "frobnicate", "members": 2,
@@ -141,14 +146,14 @@ def test_candidates_per_transport() -> None:
 def test_winners_are_the_fewest_bands_within_five_percent_of_the_fastest() -> None:
     measured = {1024: {"a": 1.0, "b": 2.0}, 4096: {"a": 1.0, "b": 1.5}, 16384: {"a": 3.0, "b": 1.0},
                 65536: {"a": 5.0, "b": 4.9}, 262144: {"b": 1.0}}
-    assert tune.winners(measured) == ((4096, "a"), (None, "b"))
+    assert tune.winners(measured) == ((4096, "a"), (262144, "b"))
     # b is fastest at 1024 alone, but a is within 5% there and good for longer: one band
     noisy = {1024: {"a": 1.04, "b": 1.0}, 4096: {"a": 1.0, "b": 2.0}, 16384: {"a": 1.0, "b": 2.0}}
-    assert tune.winners(noisy) == ((None, "a"),)
+    assert tune.winners(noisy) == ((16384, "a"),)
     # a row timed only up to some size (one slot) ends its band there
     fits = {1024: {"a": 1.0, "b": 1.2}, 4096: {"b": 1.0}}
-    assert tune.winners(fits) == ((1024, "a"), (None, "b"))
-    assert tune.winners({1024: {"a": 1.0, "b": 1.0}}) == ((None, "a"),)  # a tie: either, once
+    assert tune.winners(fits) == ((1024, "a"), (4096, "b"))
+    assert tune.winners({1024: {"a": 1.0, "b": 1.0}}) == ((1024, "a"),)  # a tie: either, once
     assert tune.winners({}) == ()
 
 

@@ -13,14 +13,15 @@ written (no journal: see ``shm_common.Journal``). This module must not import ``
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import CollectiveMismatchError
 from .allgather import bounds
-from .base import Ctx
-from .shm_common import Journal, Read, Stream, no_domain, run_rounds
+from .base import Ctx, Plan, Team
+from .shm_common import Journal, Read, Stream, domain, run_rounds
 
 
 def _check_sizes(ctx: Ctx, counts: Sequence[int], itemsize: int, senders: Sequence[int],
@@ -34,21 +35,39 @@ def _check_sizes(ctx: Ctx, counts: Sequence[int], itemsize: int, senders: Sequen
                 f"{counts[q]} from rank {d.global_ranks[q]}, at step {ctx.seq}")
 
 
-def _state(ctx: Ctx, dtype: np.dtype, counts: Sequence[int]) -> tuple[Any, ...]:
-    """Set-up of a call shape: block offsets, the extents to expect and, when the call fits one
-    slot, per slot parity the members' slots (all at once when the counts are equal)."""
-    d = ctx.team.shm
-    if d is None:
-        raise no_domain(ctx)
+@dataclass(frozen=True, slots=True)
+class Gathered:
+    """``all_gather``'s and ``gather``'s state for one call shape.
+
+    Attributes:
+        d: the group's domain.
+        offsets: element bounds of each member's block of the output.
+        expected: bytes each member sends (its announced extent).
+        slots: when the call fits one slot, per slot parity the members' slots as one strided
+            ``(members, count)`` array (equal counts, more than two members) or one view per
+            member; else None (rounds).
+    """
+
+    d: Any
+    offsets: list[int]
+    expected: list[int]
+    slots: Any
+
+
+def prepare(team: Team, plan: Plan, send: np.ndarray, out: Any, counts: Sequence[int],
+            *rest: Any) -> Gathered:
+    """``all_gather``'s (and ``gather``'s) state."""
+    d = domain(team, plan)
+    dtype = send.dtype
     itemsize, total = dtype.itemsize, sum(counts)
     offsets = bounds(counts)
     expected = [count * itemsize for count in counts]
     if total * itemsize > d.slot_bytes:
-        return offsets, expected, None
-    if len(set(counts)) == 1:
-        return offsets, expected, tuple(d.stacked(p, dtype, counts[0]) for p in (0, 1))
-    return offsets, expected, tuple(
-        tuple(d.inbox[q][p][:counts[q] * itemsize].view(dtype) for q in range(d.size)) for p in (0, 1))
+        return Gathered(d, offsets, expected, None)
+    if len(set(counts)) == 1 and d.size > 2:  # two members: one view each copies with fewer calls
+        return Gathered(d, offsets, expected, tuple(d.stacked(p, dtype, counts[0]) for p in (0, 1)))
+    return Gathered(d, offsets, expected, tuple(
+        tuple(d.inbox[q][p][:counts[q] * itemsize].view(dtype) for q in range(d.size)) for p in (0, 1)))
 
 
 def _copy_rounds(ctx: Ctx, out: np.ndarray, offsets: Sequence[int], senders: Sequence[int]) -> Read:
@@ -88,11 +107,8 @@ def all_gather(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence[int
         out: 1-D, ``sum(counts)`` elements, blocks in group-rank order.
         counts: elements each member sends.
     """
-    plan = ctx.plan
-    if plan.state is None:
-        plan.state = _state(ctx, send.dtype, counts)
-    offsets, expected, slots = plan.state
-    d = ctx.team.shm
+    s: Gathered = ctx.plan.state
+    d, offsets, expected, slots = s.d, s.offsets, s.expected, s.slots
     r = d.rank
     if slots is None:
         run_rounds(ctx, Stream.of([send]), _copy_rounds(ctx, out, offsets, d.peers),
@@ -117,11 +133,8 @@ def gather(ctx: Ctx, send: np.ndarray, out: np.ndarray | None, counts: Sequence[
         counts: elements each member sends.
         root: the group rank that receives.
     """
-    plan = ctx.plan
-    if plan.state is None:
-        plan.state = _state(ctx, send.dtype, counts)
-    offsets, expected, slots = plan.state
-    d = ctx.team.shm
+    s: Gathered = ctx.plan.state
+    d, offsets, expected, slots = s.d, s.offsets, s.expected, s.slots
     r = d.rank
     if slots is None:
         if r != root:

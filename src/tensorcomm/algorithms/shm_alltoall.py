@@ -14,25 +14,50 @@ them partly written. This module must not import ``core``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import CollectiveMismatchError
 from .allgather import bounds
-from .base import Ctx
-from .shm_common import Journal, Stream, no_domain, run_rounds
+from .base import Ctx, Plan, Team
+from .shm_common import Journal, Stream, domain, run_rounds
 
 
-def _state(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int],
-           recv_counts: Sequence[int]) -> tuple[Any, ...]:
-    """Per call shape: this member's header; per slot parity every member's header as one
-    ``(members, members + 1)`` array; the block sizes to expect; the block bounds; and, when every
-    block this member gets has one size and the call fits one slot, where each member's header
-    must place that block (then ``uniform`` holds per slot parity each peer's block, typed)."""
-    d = ctx.team.shm
-    if d is None:
-        raise no_domain(ctx)
+@dataclass(frozen=True, slots=True)
+class AllToAll:
+    """``all_to_all``'s state for one call shape.
+
+    Attributes:
+        d: the group's domain.
+        header: this member's header (its packed stream's block offsets), padded to 64 bytes.
+        headers: per slot parity every member's header as one ``(members, members + 1)`` array.
+        expected: bytes this member expects from each member.
+        send_offsets, recv_offsets: element bounds of the blocks of ``send`` and ``out``.
+        uniform: when every block this member gets has one size and the call fits one slot:
+            where each member's header must place that block, and per slot parity each peer's
+            block in its slot, typed; else None.
+        outgoing: when this member's stream fits one slot, per slot parity the places of its
+            blocks for the peers in its slot, typed (the one-slot fast path); else None.
+        nbytes: bytes of this member's stream (header included).
+    """
+
+    d: Any
+    header: np.ndarray
+    headers: tuple[np.ndarray, np.ndarray]
+    expected: list[int]
+    send_offsets: list[int]
+    recv_offsets: list[int]
+    uniform: tuple[list[list[int]], tuple[tuple[np.ndarray, ...], ...]] | None
+    outgoing: tuple[tuple[np.ndarray, ...], ...] | None
+    nbytes: int
+
+
+def prepare(team: Team, plan: Plan, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
+            recv_counts: Sequence[int]) -> AllToAll:
+    """``all_to_all``'s state."""
+    d = domain(team, plan)
     n, r, itemsize = d.size, d.rank, send.itemsize
     sizes = [0 if j == r else count * itemsize for j, count in enumerate(send_counts)]
     offsets = np.cumsum([0, *sizes], dtype=np.int64)  # packed: this member's own block is empty
@@ -50,7 +75,13 @@ def _state(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int],
         views = tuple(tuple(d.inbox[q][p][header_bytes + places[q][0]:][:block].view(send.dtype)
                             for q in d.peers) for p in (0, 1))
         uniform = places, views
-    return header, header_bytes, headers, expected, bounds(send_counts), bounds(recv_counts), uniform
+    nbytes = header_bytes + int(offsets[-1])
+    outgoing = None
+    if nbytes <= d.slot_bytes:
+        outgoing = tuple(tuple(d.inbox[r][p][header_bytes + offsets[j]:header_bytes + offsets[j + 1]]
+                               .view(send.dtype) for j in d.peers) for p in (0, 1))
+    return AllToAll(d, header, headers, expected, bounds(send_counts), bounds(recv_counts), uniform,
+                    outgoing, nbytes)
 
 
 def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
@@ -63,12 +94,22 @@ def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.n
         out: 1-D, ``sum(recv_counts)`` elements, block ``i`` from member ``i``.
         recv_counts: elements this member receives from each member.
     """
-    plan = ctx.plan
-    if plan.state is None:
-        plan.state = _state(ctx, send, send_counts, recv_counts)
-    header, header_bytes, headers, expected, send_offsets, recv_offsets, uniform = plan.state
-    d = ctx.team.shm
+    s: AllToAll = ctx.plan.state
+    d, header, headers, expected, uniform = s.d, s.header, s.headers, s.expected, s.uniform
+    send_offsets, recv_offsets, header_bytes = s.send_offsets, s.recv_offsets, s.header.size
     r, itemsize = d.rank, out.itemsize
+    started = None
+    if s.outgoing is not None and uniform is not None:  # one round, blocks of one size
+        started = parity = d.next_round()
+        d.inbox[r][parity][:header_bytes] = header
+        for j, place in zip(d.peers, s.outgoing[parity], strict=True):
+            place[...] = send[send_offsets[j]:send_offsets[j + 1]]
+        d.start(ctx, s.nbytes)
+        if headers[parity][:, r:r + 2].tolist() == uniform[0] and max(d.extents(ctx)) <= d.slot_bytes:
+            for q, block in zip(d.peers, uniform[1][parity], strict=True):
+                out[recv_offsets[q]:recv_offsets[q + 1]] = block
+            out[recv_offsets[r]:recv_offsets[r + 1]] = send[send_offsets[r]:send_offsets[r + 1]]
+            return
     raw = out.view(np.uint8)
     taken: list[tuple[int, int, int]] = []  # (peer, start, stop) of this member's block in its stream
     whole: list[tuple[np.ndarray, ...]] = []  # each peer's block in its slot, when that applies
@@ -102,5 +143,6 @@ def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.n
                 raw[base + a - start:base + b - start] = d.inbox[q][parity][a - lo:b - lo]
 
     blocks = [send[send_offsets[j]:send_offsets[j + 1]] for j in d.peers]
-    run_rounds(ctx, Stream.of(blocks, start=header_bytes), read, verify=verify, header=header)
+    run_rounds(ctx, Stream.of(blocks, start=header_bytes), read, verify=verify, header=header,
+               started=started)
     out[recv_offsets[r]:recv_offsets[r + 1]] = send[send_offsets[r]:send_offsets[r + 1]]

@@ -13,25 +13,46 @@ scatter may leave it partly written. This module must not import ``core``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from .allgather import bounds
-from .base import Ctx
-from .shm_common import Journal, Stream, no_domain, run_rounds
+from .base import Ctx, Plan, Team
+from .shm_common import Journal, Stream, domain, run_rounds
+
+
+@dataclass(frozen=True, slots=True)
+class Broadcast:
+    """``broadcast``'s state for one call shape.
+
+    Attributes:
+        d: the group's domain.
+        views: when the array fits one slot, per slot parity the root's slot as a typed view;
+            else None.
+        staged: the array fits the OUT region (``staged``); else it goes round by round.
+    """
+
+    d: Any
+    views: tuple[np.ndarray, np.ndarray] | None
+    staged: bool
+
+
+def prepare_broadcast(team: Team, plan: Plan, x: np.ndarray, root: int) -> Broadcast:
+    """``broadcast``'s state."""
+    d = domain(team, plan)
+    views = None
+    if x.nbytes <= d.slot_bytes:
+        views = (d.inbox[root][0][:x.nbytes].view(x.dtype), d.inbox[root][1][:x.nbytes].view(x.dtype))
+    return Broadcast(d, views, x.nbytes <= d.out_bytes)
 
 
 def broadcast(ctx: Ctx, x: np.ndarray, root: int) -> None:
     """Copy group rank ``root``'s ``x`` into every member's ``x`` (1-D, C-contiguous)."""
-    d = ctx.team.shm
-    if d is None:
-        raise no_domain(ctx)
-    plan = ctx.plan
-    if plan.state is None:  # per slot parity, the root's slot as a typed view; False: rounds
-        plan.state = x.nbytes <= d.slot_bytes and tuple(
-            d.inbox[root][p][:x.nbytes].view(x.dtype) for p in (0, 1))
-    views = plan.state
-    if views is not False:  # one round, the root's slot read in place
+    s: Broadcast = ctx.plan.state
+    d, views = s.d, s.views
+    if views is not None:  # one round, the root's slot read in place
         parity = d.next_round()
         if d.rank == root:
             views[parity][...] = x
@@ -39,7 +60,7 @@ def broadcast(ctx: Ctx, x: np.ndarray, root: int) -> None:
         if d.rank != root:
             x[...] = views[parity]
         return
-    if x.nbytes <= d.out_bytes:
+    if s.staged:
         staged(ctx, x, root)
         return
     if d.rank == root:
@@ -76,6 +97,36 @@ def staged(ctx: Ctx, x: np.ndarray, root: int) -> None:
     x.view(np.uint8)[...] = region
 
 
+@dataclass(frozen=True, slots=True)
+class Scatter:
+    """``scatter``'s state for one call shape.
+
+    Attributes:
+        d: the group's domain.
+        offsets: element bounds of each member's block of the root's ``send``.
+        views: when ``send`` fits one slot, per slot parity the root's slot and this member's
+            block of it, typed; else None (rounds).
+    """
+
+    d: Any
+    offsets: list[int]
+    views: tuple[tuple[np.ndarray, np.ndarray], ...] | None
+
+
+def prepare_scatter(team: Team, plan: Plan, send: Any, out: np.ndarray, counts: Sequence[int],
+                    root: int) -> Scatter:
+    """``scatter``'s state."""
+    d = domain(team, plan)
+    r, itemsize = d.rank, out.itemsize
+    offsets = bounds(counts)
+    views = None
+    if offsets[-1] * itemsize <= d.slot_bytes:
+        views = tuple((d.inbox[root][p][:offsets[-1] * itemsize].view(out.dtype),
+                       d.inbox[root][p][offsets[r] * itemsize:offsets[r + 1] * itemsize].view(out.dtype))
+                      for p in (0, 1))
+    return Scatter(d, offsets, views)
+
+
 def scatter(ctx: Ctx, send: np.ndarray | None, out: np.ndarray, counts: Sequence[int], root: int) -> None:
     """Copy block ``i`` of group rank ``root``'s ``send`` into member ``i``'s ``out``.
 
@@ -85,20 +136,11 @@ def scatter(ctx: Ctx, send: np.ndarray | None, out: np.ndarray, counts: Sequence
         counts: elements each member receives (the same list on every member).
         root: the group rank that sends.
     """
-    d = ctx.team.shm
-    if d is None:
-        raise no_domain(ctx)
+    s: Scatter = ctx.plan.state
+    d, offsets, views = s.d, s.offsets, s.views
     r = d.rank
     itemsize = out.itemsize
-    plan = ctx.plan
-    if plan.state is None:  # per slot parity, the root's slot and this member's block of it
-        offsets = bounds(counts)
-        plan.state = offsets, offsets[-1] * itemsize <= d.slot_bytes and tuple(
-            (d.inbox[root][p][:offsets[-1] * itemsize].view(out.dtype),
-             d.inbox[root][p][offsets[r] * itemsize:offsets[r + 1] * itemsize].view(out.dtype))
-            for p in (0, 1))
-    offsets, views = plan.state
-    if views is not False:  # one round, the root's slot read in place
+    if views is not None:  # one round, the root's slot read in place
         parity = d.next_round()
         whole, block = views[parity]
         if r == root:

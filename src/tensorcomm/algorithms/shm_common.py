@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..types import PremulSum, ReduceOp
-from .base import Ctx, Plan
+from .base import Ctx, Plan, Team
 from .kernels import Reduction, load, reduction
 
 __all__ = ["Reduction", "load", "reduction"]  # kernels' reduction descriptor, for the shm_* modules
@@ -45,6 +45,13 @@ def no_domain(where: Ctx | Plan) -> ValueError:
     name = where.label if isinstance(where, Plan) else where.name
     return ValueError(f"{name}: this algorithm needs a group whose members share a host "
                       "(the group has no shared-memory domain)")
+
+
+def domain(team: Team, plan: Plan) -> Any:
+    """The group's shared-memory domain, for a ``prepare``; raises ``no_domain`` without one."""
+    if team.shm is None:
+        raise no_domain(plan)
+    return team.shm
 
 
 # -- reductions -----------------------------------------------------------------------------------
@@ -140,7 +147,7 @@ Read = Callable[[int, int, int, "Journal | None"], None]
 
 def run_rounds(ctx: Ctx, stream: Stream, read: Read, outputs: Sequence[np.ndarray] = (),
                verify: Callable[[int, list[int]], None] | None = None,
-               header: np.ndarray | None = None) -> int:
+               header: np.ndarray | None = None, started: int | None = None) -> int:
     """Exchange every member's ``stream`` one slot per round; return the number of rounds.
 
     Each round ``t`` covers bytes ``[t*S, (t+1)*S)`` of every stream (``S`` the slot size): this
@@ -157,17 +164,22 @@ def run_rounds(ctx: Ctx, stream: Stream, read: Read, outputs: Sequence[np.ndarra
             have arrived, before anything is read (size checks).
         header: bytes written at the start of the first round, before the stream (whose offsets
             must leave room for it); peers read it in the first round.
+        started: the slot parity of a first round the caller already wrote and started (with
+            ``stream.nbytes`` as its extent), as a fast path that found it needs more.
     """
     d = ctx.team.shm
     if d is None:
         raise no_domain(ctx)
     size = d.slot_bytes
     mine = d.inbox[d.rank]
-    parity = d.next_round()
-    if header is not None:
-        mine[parity][:header.size] = header
-    stream.write(mine[parity], 0, size)
-    d.start(ctx, stream.nbytes)
+    if started is None:
+        parity = d.next_round()
+        if header is not None:
+            mine[parity][:header.size] = header
+        stream.write(mine[parity], 0, size)
+        d.start(ctx, stream.nbytes)
+    else:
+        parity = started
     extents = d.extents(ctx)
     if verify is not None:
         verify(parity, extents)

@@ -12,12 +12,62 @@ reduce over a strided view of all the slots. This module must not import ``core`
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from .allgather import bounds
-from .base import Ctx
-from .shm_common import Journal, Op, Stream, load, no_domain, reduce_rows, reduction, run_rounds
+from .base import Ctx, Plan, Team
+from .shm_common import Journal, Op, Reduction, Stream, domain, load, reduce_rows, run_rounds
+
+
+@dataclass(frozen=True, slots=True)
+class ReduceScatter:
+    """``reduce_scatter``'s state for one call shape.
+
+    Attributes:
+        d: the group's domain.
+        red: the reduction (the plan's).
+        offsets: element bounds of each member's block.
+        pair: two members (``_pair``).
+        rows: when the input fits one slot, per slot parity: on two members (this member's
+            published block, the peer's block for it), typed; on more, block ``rank`` of every
+            member's slot as one strided array. Else None (rounds).
+        mine: on more than two members, per slot parity this member's slot (the whole input), when
+            it fits; else None.
+    """
+
+    d: Any
+    red: Reduction
+    offsets: list[int]
+    pair: bool
+    rows: Any
+    mine: Any
+
+
+def prepare(team: Team, plan: Plan, send: np.ndarray, out: np.ndarray, counts: Sequence[int],
+            op: Op) -> ReduceScatter:
+    """``reduce_scatter``'s state."""
+    d = domain(team, plan)
+    red = plan.reduction
+    if red is None:
+        raise TypeError(f"{plan.label}: a reduction's plan has no reduction descriptor")
+    r, size = d.rank, red.acc.itemsize
+    offsets = bounds(counts)
+    if d.size == 2:
+        peer = 1 - r
+        pairs = None
+        if max(counts) * size <= d.slot_bytes:
+            pairs = tuple((d.inbox[r][p][:counts[peer] * size].view(red.acc),
+                           d.inbox[peer][p][:counts[r] * size].view(red.acc)) for p in (0, 1))
+        return ReduceScatter(d, red, offsets, True, pairs, None)
+    if offsets[-1] * size > d.slot_bytes:
+        return ReduceScatter(d, red, offsets, False, None, None)
+    a, b = offsets[r], offsets[r + 1]
+    stacked = [d.stacked(p, red.acc, offsets[-1]) for p in (0, 1)]
+    return ReduceScatter(d, red, offsets, False, (stacked[0][:, a:b], stacked[1][:, a:b]),
+                         (stacked[0][r], stacked[1][r]))
 
 
 def reduce_scatter(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence[int], op: Op) -> None:
@@ -29,23 +79,12 @@ def reduce_scatter(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence
         counts: block sizes (the same on every member).
         op: the caller's reduction.
     """
-    d = ctx.team.shm
-    if d is None:
-        raise no_domain(ctx)
-    if d.size == 2:
-        _pair(ctx, send, out, counts, op)
+    s: ReduceScatter = ctx.plan.state
+    if s.pair:
+        _pair(ctx, s, send, out)
         return
+    d, red, offsets, rows, mine = s.d, s.red, s.offsets, s.rows, s.mine
     r = d.rank
-    plan = ctx.plan
-    if plan.state is None:
-        red = reduction(op, out.dtype)
-        offsets = bounds(counts)
-        a, b = offsets[r], offsets[r + 1]
-        one_slot = offsets[-1] * red.acc.itemsize <= d.slot_bytes
-        rows = tuple(d.stacked(p, red.acc, offsets[-1])[:, a:b] for p in (0, 1)) if one_slot else None
-        mine = tuple(d.stacked(p, red.acc, offsets[-1])[r] for p in (0, 1)) if one_slot else None
-        plan.state = red, offsets, rows, mine
-    red, offsets, rows, mine = plan.state
     if rows is not None:  # one round: every member's block r, reduced in one call
         parity = d.next_round()
         load(red, mine[parity], send)
@@ -68,23 +107,12 @@ def reduce_scatter(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence
     run_rounds(ctx, Stream.of([terms]), read)  # ``out`` is an output only: no journal
 
 
-def _pair(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence[int], op: Op) -> None:
+def _pair(ctx: Ctx, s: ReduceScatter, send: np.ndarray, out: np.ndarray) -> None:
     """``reduce_scatter`` on two members: each publishes only its peer's block of terms, and
     reduces its own block of ``send`` with the peer's, in member order."""
-    d = ctx.team.shm
+    d, red, offsets, views = s.d, s.red, s.offsets, s.rows
     r = d.rank
     peer = 1 - r
-    plan = ctx.plan
-    if plan.state is None:  # per slot parity: (this member's published block, the peer's), or None
-        red = reduction(op, out.dtype)
-        offsets = bounds(counts)
-        size = red.acc.itemsize
-        views = None
-        if max(counts) * size <= d.slot_bytes:
-            views = tuple((d.inbox[r][p][:counts[peer] * size].view(red.acc),
-                           d.inbox[peer][p][:counts[r] * size].view(red.acc)) for p in (0, 1))
-        plan.state = red, offsets, views
-    red, offsets, views = plan.state
     given = send[offsets[peer]:offsets[peer + 1]]  # the block this member hands its peer
     own = send[offsets[r]:offsets[r + 1]]
     if not red.raw:  # terms in the accumulation dtype, premultiplied

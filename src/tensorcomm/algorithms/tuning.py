@@ -14,15 +14,16 @@ The file (JSON)::
     {"format": 1, "tensorcomm": "0.1.0",
      "host": {"cpu": "...", "cores": 16, "memory_gib": 64},
      "choices": [{"transport": "shm", "collective": "all_reduce", "members": 4,
-                  "rows": [[131072, "shm_direct"], [1048576, "shm_split"], [null, "shm_pipelined"]]},
+                  "rows": [[131072, "shm_direct"], [1048576, "shm_split"], [16777216, "shm_pipelined"]]},
                  ...],
      "measured": [...]}
 
-Each entry's ``rows`` are ``[up to nbytes, algorithm]`` with ascending sizes, the last ``null``
-(any size): the first whose bound holds is the choice. ``transport`` is ``shm`` (the group's
-shared-memory domain) or ``tcp`` (TCP between members on one host). A group whose member count
-was not tuned uses the nearest tuned count (the smaller on a tie). ``measured`` (what ``tune``
-timed, for people) is not read.
+Each entry's ``rows`` are ``[up to nbytes, algorithm]`` with ascending sizes: the first whose
+bound holds is the choice. ``tune`` ends the last row at the largest size it measured, above
+which the built-in rules choose; a last bound of ``null`` extends it to any size.
+``transport`` is ``shm`` (the group's shared-memory domain) or ``tcp`` (TCP between members on
+one host). A group whose member count was not tuned uses the nearest tuned count (the smaller on
+a tie). ``measured`` (what ``tune`` timed, for people) is not read.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ TRANSPORTS = ("shm", "tcp")
 OFF = "off"
 
 # (transport, collective) -> {members: ((up to nbytes or None, algorithm), ...)}
-Rows = tuple[tuple[int | None, str], ...]  # (up to nbytes, None for any size; algorithm)
+Rows = tuple[tuple[int | None, str], ...]  # (up to nbytes, None (last only) for any size; algorithm)
 Table = dict[tuple[str, str], dict[int, Rows]]
 
 
@@ -111,10 +112,10 @@ def _entry(item: Any, known: Mapping[str, Sequence[str]]) -> tuple[str, str, int
         if not (isinstance(row, list) and len(row) == 2):
             raise Ignored("malformed", f"{collective}: row {row!r}, expected [up to bytes, algorithm]")
         bound, name = row
-        if last and bound is not None:
-            raise Ignored("malformed", f"{collective}: the last row's bound must be null, got {bound!r}")
-        if not last and (type(bound) is not int or bound < 0 or (out and bound <= (out[-1][0] or 0))):
-            raise Ignored("malformed", f"{collective}: bound {bound!r}, expected ascending byte counts")
+        if not (last and bound is None) and (type(bound) is not int or bound < 0
+                                             or (out and bound <= (out[-1][0] or 0))):
+            raise Ignored("malformed", f"{collective}: bound {bound!r}, expected ascending byte counts "
+                                          f"(null only last)")
         if name not in known[collective] or name.startswith("shm_") != (transport == "shm") \
                 or name == "hierarchical":
             raise Ignored("malformed", f"{collective}: {name!r} is not a {transport} algorithm of it")
@@ -208,7 +209,7 @@ def lookup(table: Table, transport: str | None, collective: str, members: int, n
     for bound, name in rows:
         if bound is None or nbytes <= bound:
             return name
-    return None  # not reached: the last bound is None
+    return None  # above the sizes measured: the built-in rules
 
 
 def choice(table: Table | None, collective: str, team: Team, nbytes: int) -> str | None:

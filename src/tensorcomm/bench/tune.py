@@ -10,7 +10,8 @@ that noise between near-equal rows does not make the choice flicker.
 
 ``--check`` writes nothing: it times the rows again, with one more job that selects as a user's
 job does (from the file), and reports at each size the row the file chooses against the fastest
-forced row of the same run; it fails where the chosen row is more than ``CHECK_WITHIN`` slower.
+forced row of the same run; it fails where the chosen row is more than ``CHECK_WITHIN`` slower,
+or where the selecting job ran another row than the chosen one.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def winners(measured: Mapping[int, Mapping[str, float]]) -> tuning.Rows:
             end += 1
         return end
 
-    rows: list[tuple[int | None, str]] = []
+    rows: list[tuple[int | None, str]] = []  # the last ends at the largest size measured
     start = 0
     while start < len(sizes):
         times = measured[sizes[start]]
@@ -86,8 +87,6 @@ def winners(measured: Mapping[int, Mapping[str, float]]) -> tuning.Rows:
                    key=lambda n: (reach(n, start), -times[n]))
         start = reach(name, start)
         rows.append((sizes[start - 1], name))
-    if rows:
-        rows[-1] = (None, rows[-1][1])
     return tuple(rows)
 
 
@@ -161,8 +160,9 @@ def _say(message: str) -> None:
 
 
 def _measure(args: argparse.Namespace, transport: str, collective: str, members: int,
-             names: Sequence[str], path: str | None) -> dict[int, dict[str, float]]:
-    """``{nbytes: {row: µs}}`` of every row in ``names`` (and ``AUTO`` when ``path``), interleaved."""
+             names: Sequence[str], path: str | None) -> tuple[dict[int, dict[str, float]], dict[int, str]]:
+    """``{nbytes: {row: µs}}`` of every row in ``names`` (and ``AUTO`` when ``path``), interleaved,
+    and ``{nbytes: the algorithm AUTO's ranks ran}``."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env[config.ENV_TRANSPORT] = "auto" if transport == "shm" else "tcp"
@@ -197,7 +197,8 @@ def _measure(args: argparse.Namespace, transport: str, collective: str, members:
         times = measured.setdefault(row.size, {})
         if row.time_us is not None:
             times[row.library] = row.time_us
-    return measured
+    ran = {row.size: row.algorithm.partition("/")[0] for row in rows if row.library == AUTO}
+    return measured, ran
 
 
 def _plan(args: argparse.Namespace) -> list[tuple[str, int, str, list[str]]]:
@@ -255,7 +256,7 @@ def _tune(args: argparse.Namespace, path: str, work: list[tuple[str, int, str, l
     measured_out: list[dict[str, Any]] = []
     for transport, members, collective, names in work:
         _say(f"tune: {collective}, {members} members over {transport}: {', '.join(names)}")
-        measured = _measure(args, transport, collective, members, names, None)
+        measured, _ = _measure(args, transport, collective, members, names, None)
         rows = winners(measured)
         if not rows:
             _say(f"tune: {collective}: nothing measured, left to the built-in thresholds")
@@ -265,7 +266,7 @@ def _tune(args: argparse.Namespace, path: str, work: list[tuple[str, int, str, l
         measured_out.append({"transport": transport, "collective": collective, "members": members,
                              "times_us": {str(s): t for s, t in sorted(measured.items())}})
         print(f"{transport} {members} {collective}: " + ", ".join(
-            f"{name} up to {bound} B" if bound is not None else f"{name} above" for bound, name in rows))
+            f"{name} up to {bound} B" for bound, name in rows))
     _write(path, choices, measured_out)
     print(f"wrote {path}")
     return 0
@@ -278,11 +279,11 @@ def _check(args: argparse.Namespace, path: str, work: list[tuple[str, int, str, 
     except (FileNotFoundError, tuning.Ignored) as exc:
         _say(f"tune --check: no usable tuning file at {path} ({exc}); run `tensorcomm tune` first")
         return 1
-    failed = 0
+    failed = strays = 0
     print(f"{'transport':9} {'n':>2} {'collective':14} {'bytes':>9} {'chosen':18} {'µs':>9} "
-          f"{'best':18} {'µs':>9} {'ratio':>5} {'selected µs':>11}  ok")
+          f"{'best':18} {'µs':>9} {'ratio':>5} {'selected µs':>11}  ok    selected ran")
     for transport, members, collective, names in work:
-        measured = _measure(args, transport, collective, members, names, path)
+        measured, ran = _measure(args, transport, collective, members, names, path)
         team = model_team(members, transport)
         for size, times in sorted(measured.items()):
             forced = {k: v for k, v in times.items() if k != AUTO}
@@ -295,13 +296,16 @@ def _check(args: argparse.Namespace, path: str, work: list[tuple[str, int, str, 
             ratio = mine / forced[best] if mine is not None else float("inf")
             ok = ratio <= CHECK_WITHIN
             failed += not ok
-            auto = times.get(AUTO)
+            auto, auto_ran = times.get(AUTO), ran.get(size, "")
+            strays += bool(auto_ran) and auto_ran != chosen
             print(f"{transport:9} {members:>2} {collective:14} {size:>9} {chosen:18} "
                   f"{mine or float('nan'):>9.1f} {best:18} {forced[best]:>9.1f} {ratio:>5.2f} "
-                  f"{auto or float('nan'):>11.1f}  {'ok' if ok else 'SLOW'}")
+                  f"{auto or float('nan'):>11.1f}  {'ok' if ok else 'SLOW':5} {auto_ran or '?'}"
+                  f"{'' if not auto_ran or auto_ran == chosen else ' (not the chosen row)'}")
     print(f"tune --check: {failed} size(s) where the chosen row is more than {CHECK_WITHIN:g}x the "
-          f"fastest; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    return 1 if failed else 0
+          f"fastest, {strays} where the selecting job ran another row; load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return 1 if failed or strays else 0
 
 
 def main(args: argparse.Namespace) -> int:

@@ -47,8 +47,9 @@ DENSE_CROSSOVER = {TransportKind.SHM: 0.6, TransportKind.TCP: 1.0}
 
 _INDEX = np.dtype(np.int64)
 _REPEATS_BY_ROUNDS = 32  # up to this many entries per index, _coalesce adds them level by level
-# Header fields: ok flag, values dtype, sparse_dim, dense ndim, dense shape fingerprint, algorithm, nnz.
-_OK, _DTYPE, _SPARSE_DIM, _NDIM, _SHAPE, _ALGORITHM, _NNZ = range(7)
+# Header fields: ok flag, values dtype, sparse_dim, dense ndim, dense shape fingerprint, algorithm,
+# op (0 SUM, 1 AVG), nnz.
+_OK, _DTYPE, _SPARSE_DIM, _NDIM, _SHAPE, _ALGORITHM, _OP, _NNZ = range(8)
 
 
 class _Input:
@@ -116,10 +117,11 @@ class _Input:
 
     def header(self) -> np.ndarray:
         if self.error is not None:
-            return np.array([0, -1, 0, 0, 0, 0, 0], dtype=np.int64)
+            return np.zeros(_NNZ + 1, dtype=np.int64)
         fingerprint = zlib.crc32(np.asarray([len(self.shape), *self.shape], dtype=np.int64).tobytes())
         return np.array([1, SUPPORTED_DTYPES.index(self.vals.dtype), self.sparse_dim, len(self.shape),
-                         fingerprint, ALGORITHMS.index(self.algorithm), self.idx.shape[0]],
+                         fingerprint, ALGORITHMS.index(self.algorithm), int(self.op is ReduceOp.AVG),
+                         self.idx.shape[0]],
                         dtype=np.int64)
 
 
@@ -134,14 +136,14 @@ def _agree(group: Group, mine: _Input, fn: str) -> np.ndarray:
     if bad.size:
         raise ValueError(f"{fn}: group ranks {bad.tolist()} passed invalid arguments (their own "
                          f"errors say which); nothing was reduced")
-    fields = [_DTYPE, _SPARSE_DIM, _NDIM, _SHAPE, _ALGORITHM]
+    fields = [_DTYPE, _SPARSE_DIM, _NDIM, _SHAPE, _ALGORITHM, _OP]
     differ = np.flatnonzero((table[:, fields] != table[0, fields]).any(axis=1))
     if differ.size:
         raise CollectiveMismatchError(
             f"{fn}: members disagree on the values' dtype, dense_shape, number of sparse "
-            f"dimensions or algorithm: group ranks {differ.tolist()} differ from group rank 0 (this rank "
+            f"dimensions, op or algorithm: group ranks {differ.tolist()} differ from group rank 0 (this rank "
             f"passed {mine.vals.dtype} values, dense_shape {list(mine.shape)}, "
-            f"{mine.sparse_dim} sparse dimensions)")
+            f"{mine.sparse_dim} sparse dimensions, op {mine.op.name}, algorithm {mine.algorithm!r})")
     return table[:, _NNZ]
 
 
@@ -162,8 +164,9 @@ def _linear(idx: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def _coalesce(positions: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each position once, ascending, with the sum of its rows, added left to right in input
-    order (so every member that coalesces the same entries gets the same bits)."""
+    """Each position once, ascending, with the sum of its rows in input order (left to right up
+    to ``_REPEATS_BY_ROUNDS`` repeats, numpy's ``reduceat`` beyond): every member that
+    coalesces the same entries gets the same bits."""
     if not positions.size:
         return positions, vals
     order = np.argsort(positions, kind="stable")
@@ -233,7 +236,8 @@ def sparse_all_reduce(indices: Any, values: Any, dense_shape: Sequence[int], op:
         TypeError, ValueError: bad arguments here (mismatched lengths, non-integer indices, an
             index outside ``dense_shape``, an op other than SUM/AVG); a ValueError naming the
             ranks on every other member, since nothing is reduced.
-        CollectiveMismatchError: members passed different dense shapes, dtypes or sparse dimensions.
+        CollectiveMismatchError: members passed different dense shapes, value dtypes, numbers of
+            sparse dimensions, ops or algorithms.
     """
     fn = "sparse_all_reduce"
     g = validate.group(group, fn)

@@ -6,9 +6,11 @@ calls are lined up by sequence number (step), and the analysis looks for, in thi
 - the first step at which members made different calls (a skipped or an extra call): the ranks
   that differ from a strict majority diverged; with no majority, the rank whose call site does
   not follow its previous one as in its earlier steps diverged (a loop that skipped a call);
-- ranks that never reached the step where another member failed, or reached it only after that
-  member had given up on them (stopped, hung, or slow), and ranks that left no record at all
-  (they did not fail themselves: stopped or killed before they could write it);
+- ranks that never reached the step where another member failed, reached it only after that
+  member had given up on them, were still inside it (or an earlier step) when they wrote a
+  record later (SIGUSR1 after SIGCONT), or were inside it when a member timed out there without
+  timing out themselves: stopped, hung, or slow; and ranks that left no record at all (they did
+  not fail themselves: stopped or killed before they could write it);
 - the first failure in time.
 
 ``analyze(directory)`` returns the findings as one paragraph.
@@ -165,6 +167,7 @@ def _behind(findings: Findings, group: str, members: Sequence[int],
     if not failed:
         return
     given_up, seq, who = min(failed)  # the first member to fail on this group
+    timed_out = _timed_out(steps[who][seq])
     for rank in members:
         if rank not in records or rank in findings.behind or rank in findings.diverged:
             continue
@@ -173,12 +176,25 @@ def _behind(findings: Findings, group: str, members: Sequence[int],
         last = max(mine) if mine else None
         where = (f"its last call there was step {last}, {mine[last]['call']} at {_site(mine[last])} "
                  f"({mine[last]['state']})" if last is not None else "it had made no call there")
-        if call is None:
+        stuck = [(dump, c) for dump in records[rank].get("dumps", []) if dump["time_ns"] > given_up
+                 for c in dump.get("in_flight", []) if c["group"] == group
+                 and tuple(c["ranks"]) == tuple(members) and c["seq"] is not None and c["seq"] <= seq]
+        if stuck:
+            dump, inside = stuck[0]
+            text = (f"was still inside step {inside['seq']} of group '{group}' ({inside['call']}) when "
+                    f"it wrote its record ({dump['reason']}) {(dump['time_ns'] - given_up) / 1e9:.1f} s "
+                    f"after rank {who} had given up waiting at step {seq} (it was stopped or hung "
+                    "inside that call)")
+        elif call is None:
             text = f"never reached step {seq} of group '{group}' where rank {who} failed: {where}"
         elif call["started_ns"] is not None and call["started_ns"] > given_up:
             text = (f"started step {seq} of group '{group}' ({call['call']} at {_site(call)}) only "
                     f"{(call['started_ns'] - given_up) / 1e9:.1f} s after rank {who} had given up "
                     "on it (it was stopped or slow before that call)")
+        elif timed_out and not _timed_out(call) and (call["ended_ns"] or given_up + 1) > given_up:
+            text = (f"was inside step {seq} of group '{group}' ({call['call']} at {_site(call)}) when "
+                    f"rank {who} gave up waiting for it, and did not time out itself (it was stopped, "
+                    "hung or slow inside that call)")
         else:
             continue
         findings.behind.append(rank)
@@ -186,6 +202,10 @@ def _behind(findings: Findings, group: str, members: Sequence[int],
     for rank in members:  # members that left no record were waited for too
         if rank not in records and rank not in findings.behind:
             findings.behind.append(rank)
+
+
+def _timed_out(call: Mapping[str, Any]) -> bool:
+    return call["state"] == "failed" and str(call.get("error")).startswith("CommTimeoutError")
 
 
 def analyze(directory: str | os.PathLike[str]) -> str:
