@@ -270,6 +270,17 @@ def test_all_to_all_one_slot_fast_path_follows_a_peer_that_needs_more_rounds():
     g.close()
 
 
+@pytest.mark.parametrize("count", [2, 100])  # one slot; rounds
+def test_all_gather_size_disagreement_is_a_mismatch(count):
+    g = Group(2)
+    counts = [[count, count + 1], [count, count]]  # rank 0 expects one element more from rank 1
+    with pytest.raises(Exception, match=f"rank 1 called test with {count} elements, while rank 0 called "
+                                        f"it expecting {count + 1} from rank 1"):
+        g.call(lambda ctx: run(ctx, shm_allgather.all_gather, np.zeros(count, np.int64),
+                               np.zeros(sum(counts[ctx.rank]), np.int64), counts[ctx.rank]))
+    g.close()
+
+
 def test_all_to_all_size_disagreement_is_a_mismatch():
     g = Group(2)
     recv_counts = [[3, 5], [3, 3]]

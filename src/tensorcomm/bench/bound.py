@@ -22,7 +22,6 @@ Imports numpy, the standard library and ``results``.
 from __future__ import annotations
 
 import multiprocessing
-import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -73,7 +72,8 @@ def _worker(size: int, start: Any, queue: Any) -> None:
 
 def measure(sizes: Sequence[int], ranks: int = 2) -> dict[int, float]:
     """Copy bandwidth in bytes per second per process, for each size, with ``ranks`` processes
-    copying at once (the slowest process's median batch)."""
+    copying at once: the fastest batch, timed by its slowest process (a bound is what the host
+    can do; batches slowed by other work on a shared machine do not lower it)."""
     context = multiprocessing.get_context("fork")
     rates: dict[int, float] = {}
     for size in sorted(set(sizes)):
@@ -86,7 +86,7 @@ def measure(sizes: Sequence[int], ranks: int = 2) -> dict[int, float]:
         for w in workers:
             w.join(timeout=30)
         slowest = [max(batch) for batch in zip(*results, strict=True)]
-        rates[size] = 1.0 / statistics.median(slowest)
+        rates[size] = 1.0 / min(slowest)
     return rates
 
 
