@@ -208,7 +208,7 @@ def body_kill_broadcast_root(count: int) -> dict:
     raise AssertionError("no PeerLostError")
 
 
-@pytest.mark.parametrize("count", [1 << 20, 3 << 20])  # 4 MiB: through OUT; 12 MiB: rounds
+@pytest.mark.parametrize("count", [1 << 18, 3 << 20])  # 1 MiB: one slot; 12 MiB: through OUT
 def test_sigkill_of_a_broadcast_root_leaves_the_receivers_arrays_untouched_or_complete(count):
     outcomes = spawn_ranks(body_kill_broadcast_root, 3, count, timeout=90, comm_timeout=60)
     assert outcomes[0].exitcode == -signal.SIGKILL
@@ -249,7 +249,7 @@ def body_every_collective_beyond_one_slot() -> None:
     b = np.full(n, rank, np.float64)
     tc.broadcast(b, src=1)
     assert (b == 1).all()
-    big = np.full(4 * n, rank, np.float32)  # 9.6 MB, beyond the OUT region: round by round
+    big = np.full(4 * n, rank, np.float32)  # 9.6 MB: through the root's OUT region
     tc.broadcast(big, src=1)
     assert (big == 1).all()
     out = np.zeros(n * size, np.float32)

@@ -43,10 +43,13 @@ from .slots import Slots
 log = logging.getLogger("tensorcomm.shm")
 
 SLOT_BYTES = 1 << 20  # one IN slot; a call whose contribution fits one slot takes one round
-# Per member: large all-reduces keep their reduced parts here until the last wait, so a failed
-# call cannot have touched the caller's array; 8 MiB covers all-reduces of 8 MiB x members
-# (16 MiB on two ranks), which then stay in the last-level cache instead of paying a backup copy.
-OUT_BYTES = 8 << 20
+# Per member: large all-reduces keep their reduced parts here until the last wait, and a
+# broadcast's root its whole array, so a failed call cannot have touched the caller's array
+# without a backup copy (``shm_common.Journal``). 64 MiB covers all-reduces of 64 MiB x members
+# and broadcasts of 64 MiB. The segment's pages are allocated when first written: a group that
+# never moves that much never holds it, and one that does holds it instead of the same bytes of
+# private backup.
+OUT_BYTES = 64 << 20
 
 
 def segment_bytes(size: int, slot_bytes: int, out_bytes: int) -> int:
