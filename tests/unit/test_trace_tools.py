@@ -38,7 +38,7 @@ def fresh_recorder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 
 
 def test_the_ring_keeps_the_last_calls_and_ignores_stale_ones() -> None:
-    recorder.configure(3)
+    recorder.configure(3, sites=True)
     first = recorder.issue(TEAM, PLAN, 0)
     indexes = [recorder.issue(TEAM, PLAN, seq) for seq in range(1, 5)]
     recorder.end(first)  # overwritten since: dropped
@@ -48,6 +48,9 @@ def test_the_ring_keeps_the_last_calls_and_ignores_stale_ones() -> None:
     assert [c.seq for c in kept] == [2, 3, 4]
     assert all(c.state == "completed" for c in kept)
     assert kept[-1].to_json()["site"].split(" ")[0].endswith(f"test_trace_tools.py:{_line('indexes = [')}")
+    recorder.configure(3)  # by default a call that starts at once records no site
+    recorder.end(recorder.issue(TEAM, PLAN, 0))
+    assert recorder.calls()[-1].to_json()["site"] is None
 
 
 def test_a_queued_call_goes_from_issued_to_started() -> None:

@@ -16,6 +16,7 @@ from ..algorithms.base import Ctx, Hierarchy, Plan, Team
 from ..config import MAX_TIMEOUT
 from ..errors import CommError, ConcurrentUseError, GroupAbortedError, PeerLostError
 from ..trace import recorder
+from ..trace.recorder import AT_START
 from ..types import TransportKind
 from .elastic import agree
 from .engine import Engine
@@ -190,7 +191,8 @@ class Group:
         team = target._team
         if team is None:
             raise target._not_member(target._world.rank)
-        index = recorder.issue(team, plan)  # -1 (and nothing else) while tracing is off
+        # a blocking call is recorded as it starts (``_call``), a queued one now
+        index = recorder.issue(team, plan) if async_op else AT_START
         try:
             work = target._engine.submit(plan.label, _call, async_op, (target, team, plan, args, index))
         except ConcurrentUseError as exc:  # the ranks' orders may differ already: end the group
@@ -323,14 +325,17 @@ class Group:
 def _call(seq: int, group: Group, team: Team, plan: Plan, args: tuple[Any, ...], index: int) -> Any:
     """Run call ``seq`` of ``group``: ``plan``'s algorithm on ``args``. The one place every
     collective call runs, inline or queued (the engine calls it in issue order); ``index`` is
-    the call's trace record (``trace.recorder``; -1 when tracing is off).
+    the call's trace record (``trace.recorder``; -1 when tracing is off, ``recorder.AT_START``
+    for a blocking call, recorded here).
 
     A call that fails ends the group on every member (``_failed``), then raises what explains
     the failure best (``_cause``).
     """
     group._last_plan = plan
     ctx = Ctx.of(team, seq, plan)
-    if index >= 0:
+    if index == AT_START:
+        index = recorder.issue(team, plan, seq)
+    elif index >= 0:
         recorder.started(index, seq)
     try:
         result = plan.run(ctx, *args)
@@ -345,6 +350,9 @@ def _call(seq: int, group: Group, team: Team, plan: Plan, args: tuple[Any, ...],
     if index >= 0:
         recorder.end(index)
     return result
+
+
+recorder.entries(Group._run.__code__, _call.__code__)
 
 
 def _cause(ctx: Ctx, error: BaseException) -> BaseException:

@@ -4,8 +4,9 @@ The records are the ``rank<R>.json`` files ``recorder.dump`` writes. For each gr
 calls are lined up by sequence number (step), and the analysis looks for, in this order:
 
 - the first step at which members made different calls (a skipped or an extra call): the ranks
-  that differ from a strict majority diverged; with no majority, the rank whose call site does
-  not follow its previous one as in its earlier steps diverged (a loop that skipped a call);
+  that differ from a strict majority diverged; with no majority, the rank whose call (or call
+  site, where every call has one) does not follow its previous one as in its earlier steps
+  diverged (a loop that skipped a call);
 - ranks that never reached the step where another member failed, reached it only after that
   member had given up on them, were still inside it (or an earlier step) when they wrote a
   record later (SIGUSR1 after SIGCONT), or were inside it when a member timed out there without
@@ -97,13 +98,19 @@ def _steps(calls: Sequence[Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
 
 
 def _follows_habit(steps: Mapping[int, Mapping[str, Any]], seq: int) -> bool:
-    """Whether the call at ``seq`` follows the one before it as such a pair did earlier."""
+    """Whether the call at ``seq`` follows the one before it as such a pair did earlier: pairs of
+    call sites where every call has one (``recorder.configure(sites=True)``), else of calls."""
     before = steps.get(seq - 1)
     if before is None:
         return True
-    pair = (_site(before), _site(steps[seq]))
-    return any(steps.get(s - 1) is not None and (_site(steps[s - 1]), _site(steps[s])) == pair
+    key = _site if all(call.get("site") for call in steps.values()) else _call
+    pair = (key(before), key(steps[seq]))
+    return any(steps.get(s - 1) is not None and (key(steps[s - 1]), key(steps[s])) == pair
                for s in steps if s < seq)
+
+
+def _call(call: Mapping[str, Any]) -> str:
+    return str(call["call"])
 
 
 def find(records: Mapping[int, Mapping[str, Any]]) -> Findings:

@@ -32,8 +32,9 @@ _rank = 0
 
 def _collect(call: recorder.Call) -> None:
     pending = _pending
-    pending.append((call.started_at, call.ended, call.seq, call.plan_label,
-                    call.signature, call.team.group_name, call.team.group_id, call.algorithm,
+    plan = call.plan
+    pending.append((call.started_at, call.ended, call.seq, plan.label,
+                    plan.signature, call.team.group_name, call.team.group_id, plan.algorithm,
                     recorder.transport_name(call.team), call.state))
     if len(pending) >= FLUSH_EVERY:
         _flush()

@@ -1,14 +1,15 @@
 """The flight recorder: each rank keeps its last calls and writes them to a file when one fails.
 
-Every call of every group passes ``start`` (or ``issue`` then ``started`` when it is queued) and
-``end``. Each makes or updates one ``Call`` in a ring of ``TENSORCOMM_FLIGHT_CALLS`` entries
-(default ``config.FLIGHT_CALLS``; 0 turns the recorder off), with its state, its times and the
-caller's file and line: the first frame outside tensorcomm (and torch.distributed), found by a
-walk up the stack that looks each code object up in a dictionary. A failed call writes the ring
-to ``<dir>/rank<R>.json`` (``dump``), as does SIGUSR1 where the handler could be installed
-(``install_signal_handler``). ``tensorcomm trace analyze`` reads those files (``analyze.py``).
-docs/tracing.md has the file format and the measured cost.
-"""
+Every call of every group passes ``issue`` (a blocking call as it starts; a queued call when
+queued, then ``started``) and ``end``. A call costs one tuple in a ring of
+``TENSORCOMM_FLIGHT_CALLS`` entries (default ``config.FLIGHT_CALLS``; 0 turns the recorder off)
+and one end time; its state is read from them when dumped. The caller's file and line (the first
+frame outside tensorcomm and torch.distributed) are found by walking the stack only where that
+costs nothing per call: for a failed call, as it fails; for the call in flight when SIGUSR1
+dumps; for a queued call; or for every call after ``configure(sites=True)``. A failed call
+writes the ring to ``<dir>/rank<R>.json`` (``dump``), as does SIGUSR1 where the handler could be
+installed (``install_signal_handler``). ``tensorcomm trace analyze`` reads those files
+(``analyze.py``). docs/tracing.md has the file format and the measured cost."""
 
 from __future__ import annotations
 
@@ -34,50 +35,53 @@ if TYPE_CHECKING:
 log = logging.getLogger("tensorcomm.trace")
 
 ISSUED, STARTED, COMPLETED, FAILED = "issued", "started", "completed", "failed"
+AT_START = -2  # the index ``core.group`` passes for a call it records as it starts (``issue``)
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _FOREIGN_INTERNAL = (os.sep + os.path.join("torch", "distributed") + os.sep,
                      os.sep + os.path.join("torch", "nn", "parallel") + os.sep)
 
 
+Failure = tuple[str, "CodeType | None", int]  # a failed call's error, and its caller's code and offset
+
+
 class Call:
-    """One recorded call: what it was, where it was made, and how far it got.
+    """One recorded call as ``calls()`` and a timeline's ``sink`` see it: what it was, where it
+    was made (``code`` None: not recorded), and how far it got. Times are ``time.time_ns()``."""
 
-    Times are ``time.time_ns()``; ``seq`` is None until a queued call starts.
-    """
+    __slots__ = ("index", "state", "seq", "team", "plan", "issued", "started_at", "ended", "code",
+                 "offset", "error")
 
-    __slots__ = ("index", "state", "seq", "team", "plan_label", "signature", "algorithm",
-                 "issued", "started_at", "ended", "code", "offset", "error")
-
-    index: int
-    state: str
-    seq: int | None
-    team: Team
-    plan_label: str
-    signature: Any
-    algorithm: str
-    issued: int
-    started_at: int
-    ended: int
-    code: CodeType | None
-    offset: int  # of the caller's current instruction in ``code``
-    error: str | None
+    def __init__(self, entry: tuple[Any, ...], ended: int, failed: Failure | None) -> None:
+        self.index, self.seq, self.team, self.plan, self.started_at = entry[:5]
+        self.issued, self.code, self.offset = entry[5:] if len(entry) > 5 else (self.started_at, None, 0)
+        self.ended = ended
+        self.error = None
+        if self.seq is None:
+            self.state = ISSUED
+        elif ended < self.started_at:  # the slot's previous call's end
+            self.state = STARTED
+        elif failed is not None:
+            self.state = FAILED
+            self.error = failed[0]
+            if self.code is None:
+                self.code, self.offset = failed[1:]
+        else:
+            self.state = COMPLETED
 
     def to_json(self) -> dict[str, Any]:
         """The call as a JSON object (see docs/tracing.md)."""
-        team = self.team
-        code = self.code
-        sig = self.signature
-        state = self.state
+        team, plan, code, state = self.team, self.plan, self.code, self.state
+        sig = plan.signature
         return {
-            "index": self.index, "state": self.state, "seq": self.seq,
+            "index": self.index, "state": state, "seq": self.seq,
             "group": team.group_name, "group_id": team.group_id, "ranks": list(team.ranks),
-            "collective": self.plan_label.split(" ", 1)[0], "call": sig.describe(),
-            "signature": list(sig), "algorithm": self.algorithm, "transport": transport_name(team),
+            "collective": plan.label.split(" ", 1)[0], "call": sig.describe(),
+            "signature": list(sig), "algorithm": plan.algorithm, "transport": transport_name(team),
             "issued_ns": self.issued, "started_ns": None if state == ISSUED else self.started_at,
             "ended_ns": self.ended if state in (COMPLETED, FAILED) else None,
             "site": None if code is None
             else f"{code.co_filename}:{_line(code, self.offset)} ({code.co_name})",
-            "error": self.error if state == FAILED else None,
+            "error": self.error,
         }
 
 
@@ -100,12 +104,21 @@ def transport_name(team: Team) -> str:
 
 
 _size = FLIGHT_CALLS
+_sites = False  # whether every call records its caller's site (configure); else only some (below)
 _now = time.time_ns
 _getframe = sys._getframe
-# The ring's entries are made once and overwritten in place: a call allocates nothing the
-# garbage collector tracks. A call holds its entry by index; ``index % _size`` finds it, and an
-# entry whose ``index`` differs has been reused since (that call's updates are dropped).
-_ring: list[Call] = []  # made below, by _empty_ring
+# The ring: one tuple per call, stored in one operation: ``(index, seq, team, plan, started)`` for
+# a call recorded as it starts, ``(index, seq, team, plan, started, issued, code, offset)`` for a
+# queued call or one whose site is kept (``code``, ``offset``: the caller's code object and
+# instruction; ``seq`` None and ``started`` = ``issued`` until a queued call starts). A call's
+# slot is ``index % _size``; a slot holding another index has been reused (that call's updates
+# are dropped). ``_ended[slot]`` is when the slot's call ended: a time before its start is its
+# predecessor's, so a new call need not clear it. ``_failed``: a failed call's error and site by
+# index. A blocking call records no site (walking the stack costs more than the rest of the
+# recorder): a failed one takes it when it fails, the call in flight when SIGUSR1 dumps.
+_ring: list[tuple[Any, ...] | None] = [None] * _size
+_ended: list[int] = [0] * _size
+_failed: dict[int, Failure] = {}
 _counter = itertools.count()
 _internal: dict[CodeType, bool] = {}  # code object -> whether it belongs to tensorcomm (or torch.distributed)
 _lock = threading.RLock()  # RLock: a SIGUSR1 dump may interrupt a dump on the main thread
@@ -115,30 +128,20 @@ _dumps: list[dict[str, Any]] = []  # why and when this process dumped, newest la
 sink: Callable[[Call], None] | None = None
 
 
-def _empty_ring(size: int) -> list[Call]:
-    ring = []
-    for _ in range(size):
-        call = Call()
-        call.index = -1
-        ring.append(call)
-    return ring
-
-
-_ring = _empty_ring(_size)
-
-
-def configure(calls: int, directory: str | None = None) -> None:
+def configure(calls: int, directory: str | None = None, sites: bool = False) -> None:
     """Keep the last ``calls`` calls (0: record nothing) and dump them into ``directory``
-    (None: ``dump_dir()``'s default). Forgets what was recorded.
+    (None: ``dump_dir()``'s default); ``sites``: record every call's caller, not only a failed
+    or queued call's (it costs about half a microsecond per call). Forgets what was recorded.
 
     Raises:
         ValueError: ``calls`` is negative.
     """
-    global _size, _ring, _dir
+    global _size, _ring, _ended, _dir, _sites
     if isinstance(calls, bool) or not isinstance(calls, int) or calls < 0:
         raise ValueError(f"flight recorder: calls must be an int >= 0, got {calls!r}")
     with _lock:
-        _size, _ring, _dir = calls, _empty_ring(calls), directory
+        _size, _ring, _ended, _dir, _sites = calls, [None] * calls, [0] * calls, directory, sites
+        _failed.clear()
 
 
 def dump_dir() -> str:
@@ -150,8 +153,11 @@ def dump_dir() -> str:
 
 
 def _is_internal(code: CodeType) -> bool:
-    name = code.co_filename
-    inside = _internal[code] = name.startswith(_PACKAGE) or any(part in name for part in _FOREIGN_INTERNAL)
+    inside = _internal.get(code)
+    if inside is None:
+        name = code.co_filename
+        inside = name.startswith(_PACKAGE) or any(part in name for part in _FOREIGN_INTERNAL)
+        _internal[code] = inside
     return inside
 
 
@@ -174,9 +180,7 @@ def _caller_frame() -> FrameType | None:
     frame: FrameType | None = _getframe(2)
     depth = 2
     while frame is not None:
-        code = frame.f_code
-        inside = internal.get(code)
-        if not (_is_internal(code) if inside is None else inside):
+        if not _is_internal(frame.f_code):
             _depth = depth - 1
             return frame
         frame = frame.f_back
@@ -187,66 +191,86 @@ def _caller_frame() -> FrameType | None:
 _depth = 2  # how far above _caller_frame the last call's innermost tensorcomm frame was
 
 
+def entries(run: CodeType, call: CodeType) -> None:
+    """The code of ``Group._run`` and of ``core.group._call``, which every recorded call passes
+    (``core.group`` tells; this layer cannot import it): how ``_running_call`` finds a call."""
+    global _entries
+    _entries = (run, call)
+
+
+_entries: tuple[CodeType | None, CodeType | None] = (None, None)
+
+
+def _running_call(frame: FrameType | None) -> tuple[int, CodeType, int] | None:
+    """From ``frame`` outward: the recorder index of the call ``core.group._call`` runs there,
+    and the code and instruction offset of the frame that called it (through ``Group._run``);
+    None if the stack shows no such call (a queued call on the worker thread, or none)."""
+    index = None
+    entered = False
+    while frame is not None:
+        code = frame.f_code
+        if code is _entries[1]:
+            index = frame.f_locals.get("index")
+        elif code is _entries[0]:
+            entered = index is not None
+        elif entered and not _is_internal(code):
+            assert index is not None
+            return index, code, frame.f_lasti
+        frame = frame.f_back
+    return None
+
+
 def issue(team: Team, plan: Plan, seq: int | None = None) -> int:
-    """Record a call about to run (``seq`` given: it runs now) or to be queued (``seq`` None);
-    return its index for ``started`` and ``end`` (-1 when the recorder is off)."""
+    """Record a call that starts now as step ``seq``, or (``seq`` None) is queued; return its
+    index for ``started`` and ``end`` (-1 when the recorder is off)."""
     size = _size
     if not size:
         return -1
     index = next(_counter)
-    call = _ring[index % size]
-    call.index = -1  # half-written: a dump skips it
-    call.team = team
-    call.plan_label = plan.label
-    call.signature = plan.signature
-    call.algorithm = plan.algorithm
+    if seq is not None and not _sites:  # the hot path: one tuple, one store
+        _ring[index % size] = (index, seq, team, plan, _now())
+        return index
     frame = _caller_frame()
-    if frame is None:
-        call.code, call.offset = None, 0
-    else:  # the line is found from the instruction offset when dumped: f_lineno costs more
-        call.code, call.offset = frame.f_code, frame.f_lasti
-    call.issued = call.started_at = _now()  # a queued call's start is set by started()
-    if seq is None:
-        call.state, call.seq = ISSUED, None
-    else:
-        call.state, call.seq = STARTED, seq
-    call.index = index
+    now = _now()
+    _ring[index % size] = (index, seq, team, plan, now, now, *((None, 0) if frame is None else
+                                                               (frame.f_code, frame.f_lasti)))
     return index
 
 
 def started(index: int, seq: int) -> None:
     """The queued call ``index`` starts with sequence number ``seq``."""
     ring = _ring
-    if index >= 0 and ring:
-        call = ring[index % len(ring)]
-        if call.index == index:
-            call.seq = seq
-            call.started_at = _now()
-            call.state = STARTED
+    if ring:
+        slot = index % len(ring)
+        entry = ring[slot]
+        if entry is not None and entry[0] == index:
+            ring[slot] = (index, seq, entry[2], entry[3], _now(), *entry[5:])
 
 
 def end(index: int, error: BaseException | None = None) -> None:
     """The call ``index`` finished; a failed one (``error``) dumps the ring (``dump``)."""
-    if index < 0:
-        return
     ring = _ring
-    call = ring[index % len(ring)] if ring else None
-    if call is None or call.index != index:
+    if not ring:
         return
-    call.ended = _now()
-    if error is None:
-        call.state = COMPLETED
-    else:
-        call.error = f"{type(error).__name__}: {error}"
-        call.state = FAILED
+    slot = index % len(ring)
+    entry = ring[slot]
+    if entry is None or entry[0] != index:
+        return
+    if error is not None:
+        site = _running_call(_getframe(1)) if len(entry) == 5 else None
+        text = f"{type(error).__name__}: {error}"
+        failure = _failed[index] = (text, None, 0) if site is None else (text, *site[1:])
+        for stale in [i for i in _failed if i <= index - len(ring)]:
+            del _failed[stale]
+    _ended[slot] = _now()
     if sink is not None:
-        sink(call)
+        sink(Call(entry, _ended[slot], _failed.get(index)))
     if error is not None:
         global _failure_dumped
         now = time.monotonic()
         if now - _failure_dumped >= FAILURE_DUMP_INTERVAL:  # the first of a cascade tells most
             _failure_dumped = now
-            dump(f"{call.plan_label} (step {call.seq}) failed: {call.error}")
+            dump(f"{entry[3].label} (step {entry[1]}) failed: {failure[0]}")
 
 
 FAILURE_DUMP_INTERVAL = 1.0  # seconds: failed calls closer together than this dump once
@@ -256,7 +280,9 @@ _failure_dumped = -FAILURE_DUMP_INTERVAL
 def calls() -> list[Call]:
     """The recorded calls, oldest first."""
     with _lock:
-        kept = [call for call in _ring if call.index >= 0]
+        ring, ended, failed = list(_ring), list(_ended), dict(_failed)
+    kept = [Call(entry, ended[slot], failed.get(entry[0]))
+            for slot, entry in enumerate(ring) if entry is not None]
     kept.sort(key=lambda call: call.index)
     return kept
 
@@ -308,6 +334,14 @@ def dump(reason: str) -> str | None:
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
+    running = _running_call(frame)  # the main thread's call in flight, if any: note its site
+    if running is not None:
+        index, code, offset = running
+        with _lock:
+            slot = index % len(_ring) if _ring else 0
+            entry = _ring[slot] if _ring else None
+            if entry is not None and entry[0] == index and len(entry) == 5:
+                _ring[slot] = (*entry, entry[4], code, offset)
     dump(f"signal {signal.Signals(signum).name}")
 
 
