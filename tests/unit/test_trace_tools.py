@@ -49,8 +49,12 @@ def test_the_ring_keeps_the_last_calls_and_ignores_stale_ones() -> None:
     assert all(c.state == "completed" for c in kept)
     assert kept[-1].to_json()["site"].split(" ")[0].endswith(f"test_trace_tools.py:{_line('indexes = [')}")
     recorder.configure(3)  # by default a call that starts at once records no site
-    recorder.end(recorder.issue(TEAM, PLAN, 0))
+    recorder.done(recorder.start(TEAM, PLAN, 0))
     assert recorder.calls()[-1].to_json()["site"] is None
+    recorder.configure(3, sites=True)
+    recorder.done(recorder.start(TEAM, PLAN, 0))  # with sites
+    assert recorder.calls()[-1].to_json()["site"].split(" ")[0].endswith(
+        f"test_trace_tools.py:{_line('recorder.done(recorder.start(TEAM, PLAN, 0))  # with sites')}")
 
 
 def test_a_queued_call_goes_from_issued_to_started() -> None:

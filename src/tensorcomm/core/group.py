@@ -334,7 +334,7 @@ def _call(seq: int, group: Group, team: Team, plan: Plan, args: tuple[Any, ...],
     group._last_plan = plan
     ctx = Ctx.of(team, seq, plan)
     if index == AT_START:
-        index = recorder.issue(team, plan, seq)
+        index = recorder.start(team, plan, seq)
     elif index >= 0:
         recorder.started(index, seq)
     try:
@@ -348,7 +348,7 @@ def _call(seq: int, group: Group, team: Team, plan: Plan, args: tuple[Any, ...],
             raise
         raise cause from exc
     if index >= 0:
-        recorder.end(index)
+        recorder.done(index)
     return result
 
 

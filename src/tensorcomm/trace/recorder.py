@@ -1,7 +1,7 @@
 """The flight recorder: each rank keeps its last calls and writes them to a file when one fails.
 
-Every call of every group passes ``issue`` (a blocking call as it starts; a queued call when
-queued, then ``started``) and ``end``. A call costs one tuple in a ring of
+Every call of every group passes ``start`` (a blocking call, as it starts) or ``issue`` then
+``started`` (a queued call), and ``done`` or ``end``. A call costs one tuple in a ring of
 ``TENSORCOMM_FLIGHT_CALLS`` entries (default ``config.FLIGHT_CALLS``; 0 turns the recorder off)
 and one end time; its state is read from them when dumped. The caller's file and line (the first
 frame outside tensorcomm and torch.distributed) are found by walking the stack only where that
@@ -116,7 +116,8 @@ _getframe = sys._getframe
 # predecessor's, so a new call need not clear it. ``_failed``: a failed call's error and site by
 # index. A blocking call records no site (walking the stack costs more than the rest of the
 # recorder): a failed one takes it when it fails, the call in flight when SIGUSR1 dumps.
-_ring: list[tuple[Any, ...] | None] = [None] * _size
+_EMPTY = (-1,)  # a slot no call has used
+_ring: list[tuple[Any, ...]] = [_EMPTY] * _size
 _ended: list[int] = [0] * _size
 _failed: dict[int, Failure] = {}
 _counter = itertools.count()
@@ -140,7 +141,7 @@ def configure(calls: int, directory: str | None = None, sites: bool = False) -> 
     if isinstance(calls, bool) or not isinstance(calls, int) or calls < 0:
         raise ValueError(f"flight recorder: calls must be an int >= 0, got {calls!r}")
     with _lock:
-        _size, _ring, _ended, _dir, _sites = calls, [None] * calls, [0] * calls, directory, sites
+        _size, _ring, _ended, _dir, _sites = calls, [_EMPTY] * calls, [0] * calls, directory, sites
         _failed.clear()
 
 
@@ -220,16 +221,26 @@ def _running_call(frame: FrameType | None) -> tuple[int, CodeType, int] | None:
     return None
 
 
+def start(team: Team, plan: Plan, seq: int) -> int:
+    """Record a call that starts now as step ``seq`` (the hot path: one tuple, one store);
+    return its index for ``end`` (-1 when the recorder is off)."""
+    size = _size
+    if not size:
+        return -1
+    if _sites:
+        return issue(team, plan, seq)
+    index = next(_counter)
+    _ring[index % size] = (index, seq, team, plan, _now())
+    return index
+
+
 def issue(team: Team, plan: Plan, seq: int | None = None) -> int:
-    """Record a call that starts now as step ``seq``, or (``seq`` None) is queued; return its
-    index for ``started`` and ``end`` (-1 when the recorder is off)."""
+    """Record a call, with its caller's site, that starts now as step ``seq`` or (``seq`` None)
+    is queued; return its index for ``started`` and ``end`` (-1 when the recorder is off)."""
     size = _size
     if not size:
         return -1
     index = next(_counter)
-    if seq is not None and not _sites:  # the hot path: one tuple, one store
-        _ring[index % size] = (index, seq, team, plan, _now())
-        return index
     frame = _caller_frame()
     now = _now()
     _ring[index % size] = (index, seq, team, plan, now, now, *((None, 0) if frame is None else
@@ -243,34 +254,48 @@ def started(index: int, seq: int) -> None:
     if ring:
         slot = index % len(ring)
         entry = ring[slot]
-        if entry is not None and entry[0] == index:
+        if entry[0] == index:
             ring[slot] = (index, seq, entry[2], entry[3], _now(), *entry[5:])
 
 
+def done(index: int) -> None:
+    """The call ``index`` completed."""
+    ring = _ring
+    if ring:
+        slot = index % len(ring)
+        entry = ring[slot]
+        if entry[0] == index:
+            _ended[slot] = _now()
+            if sink is not None:
+                sink(Call(entry, _ended[slot], None))
+
+
 def end(index: int, error: BaseException | None = None) -> None:
-    """The call ``index`` finished; a failed one (``error``) dumps the ring (``dump``)."""
+    """The call ``index`` finished (``done``), or failed with ``error``: then the ring is dumped
+    (``dump``) with the call's site, found now if it was not recorded."""
+    if error is None:
+        done(index)
+        return
     ring = _ring
     if not ring:
         return
     slot = index % len(ring)
     entry = ring[slot]
-    if entry is None or entry[0] != index:
+    if entry[0] != index:
         return
-    if error is not None:
-        site = _running_call(_getframe(1)) if len(entry) == 5 else None
-        text = f"{type(error).__name__}: {error}"
-        failure = _failed[index] = (text, None, 0) if site is None else (text, *site[1:])
-        for stale in [i for i in _failed if i <= index - len(ring)]:
-            del _failed[stale]
+    site = _running_call(_getframe(1)) if len(entry) == 5 else None
+    text = f"{type(error).__name__}: {error}"
+    failure = _failed[index] = (text, None, 0) if site is None else (text, *site[1:])
+    for stale in [i for i in _failed if i <= index - len(ring)]:
+        del _failed[stale]
     _ended[slot] = _now()
     if sink is not None:
-        sink(Call(entry, _ended[slot], _failed.get(index)))
-    if error is not None:
-        global _failure_dumped
-        now = time.monotonic()
-        if now - _failure_dumped >= FAILURE_DUMP_INTERVAL:  # the first of a cascade tells most
-            _failure_dumped = now
-            dump(f"{entry[3].label} (step {entry[1]}) failed: {failure[0]}")
+        sink(Call(entry, _ended[slot], failure))
+    global _failure_dumped
+    now = time.monotonic()
+    if now - _failure_dumped >= FAILURE_DUMP_INTERVAL:  # the first of a cascade tells most
+        _failure_dumped = now
+        dump(f"{entry[3].label} (step {entry[1]}) failed: {text}")
 
 
 FAILURE_DUMP_INTERVAL = 1.0  # seconds: failed calls closer together than this dump once
@@ -282,7 +307,7 @@ def calls() -> list[Call]:
     with _lock:
         ring, ended, failed = list(_ring), list(_ended), dict(_failed)
     kept = [Call(entry, ended[slot], failed.get(entry[0]))
-            for slot, entry in enumerate(ring) if entry is not None]
+            for slot, entry in enumerate(ring) if entry is not _EMPTY]
     kept.sort(key=lambda call: call.index)
     return kept
 
@@ -339,8 +364,8 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
         index, code, offset = running
         with _lock:
             slot = index % len(_ring) if _ring else 0
-            entry = _ring[slot] if _ring else None
-            if entry is not None and entry[0] == index and len(entry) == 5:
+            entry = _ring[slot] if _ring else _EMPTY
+            if entry[0] == index and len(entry) == 5:
                 _ring[slot] = (*entry, entry[4], code, offset)
     dump(f"signal {signal.Signals(signum).name}")
 
