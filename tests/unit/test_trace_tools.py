@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -160,3 +161,20 @@ def test_analyze_says_when_nothing_went_wrong() -> None:
 def _line(start: str) -> int:
     lines = Path(__file__).read_text().splitlines()
     return next(i for i, line in enumerate(lines, 1) if line.strip().startswith(start))
+
+
+def test_a_sigusr1_dump_gives_the_call_in_flight_its_callers_site(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    def run() -> None:  # stands for Group._run
+        call(recorder.start(TEAM, PLAN, 0))
+
+    def call(index: int) -> None:  # stands for core.group._call, interrupted by SIGUSR1
+        recorder._on_signal(signal.SIGUSR1, sys._getframe())
+
+    monkeypatch.setattr(recorder, "_entries", (run.__code__, call.__code__))
+    run()  # the caller
+    record = json.loads((tmp_path / "rank0.json").read_text())
+    assert record["calls"][-1]["state"] == "started"
+    site = record["calls"][-1]["site"]
+    assert site.endswith("(test_a_sigusr1_dump_gives_the_call_in_flight_its_callers_site)"), site
+    assert site.split(" ")[0].endswith(f"test_trace_tools.py:{_line('run()  # the caller')}"), site
