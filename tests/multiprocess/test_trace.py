@@ -109,3 +109,25 @@ def test_trace_start_and_stop(tmp_path: Path) -> None:
         names = [e["name"] for e in data["traceEvents"] if e.get("ph") == "X"]
         assert names == ["all_reduce"]
         assert len(data["tensorcomm"]["clock_sync_ns"]) >= 3
+
+
+def body_torch_site() -> list[str]:
+    import torch
+    import torch.distributed as dist
+
+    import tensorcomm.torch  # noqa: F401 - registers the backend
+
+    dist.init_process_group(backend="tensorcomm")
+    dist.all_reduce(torch.ones(3))
+    dist.barrier()
+    sites = [c.to_json()["site"] for c in recorder.calls()[-2:]]
+    dist.destroy_process_group()
+    return sites
+
+
+def test_the_recorded_site_of_a_torch_call_is_the_callers() -> None:
+    pytest.importorskip("torch")
+    for sites in run_ranks(body_torch_site, 2, timeout=90, init=False):
+        lines = [int(site.split(" ")[0].rsplit(":", 1)[1]) for site in sites]
+        assert all("test_trace.py" in site and "(body_torch_site)" in site for site in sites), sites
+        assert lines[1] == lines[0] + 1, sites

@@ -176,6 +176,45 @@ def test_allreduce(algorithm, size, dtype):
         assert_matches(outs[0], expected, op, size)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_pair_in_place_matches_numpy_and_agrees_bitwise(dtype):
+    """Two members, terms as they are: staging runs recursive doubling as one exchange straight
+    into the caller's array (AVG and premul_sum go through a working copy instead); chunked in
+    test_wire.py."""
+    cases = [(count, op) for count in (0, 1, 13, 1000) for op in ops_for(dtype)
+             if isinstance(op, ReduceOp) and op is not ReduceOp.AVG]
+
+    def body(next_ctx):
+        results = []
+        for count, op in cases:
+            ctx = next_ctx()
+            x = data(dtype, ctx.rank, count)
+            allreduce.pair_in_place(ctx, x, op)
+            results.append(x)
+        return results
+
+    per_rank = run_ranks(2, body)
+    for index, (count, op) in enumerate(cases):
+        mine, theirs = per_rank[0][index], per_rank[1][index]
+        assert mine.tobytes() == theirs.tobytes(), f"ranks differ: {op} {count}"
+        assert_matches(mine, reference(op, [data(dtype, rank, count) for rank in range(2)]), op, 2)
+
+
+def test_pair_in_place_leaves_the_array_untouched_when_the_peer_fails():
+    def body(next_ctx):
+        ctx = next_ctx()
+        x = data(np.dtype(np.float32), ctx.rank, 1000)
+        before = x.copy()
+        if ctx.rank == 1:  # gives up without sending anything
+            ctx.transport.abort_group(ctx.group_id, GroupAbortedError("rank 1 gave up on purpose"))
+            return True
+        with pytest.raises(GroupAbortedError, match="gave up on purpose"):
+            allreduce.pair_in_place(ctx, x, ReduceOp.SUM)
+        return np.array_equal(x, before)
+
+    assert run_ranks(2, body) == [True, True]
+
+
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 6, 8])
 @pytest.mark.parametrize("algorithm", ALLREDUCE, ids=lambda f: f.__name__)
 def test_allreduce_from_a_separate_source_leaves_it_untouched(algorithm, size):

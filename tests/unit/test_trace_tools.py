@@ -28,7 +28,8 @@ PLAN = SimpleNamespace(label="all_reduce on group 'world'", algorithm="ring",
 
 
 @pytest.fixture(autouse=True)
-def fresh_recorder(tmp_path: Path) -> Iterator[None]:
+def fresh_recorder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(recorder, "_failure_dumped", -recorder.FAILURE_DUMP_INTERVAL)
     recorder.configure(8, str(tmp_path))
     recorder.joined(0, 2)
     yield
@@ -77,6 +78,10 @@ def test_a_failed_call_dumps_the_ring(tmp_path: Path) -> None:
     assert record["calls"][1]["error"] == "TimeoutError: peer 1 did not answer"
     assert record["calls"][1]["call"] == "all_reduce(float32[4])"
     assert "failed" in record["dumps"][-1]["reason"]
+    # a cascade of failures right after it does not rewrite the file
+    recorder.end(recorder.issue(TEAM, PLAN, 2), TimeoutError("again"))
+    assert len(json.loads((tmp_path / "rank0.json").read_text())["calls"]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.json"]  # no temporary file left
 
 
 def test_sigusr1_dumps_unless_the_application_handles_it(tmp_path: Path) -> None:

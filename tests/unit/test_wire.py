@@ -44,6 +44,19 @@ def test_spans_cover_the_range_once():
 ALLREDUCE = [allreduce.ring, allreduce.recursive_doubling, allreduce.halving_doubling]
 
 
+@pytest.mark.parametrize("count", [0, 1, 7, 50])
+def test_chunked_pair_in_place_matches_numpy(count):
+    inputs = [np.arange(count, dtype=np.int64) * (r + 1) - r for r in range(2)]
+
+    def body(ctx):
+        x = inputs[ctx.rank].copy()
+        allreduce.pair_in_place(ctx, x, ReduceOp.SUM)
+        return x
+
+    for result in _run(2, body):
+        assert np.array_equal(result, np.sum(inputs, axis=0))
+
+
 @pytest.mark.parametrize("size", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("count", [0, 1, 7, 50])
 @pytest.mark.parametrize("algorithm", ALLREDUCE, ids=lambda f: f.__name__)

@@ -42,6 +42,35 @@ def ring(ctx: Ctx, buf: np.ndarray, op: ReduceOp, source: np.ndarray | None = No
     ring_inplace(ctx, buf, offsets, step_base=ctx.size - 1, wire=wire)
 
 
+def pair_in_place(ctx: Ctx, x: np.ndarray, op: ReduceOp) -> None:
+    """Two members, terms as they are (no conversion, no compression): exchange whole arrays and
+    combine straight into ``x``, once every byte has gone both ways.
+
+    Recursive doubling's one round without its working copy: ``x`` is sent as it is and the
+    peer's arrives in scratch; nothing can fail once every request is done, so ``x`` is written
+    then, in place, with no copy back (a failed call leaves it untouched). Both members compute
+    ``x0 op x1``: the same bits. The combine does not overlap the transfer, which on a loaded
+    2-core host it barely did anyway; it saves one pass over the buffer instead.
+    """
+    peer = 1 - ctx.rank
+    incoming = ctx.team.scratch.take("incoming", x.size, x.dtype)
+    if x.nbytes <= config.TCP_CHUNK_BYTES:
+        receiving = [ctx.irecv(peer, incoming, 1)]
+        sending = [ctx.isend(peer, x, 1)]
+    else:
+        pieces = spans(0, x.size, chunk_elements(x.itemsize))
+        receiving = [ctx.irecv(peer, incoming[lo:hi], 1) for lo, hi in pieces]
+        sending = [ctx.isend(peer, x[lo:hi], 1) for lo, hi in pieces]
+    for request in receiving:
+        ctx.wait(request)
+    for request in sending:
+        ctx.wait(request)
+    if ctx.rank:
+        ufunc(op)(incoming, x, out=x)
+    else:
+        ufunc(op)(x, incoming, out=x)
+
+
 def recursive_doubling(ctx: Ctx, buf: np.ndarray, op: ReduceOp, source: np.ndarray | None = None) -> None:
     """Exchange whole buffers with partners at distance 1, 2, 4, ... and combine.
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..types import PremulSum, ReduceOp
-from . import kernels
+from . import allreduce, kernels
 from .base import Ctx
 from .wire import scratch
 
@@ -43,11 +43,17 @@ def _reduction(ctx: Ctx) -> kernels.Reduction:
 
 def all_reduce(algorithm: Algorithm) -> Algorithm:
     """``algorithm(ctx, work, base_op, source)``: reads ``x`` (or its converted copy in ``work``),
-    leaves the result in ``work``."""
+    leaves the result in ``work``. Recursive doubling on two members with terms as they are runs
+    as ``allreduce.pair_in_place`` instead: one exchange, no working copy."""
+    pair = algorithm is allreduce.recursive_doubling
+
     def run(ctx: Ctx, x: np.ndarray, op: Op) -> None:
         red = ctx.plan.reduction
         assert red is not None, "the core makes a reduction descriptor for every reduction's plan"
         team = ctx.team
+        if pair and team.size == 2 and red.raw and not red.average and team.transport.wire_dtype is None:
+            allreduce.pair_in_place(ctx, x, red.op)
+            return
         work = team.scratch.take("staged work", x.size, red.acc)
         algorithm(ctx, work, red.op, x if red.raw else kernels.prepare(red, x, work))
         kernels.finish(red, work, x, team.size)

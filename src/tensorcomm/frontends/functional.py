@@ -16,6 +16,7 @@ import numpy as np
 
 from ..core import collectives, p2p
 from ..core.work import Work
+from ..core.world import current_world
 from ..types import ReduceOp, ReduceOpLike
 from . import validate
 from .arrays import Staged
@@ -66,10 +67,11 @@ def all_reduce(tensor: Any, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
         ValueError: an op the dtype does not support, or a read-only tensor.
     """
     fn = "all_reduce"
-    g = validate.group(group, fn)
+    # ``validate.group`` and ``validate.array`` inline for the common case: the small-call path
+    g = current_world().world_group if group is None else validate.group(group, fn)
     if async_op is not False:  # the common value needs no call
         validate.flag(async_op, "async_op", fn)
-    staged = Staged(tensor, (fn, "tensor"), True)  # ``validate.array``, one call fewer
+    staged = Staged(tensor, (fn, "tensor"), True)
     result = collectives.all_reduce(g, staged.buf, op, async_op)
     if async_op or staged.needs_commit:  # else (a contiguous numpy array, sync) nothing to do
         return _done(result, [staged], async_op)

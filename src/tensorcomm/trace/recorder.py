@@ -129,7 +129,7 @@ _ring = _empty_ring(_size)
 
 def configure(calls: int, directory: str | None = None) -> None:
     """Keep the last ``calls`` calls (0: record nothing) and dump them into ``directory``
-    (None: ``<tempdir>/tensorcomm-flight``). Forgets what was recorded.
+    (None: ``dump_dir()``'s default). Forgets what was recorded.
 
     Raises:
         ValueError: ``calls`` is negative.
@@ -142,8 +142,11 @@ def configure(calls: int, directory: str | None = None) -> None:
 
 
 def dump_dir() -> str:
-    """Where ``dump`` writes."""
-    return _dir or os.path.join(tempfile.gettempdir(), "tensorcomm-flight")
+    """Where ``dump`` writes: the configured directory, else ``<tempdir>/tensorcomm-flight-<uid>``."""
+    if _dir:
+        return _dir
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return os.path.join(tempfile.gettempdir(), f"tensorcomm-flight-{uid}")
 
 
 def _is_internal(code: CodeType) -> bool:
@@ -239,7 +242,15 @@ def end(index: int, error: BaseException | None = None) -> None:
     if sink is not None:
         sink(call)
     if error is not None:
-        dump(f"{call.plan_label} (step {call.seq}) failed: {call.error}")
+        global _failure_dumped
+        now = time.monotonic()
+        if now - _failure_dumped >= FAILURE_DUMP_INTERVAL:  # the first of a cascade tells most
+            _failure_dumped = now
+            dump(f"{call.plan_label} (step {call.seq}) failed: {call.error}")
+
+
+FAILURE_DUMP_INTERVAL = 1.0  # seconds: failed calls closer together than this dump once
+_failure_dumped = -FAILURE_DUMP_INTERVAL
 
 
 def calls() -> list[Call]:
@@ -280,11 +291,15 @@ def dump(reason: str) -> str | None:
         name = f"rank{rank}.json" if rank is not None else f"pid{os.getpid()}.json"
         path = os.path.join(directory, name)
         try:
-            os.makedirs(directory, exist_ok=True)
-            temporary = f"{path}.{os.getpid()}.tmp"
-            with open(temporary, "w") as out:
-                json.dump(record, out, indent=1)
-            os.replace(temporary, path)
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            handle, temporary = tempfile.mkstemp(prefix=f".{name}.", dir=directory)  # never a link
+            try:
+                with os.fdopen(handle, "w") as out:
+                    json.dump(record, out, indent=1)
+                os.replace(temporary, path)
+            except BaseException:
+                os.unlink(temporary)
+                raise
         except OSError as exc:
             log.warning("tensorcomm: could not write the flight record to %s: %s", path, exc)
             return None

@@ -88,6 +88,8 @@ class Matching(Generic[R, M]):
         self.latest[call[0]] = max(call[1], self.latest.get(call[0], -1))
         if len(self.calls) > REMEMBERED_CALLS:
             self.calls.popitem(last=False)
+        if not self.unexpected:
+            return None
         return next((signature_mismatch(source, message.signature, self.rank, signature)
                      for (source, queued_tag), queue in self.unexpected.items()
                      if call_of_tag(queued_tag) == call

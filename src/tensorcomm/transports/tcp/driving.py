@@ -33,7 +33,7 @@ class Driving:
         self._rank = rank
         # ``_cv`` wakes callers waiting for the role or for a request another thread completed;
         # ``_idle`` paces the background thread.
-        state_lock = threading.Lock()
+        state_lock = self._state_lock = threading.Lock()  # ``with`` it directly: no Python frames
         self._cv = threading.Condition(state_lock)
         self._idle = threading.Condition(state_lock)
         self.closing = False
@@ -60,7 +60,7 @@ class Driving:
         deadline = NO_DEADLINE if timeout is None else time.monotonic() + timeout
         if self.closing:  # nothing moves any more; close() failed what was pending
             return done()
-        with self._cv:
+        with self._state_lock:  # ``_cv``'s lock
             self._wanted += 1
             try:
                 while True:
@@ -86,11 +86,12 @@ class Driving:
         try:
             self._drive(done, deadline)
         finally:
-            with self._cv:
+            with self._state_lock:
                 self._driving = False
                 self._driver = None
                 self._released_at = time.monotonic()
-                self._cv.notify_all()
+                if self._sleepers:  # callers waiting for the role (the background thread polls)
+                    self._cv.notify_all()
         return done()
 
     def _drive_when_idle(self) -> None:
@@ -137,7 +138,7 @@ class Driving:
         """A request finished: wake the callers waiting for theirs and, from another thread, the
         driver."""
         if self._sleepers:
-            with self._cv:
+            with self._state_lock:
                 self._cv.notify_all()
         if self._driving and self._driver != threading.get_ident():  # ``poke_elsewhere``, inline
             self.poke()
