@@ -11,6 +11,7 @@ anyway; the secret keeps everyone else out of the job's sockets (docs/ray.md). `
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ from ..rendezvous.store import (
 )
 
 CALL_MARGIN = 30.0  # seconds a store call may take beyond its own timeout before Ray is blamed
+STOP_WAIT = 10.0  # seconds ``stop`` waits for the killed server to stop answering
 
 
 @ray.remote(num_cpus=0)
@@ -169,5 +171,14 @@ class RayStore(Store):
         """Do nothing: the server belongs to whoever started it (``stop`` ends it)."""
 
     def stop(self) -> None:
-        """End the server actor."""
+        """End the server actor; return once it answers no more (``ray.kill`` only asks Ray to
+        end it, and a call made right after could still be served), or after ``STOP_WAIT``
+        seconds."""
         ray.kill(self.server)
+        deadline = time.monotonic() + STOP_WAIT
+        while time.monotonic() < deadline:
+            try:
+                ray.get(self.server.check.remote([]), timeout=STOP_WAIT)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                return
+            time.sleep(0.01)
