@@ -42,9 +42,10 @@ def ring(ctx: Ctx, buf: np.ndarray, op: ReduceOp, source: np.ndarray | None = No
     ring_inplace(ctx, buf, offsets, step_base=ctx.size - 1, wire=wire)
 
 
-def pair_in_place(ctx: Ctx, x: np.ndarray, op: ReduceOp) -> None:
+def pair_in_place(ctx: Ctx, x: np.ndarray, fn: np.ufunc) -> None:
     """Two members, terms as they are (no conversion, no compression): exchange whole arrays and
-    combine straight into ``x``, once every byte has gone both ways.
+    combine them with ``fn`` (the op's ufunc, ``Reduction.ufunc``) straight into ``x``, once
+    every byte has gone both ways.
 
     Recursive doubling's one round without its working copy: ``x`` is sent as it is and the
     peer's arrives in scratch; nothing can fail once every request is done, so ``x`` is written
@@ -66,9 +67,9 @@ def pair_in_place(ctx: Ctx, x: np.ndarray, op: ReduceOp) -> None:
     for request in sending:
         ctx.wait(request)
     if ctx.rank:
-        ufunc(op)(incoming, x, out=x)
+        fn(incoming, x, out=x)
     else:
-        ufunc(op)(x, incoming, out=x)
+        fn(x, incoming, out=x)
 
 
 def recursive_doubling(ctx: Ctx, buf: np.ndarray, op: ReduceOp, source: np.ndarray | None = None) -> None:

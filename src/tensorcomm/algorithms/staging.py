@@ -52,7 +52,7 @@ def all_reduce(algorithm: Algorithm) -> Algorithm:
         assert red is not None, "the core makes a reduction descriptor for every reduction's plan"
         team = ctx.team
         if pair and team.size == 2 and red.raw and not red.average and team.transport.wire_dtype is None:
-            allreduce.pair_in_place(ctx, x, red.op)
+            allreduce.pair_in_place(ctx, x, red.ufunc)
             return
         work = team.scratch.take("staged work", x.size, red.acc)
         algorithm(ctx, work, red.op, x if red.raw else kernels.prepare(red, x, work))

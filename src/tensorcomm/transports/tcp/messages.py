@@ -100,7 +100,7 @@ class Link:
 
     __slots__ = ("peer", "sock", "sealer", "fd", "send_lock", "queue", "header", "header_got", "kind",
                  "tag", "nbytes", "got", "signature", "target", "request", "entry", "closed", "polled",
-                 "opened")
+                 "opened", "sent")
 
     def __init__(self, peer: int, sock: socket.socket, sealer: Sealer) -> None:
         self.peer = peer
@@ -122,3 +122,4 @@ class Link:
         self.closed = False  # no more reading: the peer is gone or said goodbye
         self.polled = 0  # the poll events registered for it
         self.opened: tuple[bytes, int, bytes] = (b"", 0, b"")  # the frame's header, number, payload tag
+        self.sent = completed(peer)  # what a send the socket took whole at once returns (never changes)

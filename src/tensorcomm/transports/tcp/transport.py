@@ -48,8 +48,10 @@ from ...errors import (
     PeerLostError,
 )
 from ...rendezvous import discovery
-from ...signature import Signature
+from ...signature import NO_SIGNATURE, Signature
 from ..base import (
+    P2P_FLAG,
+    SEQ_BITS,
     STEP_BITS,
     Transport,
     call_of_tag,
@@ -71,6 +73,9 @@ _DISCARD_BYTES = 1 << 20  # scratch for draining a message no posted receive can
 _WIRE_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
 _POLLIN = select.POLLIN | select.POLLERR | select.POLLHUP
 _MSG_DONTWAIT = socket.MSG_DONTWAIT
+_pack_header = framing.HEADER.pack
+_CALL_SHIFT = SEQ_BITS + STEP_BITS  # a collective tag's group id, above its call's sequence number
+_SEQ_MASK = (1 << SEQ_BITS) - 1
 
 
 class TcpTransport(Transport):
@@ -123,21 +128,22 @@ class TcpTransport(Transport):
             error = self._note_call(tag, signature)
         if error is not None:
             return completed(peer, error)
-        request = TcpRequest(self._run_until, peer, tag)
-        header = framing.pack_header(framing.KIND_DATA, tag, len(data), signature)
-        self._enqueue(self._links[peer], header, data.cast("B"), request)
-        return request
+        # ``framing.pack_header``, inline on the hot path
+        header = _pack_header(framing.MAGIC, framing.KIND_DATA, tag, len(data), *(signature or NO_SIGNATURE))
+        return self._enqueue(self._links[peer], header, data.cast("B"), tag)  # type: ignore[return-value]
 
-    def _enqueue(self, link: Link, header: bytes, payload: memoryview, request: TcpRequest | None) -> bool:
-        """Seal a frame (a data frame if it has a request), write it now as far as the socket takes
+    def _enqueue(self, link: Link, header: bytes, payload: memoryview, tag: int | None) -> TcpRequest | None:
+        """Seal a frame (a data frame if it has a ``tag``), write it now as far as the socket takes
         it and queue the rest for the driver.
 
-        Returns False if the link is gone (``request`` then fails).
+        Returns the data frame's request (None for a control frame): ``link.sent``, done, when the
+        socket took the whole frame at once (nobody but the caller can wait for it, so there is no
+        request of its own to make or complete); failed if the link is gone.
         """
         failure: PeerLostError | None = None
         with link.send_lock:  # frames are sealed in the order they go onto the wire
             gone = self._match.lost.get(link.peer)
-            parts = link.sealer.seal(header, payload, request is not None)
+            parts = link.sealer.seal(header, payload, tag is not None)
             sent = 0
             if gone is None and not link.queue:
                 try:  # the whole frame at once, the common case: no ``Send`` to keep
@@ -147,17 +153,15 @@ class TcpTransport(Transport):
                 except OSError as exc:
                     failure = PeerLostError(link.peer, f"send failed: {exc}")
                 if sent == len(parts[0]) + (len(parts[1]) if len(parts) > 1 else 0):
-                    if request is not None:  # ``_complete``, inline on the hot path
-                        request._done = True
-                        self._role.completed()
-                    return True
+                    return None if tag is None else link.sent
+            request = None if tag is None else TcpRequest(self._run_until, link.peer, tag)
             item = Send(parts, request, time.monotonic() + self.send_timeout)
             if sent:
                 item.advance(sent)
             if gone is None and failure is None:
                 try:
                     if not link.queue and self._write_item(link, item):
-                        return True
+                        return request
                 except OSError as exc:
                     failure = PeerLostError(link.peer, f"send failed: {exc}")
             if gone is None and failure is None:
@@ -165,12 +169,12 @@ class TcpTransport(Transport):
         if failure is not None:
             self._link_failed(link, failure)
         if gone is not None or failure is not None:
-            if item.request is not None:
+            if request is not None:
                 lost = self._match.lost[link.peer]
-                self._complete(item.request, link.peer, self._cause(item.request, lost))
-            return False
+                self._complete(request, link.peer, self._cause(request, lost))
+            return request
         self._role.poke_elsewhere()  # the driver must watch this socket for room now
-        return True
+        return request
 
     def _write_item(self, link: Link, item: Send) -> bool:
         """Write ``item`` until the socket is full; return whether all of it went out."""
@@ -252,9 +256,9 @@ class TcpTransport(Transport):
         that arrive later are checked on arrival (``_check_late``). Returns the error to fail the
         request with when a queued message disagrees (the group is then aborted everywhere).
         """
-        call = call_of_tag(tag)
-        if call is None or signature is None:
+        if tag & P2P_FLAG or signature is None:
             return None
+        call = (tag >> _CALL_SHIFT, (tag >> STEP_BITS) & _SEQ_MASK)  # ``call_of_tag``, inline
         with self._lock:
             mismatch = self._match.note_call(call, signature)
         if mismatch is not None:
@@ -581,13 +585,13 @@ class TcpTransport(Transport):
             return {peer: self._progress.get((group_id, peer)) for peer in peers}
 
     def _send_control(self, peer: int, kind: int, tag: int, payload: bytes,
-                      signature: Signature | None = None) -> bool:
-        """Send (or queue) a small control frame unless the link is gone; say whether it went."""
+                      signature: Signature | None = None) -> None:
+        """Send (or queue) a small control frame unless the link is gone."""
         link = self._links.get(peer)
         if link is None or peer in self._match.lost:
-            return False
+            return
         header = framing.pack_header(kind, tag, len(payload), signature)
-        return self._enqueue(link, header, memoryview(payload), None)
+        self._enqueue(link, header, memoryview(payload), None)
 
     # -- failure and lifecycle -----------------------------------------------------------------
 
