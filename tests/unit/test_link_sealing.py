@@ -143,7 +143,7 @@ def test_encrypt_puts_no_plaintext_on_the_wire() -> None:
         transport.isend(1, memoryview(secret), TAG).wait(5)
         raw = recv_exact(peer, sealing.HEADER_BYTES + len(secret), 5)
         assert b"attack at dawn" not in raw
-        header, number, tag = sealer.open_header(raw[:sealing.HEADER_BYTES])
+        header, number, tag = sealer.open_header(raw[:sealing.HEADER_BYTES])[4]
         payload = memoryview(bytearray(raw[sealing.HEADER_BYTES:]))
         sealer.open_payload(header, number, tag, payload, True)
         assert payload == secret

@@ -51,8 +51,7 @@ class RawPeer:
         return b"".join(self.sealer.seal(header, memoryview(payload), kind == framing.KIND_DATA))
 
     def read_header(self):
-        header, _, _ = self.sealer.open_header(recv_exact(self.sock, sealing.HEADER_BYTES, 5))
-        return framing.parse_header(header)
+        return self.sealer.open_header(recv_exact(self.sock, sealing.HEADER_BYTES, 5))[:4]
 
     def __getattr__(self, name: str):  # sendall, recv, shutdown, settimeout: the socket's
         return getattr(self.sock, name)

@@ -22,7 +22,8 @@ log = logging.getLogger("tensorcomm.tcp")
 LINGER = 0.05
 NO_DEADLINE = float("inf")
 
-Drive = Callable[[Callable[[], bool], float], None]  # drive(done, deadline): the driver's loop
+# drive(done, deadline) -> done(): the driver's loop, until done() or the deadline
+Drive = Callable[[Callable[[], bool], float], bool]
 
 
 class Driving:
@@ -38,10 +39,10 @@ class Driving:
         self._idle = threading.Condition(state_lock)
         self.closing = False
         self._driving = False
-        self._driver: int | None = None  # thread id of the driver
+        self.driver: int | None = None  # thread id of the driver
         self._background_driving = False
         self._yield = False  # a caller asked the background thread to stop driving
-        self._sleepers = 0  # callers waiting in ``_cv``
+        self.sleepers = 0  # callers waiting in ``_cv``
         self._wanted = 0  # callers waiting for the driver role
         self._released_at = 0.0
         self.wake_fd, self._wake_write = os.pipe()
@@ -68,7 +69,7 @@ class Driving:
                         return True
                     if not self._driving:
                         self._driving = True
-                        self._driver = threading.get_ident()
+                        self.driver = threading.get_ident()
                         break
                     if self._background_driving and not self._yield:
                         self._yield = True
@@ -76,23 +77,22 @@ class Driving:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         return False
-                    self._sleepers += 1
+                    self.sleepers += 1
                     try:
                         self._cv.wait(None if deadline == NO_DEADLINE else remaining)
                     finally:
-                        self._sleepers -= 1
+                        self.sleepers -= 1
             finally:
                 self._wanted -= 1
         try:
-            self._drive(done, deadline)
+            return self._drive(done, deadline)
         finally:
             with self._state_lock:
                 self._driving = False
-                self._driver = None
+                self.driver = None
                 self._released_at = time.monotonic()
-                if self._sleepers:  # callers waiting for the role (the background thread polls)
+                if self.sleepers:  # callers waiting for the role (the background thread polls)
                     self._cv.notify_all()
-        return done()
 
     def _drive_when_idle(self) -> None:
         """The background thread: drive whenever no caller has for ``LINGER`` seconds."""
@@ -106,7 +106,7 @@ class Driving:
                         break
                     self._idle.wait(LINGER - idle if 0 <= idle < LINGER else LINGER)
                 self._driving = self._background_driving = True
-                self._driver = threading.get_ident()
+                self.driver = threading.get_ident()
                 self._yield = False
             try:
                 self._drive(lambda: self._yield or self.closing, NO_DEADLINE)
@@ -115,7 +115,7 @@ class Driving:
             finally:
                 with self._cv:
                     self._driving = self._background_driving = False
-                    self._driver = None
+                    self.driver = None
                     self._yield = False
                     self._released_at = time.monotonic()
                     self._cv.notify_all()
@@ -131,16 +131,16 @@ class Driving:
 
     def poke_elsewhere(self) -> None:
         """``poke`` unless the calling thread is the driver (or nobody drives)."""
-        if self._driving and self._driver != threading.get_ident():
+        if self._driving and self.driver != threading.get_ident():
             self.poke()
 
     def completed(self) -> None:
         """A request finished: wake the callers waiting for theirs and, from another thread, the
         driver."""
-        if self._sleepers:
+        if self.sleepers:
             with self._state_lock:
                 self._cv.notify_all()
-        if self._driving and self._driver != threading.get_ident():  # ``poke_elsewhere``, inline
+        if self._driving and self.driver != threading.get_ident():  # ``poke_elsewhere``, inline
             self.poke()
 
     def drain_wake_ups(self) -> None:

@@ -3,8 +3,9 @@
 Header (little endian, 64 bytes): magic ``u32``, kind ``u32``, tag ``u64``, payload length ``u64``,
 then the sender's call signature (five ``i64``: collective, dtype, count, op, root; all zero for
 point-to-point messages), which the receiver compares with its own call's.
-A header with the wrong magic, an unknown kind or a length past ``MAX_FRAME_BYTES`` is a protocol
-error that closes the link; nothing is allocated from an unchecked length.
+A header with the wrong magic, an unknown kind or a length past its kind's limit is a protocol
+error that closes the link; nothing is allocated from an unchecked length. Received headers are
+authenticated and decoded in one step (``sealing.Sealer.open_header``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ KIND_BYE = 2  # the peer is closing on purpose (destroy), not dying
 KIND_ABORT = 3  # the peer aborted a group: tag is the group id, payload says why
 KIND_PROBE = 4  # "which call of group <tag> have you reached?" (sent when a wait stalls)
 KIND_PROBE_REPLY = 5  # the answer: payload is PROBE_REPLY, the header carries that call's signature
-_KINDS = (KIND_DATA, KIND_BYE, KIND_ABORT, KIND_PROBE, KIND_PROBE_REPLY)
+KINDS = (KIND_DATA, KIND_BYE, KIND_ABORT, KIND_PROBE, KIND_PROBE_REPLY)
 PROBE_REPLY = struct.Struct("<q")  # the latest call sequence number started, -1 for none
 MAX_ABORT_BYTES = 64 << 10  # an abort payload (transports.base.encode_abort)
 MAX_FRAME_BYTES = 1 << 40  # one message: far above any array a CPU host holds, far below 2**60
@@ -33,19 +34,3 @@ class ProtocolError(ConnectionError):
 def pack_header(kind: int, tag: int, nbytes: int, signature: Signature | None = None) -> bytes:
     """Encode one frame header."""
     return HEADER.pack(MAGIC, kind, tag, nbytes, *(signature or NO_SIGNATURE))
-
-
-def parse_header(raw: bytes | bytearray) -> tuple[int, int, int, Signature | None]:
-    """Decode and check one header; return ``(kind, tag, nbytes, signature)``.
-
-    Raises:
-        ProtocolError: wrong magic, unknown kind, or a length past the kind's limit.
-    """
-    magic, kind, tag, nbytes, *fields = HEADER.unpack(raw)
-    if magic != MAGIC or kind not in _KINDS:
-        raise ProtocolError(f"bad frame header (magic {magic:#x}, kind {kind})")
-    limit = MAX_FRAME_BYTES if kind == KIND_DATA else MAX_ABORT_BYTES
-    if nbytes > limit:
-        raise ProtocolError(f"frame of {nbytes} bytes exceeds the {limit}-byte limit")
-    signature = Signature(*fields)
-    return kind, tag, nbytes, None if signature == NO_SIGNATURE else signature

@@ -32,6 +32,7 @@ from typing import Any
 from ...config import ENV_LINK_PROTECTION, LINK_PROTECTIONS
 from ...errors import LinkAuthenticationError
 from ...rendezvous.auth import Session
+from ...signature import NO_SIGNATURE, Signature
 from . import framing
 
 try:  # hmac.digest's own one-shot, without its Python frame (one per sealed or opened header)
@@ -44,6 +45,9 @@ HEADERS, MAC, ENCRYPT = range(len(LEVELS))
 TAG_BYTES = 16
 HEADER_BYTES = framing.HEADER.size + 2 * TAG_BYTES  # a header and its trailer, as on the wire
 _NO_TAG = bytes(TAG_BYTES)
+_HEADER_SIZE = framing.HEADER.size
+_unpack_header = framing.HEADER.unpack
+_NO_SIGNATURE = list(NO_SIGNATURE)
 
 
 def configured_level() -> int:
@@ -77,14 +81,15 @@ class Sealer:
     the link's send lock), ``open_header`` in the order they arrive.
     """
 
-    __slots__ = ("peer", "level", "_send_header", "_send_payload", "_recv_header", "_recv_payload",
-                 "_send_aes", "_recv_aes", "_sent", "_received")
+    __slots__ = ("peer", "level", "checks_data", "_send_header", "_send_payload", "_recv_header",
+                 "_recv_payload", "_send_aes", "_recv_aes", "_sent", "_received")
 
     def __init__(self, peer: int, level: int, send_key: bytes, recv_key: bytes) -> None:
         if level not in range(len(LEVELS)):
             raise ValueError(f"level: expected 0..{len(LEVELS) - 1}, got {level}")
         self.peer = peer
         self.level = level
+        self.checks_data = level >= MAC  # data payloads have a payload tag to check (``open_payload``)
         self._send_header, self._send_payload = _derive(send_key, b"header"), _derive(send_key, b"payload")
         self._recv_header, self._recv_payload = _derive(recv_key, b"header"), _derive(recv_key, b"payload")
         self._send_aes = self._recv_aes = None
@@ -118,11 +123,14 @@ class Sealer:
         parts = [memoryview(head + _digest(self._send_header, number + head, "sha256")[:TAG_BYTES])]
         return [*parts, payload] if len(payload) else parts
 
-    def open_header(self, raw: bytes) -> tuple[bytes, int, bytes]:
-        """Check one received header (``HEADER_BYTES`` long); return it, its number and its payload tag.
+    def open_header(self, raw: bytes) -> tuple[int, int, int, Signature | None, tuple[bytes, int, bytes]]:
+        """Check and decode one received header (``HEADER_BYTES`` long), as
+        ``framing.parse_header`` does, in one step: return its kind, tag, payload length and
+        signature, and what ``open_payload`` needs (the header, its number, its payload tag).
 
         Raises:
             LinkAuthenticationError: the header tag does not match.
+            framing.ProtocolError: an authentic header that is not a valid one.
         """
         number = self._received
         self._received += 1
@@ -131,7 +139,16 @@ class Sealer:
                                                 "sha256")[:TAG_BYTES]):
             raise LinkAuthenticationError(self.peer, f"frame {number} failed its header check (altered, "
                                                      "injected or replayed on the way)")
-        return head[:framing.HEADER.size], number, head[framing.HEADER.size:]
+        header = head[:_HEADER_SIZE]
+        magic, kind, frame_tag, nbytes, *fields = _unpack_header(header)
+        if magic != framing.MAGIC or kind not in framing.KINDS:
+            raise framing.ProtocolError(f"bad frame header (magic {magic:#x}, kind {kind})")
+        limit = framing.MAX_FRAME_BYTES if kind == framing.KIND_DATA else framing.MAX_ABORT_BYTES
+        if nbytes > limit:
+            raise framing.ProtocolError(f"frame of {nbytes} bytes exceeds the {limit}-byte limit")
+        # ``tuple.__new__``: a Signature without its Python ``__new__`` frame
+        signature = None if fields == _NO_SIGNATURE else tuple.__new__(Signature, fields)
+        return kind, frame_tag, nbytes, signature, (header, number, head[_HEADER_SIZE:])
 
     def open_payload(self, header: bytes, number: int, tag: bytes, payload: memoryview, data: bool) -> None:
         """Check (``mac``, control frames) or decrypt in place (``encrypt``) one received payload.

@@ -74,6 +74,7 @@ _WIRE_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np
 _POLLIN = select.POLLIN | select.POLLERR | select.POLLHUP
 _MSG_DONTWAIT = socket.MSG_DONTWAIT
 _pack_header = framing.HEADER.pack
+_get_ident = threading.get_ident
 _CALL_SHIFT = SEQ_BITS + STEP_BITS  # a collective tag's group id, above its call's sequence number
 _SEQ_MASK = (1 << SEQ_BITS) - 1
 
@@ -342,14 +343,14 @@ class TcpTransport(Transport):
 
     # -- driving -------------------------------------------------------------------------------
 
-    def _drive(self, done: Callable[[], bool], deadline: float) -> None:
-        """Read and write every link until ``done()`` or ``deadline`` (driver only)."""
+    def _drive(self, done: Callable[[], bool], deadline: float) -> bool:
+        """Read and write every link until ``done()`` or ``deadline`` (driver only); return ``done()``."""
         poller, by_fd, links = self._poller, self._by_fd, self._links.values()
         while not done():
             now = time.monotonic()
             wait = deadline - now
             if wait <= 0:
-                return
+                return done()
             for link in links:
                 want = 0 if link.closed else _POLLIN | (select.POLLOUT if link.queue else 0)
                 if link.queue:
@@ -392,6 +393,7 @@ class TcpTransport(Transport):
                     link.closed = True
             if not events:
                 self._overdue(time.monotonic())
+        return True
 
     # -- reading frames ------------------------------------------------------------------------
 
@@ -417,10 +419,13 @@ class TcpTransport(Transport):
                 if link.header_got < sealing.HEADER_BYTES:
                     continue
                 link.header_got = 0
-                link.opened = link.sealer.open_header(link.header.tobytes())
-                self._begin(link, *framing.parse_header(link.opened[0]))
+                kind, tag, nbytes, signature, link.opened = link.sealer.open_header(link.header.tobytes())
+                self._begin(link, kind, tag, nbytes, signature)
                 if link.kind and link.got == link.nbytes:
+                    filled = link.request is not None
                     self._end(link)
+                    if filled:  # its waiter may be done: let it go before reading on
+                        return
                 continue
             entry = link.entry
             if entry is not None and entry.request is not None and link.target is entry.data:
@@ -439,7 +444,10 @@ class TcpTransport(Transport):
             link.got += n
             budget -= n
             if link.got == link.nbytes:
+                filled = link.request is not None
                 self._end(link)
+                if filled:  # its waiter may be done: let it go before reading the next frame
+                    return
 
     def _begin(self, link: Link, kind: int, tag: int, nbytes: int,
                signature: Signature | None) -> None:
@@ -465,12 +473,15 @@ class TcpTransport(Transport):
             link.entry, link.target = entry, entry.data
             self._check_late(link.peer, tag, signature)
             return
-        error = self._check(request, link.peer, nbytes, signature)
+        out = request.out
+        assert out is not None
+        error = None if nbytes == len(out) and signature == request.signature else \
+            self._check(request, link.peer, nbytes, signature)
         if error is not None:
             self._reject(request, link.peer, error)
             self._drain(link)
             return
-        link.request, link.target = request, request.out
+        link.request, link.target = request, out
 
     def _drain(self, link: Link) -> None:
         """Read the current payload into scratch and drop it (the link stays usable)."""
@@ -492,7 +503,7 @@ class TcpTransport(Transport):
             LinkAuthenticationError: the payload failed its check (the caller fails the link).
         """
         kind, peer = link.kind, link.peer
-        if link.target is not None:
+        if link.target is not None and (kind != framing.KIND_DATA or link.sealer.checks_data):
             header, number, tag = link.opened
             link.sealer.open_payload(header, number, tag, link.target, kind == framing.KIND_DATA)
         link.kind = 0
@@ -503,7 +514,9 @@ class TcpTransport(Transport):
             if request is not None:  # ``_complete``, inline on the hot path
                 request.source = peer
                 request._done = True
-                self._role.completed()
+                role = self._role
+                if role.sleepers or role.driver != _get_ident():  # ``role.completed``'s test, inline
+                    role.completed()
             elif entry is not None:
                 with self._lock:
                     entry.complete = True
