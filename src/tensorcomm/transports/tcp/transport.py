@@ -424,7 +424,7 @@ class TcpTransport(Transport):
                 if link.kind and link.got == link.nbytes:
                     filled = link.request is not None
                     self._end(link)
-                    if filled:  # its waiter may be done: let it go before reading on
+                    if filled and not self._match.posted:  # see below
                         return
                 continue
             entry = link.entry
@@ -446,7 +446,10 @@ class TcpTransport(Transport):
             if link.got == link.nbytes:
                 filled = link.request is not None
                 self._end(link)
-                if filled:  # its waiter may be done: let it go before reading the next frame
+                # The last posted receive is filled: its waiter goes on, and the peer's next
+                # frame (its next call's, often) waits in the socket for a receive to land in
+                # rather than being copied through the unexpected queue.
+                if filled and not self._match.posted:
                     return
 
     def _begin(self, link: Link, kind: int, tag: int, nbytes: int,
