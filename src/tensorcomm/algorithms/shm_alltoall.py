@@ -105,7 +105,9 @@ def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.n
         for j, place in zip(d.peers, s.outgoing[parity], strict=True):
             place[...] = send[send_offsets[j]:send_offsets[j + 1]]
         d.start(ctx, s.nbytes)
-        if headers[parity][:, r:r + 2].tolist() == uniform[0] and max(d.extents(ctx)) <= d.slot_bytes:
+        # this member's stream fits one slot (``outgoing``): do the peers' (two members: one word)?
+        fits = (d.extent(1 - r, ctx) if d.size == 2 else max(d.extents(ctx))) <= d.slot_bytes
+        if fits and headers[parity][:, r:r + 2].tolist() == uniform[0]:
             for q, block in zip(d.peers, uniform[1][parity], strict=True):
                 out[recv_offsets[q]:recv_offsets[q + 1]] = block
             out[recv_offsets[r]:recv_offsets[r + 1]] = send[send_offsets[r]:send_offsets[r + 1]]
