@@ -71,6 +71,30 @@ CASES: list[tuple[str, type[Exception], str, Callable[[], object]]] = [
      lambda: tc.reduce(_x(), dst=99)),
     ("broadcast-src-negative", ValueError, "src=-1 is out of range",
      lambda: tc.broadcast(_x(), src=-1)),
+    # the small-call paths of broadcast and the tensor variants check as the general path does
+    ("broadcast-src-bool", TypeError, "src must be an int", lambda: tc.broadcast(_x(), src=True)),
+    ("broadcast-src-float", TypeError, "src must be an int", lambda: tc.broadcast(_x(), src=0.0)),
+    ("broadcast-async-op-int", TypeError, "async_op must be a bool",
+     lambda: tc.broadcast(_x(), async_op=1)),
+    ("broadcast-group-float", TypeError, "group must be", lambda: tc.broadcast(_x(), group=3.5)),
+    ("all_gather_into_tensor-dtype", ValueError, "dtypes must match",
+     lambda: tc.all_gather_into_tensor(np.ones(2, np.float64), np.ones(2, np.float32))),
+    ("all_gather_into_tensor-read-only", ValueError, "read-only",
+     lambda: tc.all_gather_into_tensor(_readonly(), _x())),
+    ("reduce_scatter_tensor-size", ValueError, "must hold group size",
+     lambda: tc.reduce_scatter_tensor(np.ones(2), np.ones(3))),
+    ("reduce_scatter_tensor-dtype", ValueError, "dtypes must match",
+     lambda: tc.reduce_scatter_tensor(np.ones(2, np.float32), np.ones(2, np.float64))),
+    ("reduce_scatter_tensor-async-op-none", TypeError, "async_op must be a bool",
+     lambda: tc.reduce_scatter_tensor(_x(), _x(), async_op=None)),
+    ("all_to_all_single-dtype", ValueError, "dtypes must match",
+     lambda: tc.all_to_all_single(np.ones(2, np.float32), np.ones(2, np.float64))),
+    ("all_to_all_single-scalar", ValueError, "at least one dimension",
+     lambda: tc.all_to_all_single(np.ones(2), np.ones(()))),
+    ("all_to_all_single-rows", ValueError, "must agree beyond dim 0",
+     lambda: tc.all_to_all_single(np.ones((2, 3)), np.ones((2, 2)))),
+    ("all_to_all_single-own-block", ValueError, "must be equal",
+     lambda: tc.all_to_all_single(np.ones(3), np.ones(2))),
     ("all_gather-list-length", tc.ArgumentMismatchError, "must hold 1 arrays",
      lambda: tc.all_gather([_x()] * 3, _x())),
     ("all_gather-not-a-list", TypeError, "tensor_list must be a list",
@@ -102,6 +126,12 @@ def test_bad_argument_raises_naming_it(world: None, exception: type[Exception], 
                                        call: Callable[[], object]) -> None:
     with pytest.raises(exception, match=match):
         call()
+
+
+def test_broadcast_root_may_pass_a_read_only_array(world: None) -> None:
+    x = _readonly()
+    tc.broadcast(x, src=np.int64(0))  # a numpy integer names the root too
+    tc.broadcast(x, group_src=0)
 
 
 def test_calls_go_on_after_every_bad_argument(world: None) -> None:

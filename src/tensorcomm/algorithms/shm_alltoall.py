@@ -32,7 +32,6 @@ class AllToAll:
     Attributes:
         d: the group's domain.
         header: this member's header (its packed stream's block offsets), padded to 64 bytes.
-        headers: per slot parity every member's header as one ``(members, members + 1)`` array.
         expected: bytes this member expects from each member.
         send_offsets, recv_offsets: element bounds of the blocks of ``send`` and ``out``.
         uniform: when every block this member gets has one size and the call fits one slot:
@@ -41,17 +40,21 @@ class AllToAll:
         outgoing: when this member's stream fits one slot, per slot parity the places of its
             blocks for the peers in its slot, typed (the one-slot fast path); else None.
         nbytes: bytes of this member's stream (header included).
+        header_slots: per slot parity the place of this member's header in its slot.
+        places: per slot parity where each member's header places the block for this member:
+            columns ``rank, rank + 1`` of every member's header, as one strided view of the slots.
     """
 
     d: Any
     header: np.ndarray
-    headers: tuple[np.ndarray, np.ndarray]
     expected: list[int]
     send_offsets: list[int]
     recv_offsets: list[int]
     uniform: tuple[list[list[int]], tuple[tuple[np.ndarray, ...], ...]] | None
     outgoing: tuple[tuple[np.ndarray, ...], ...] | None
     nbytes: int
+    header_slots: tuple[np.ndarray, np.ndarray]
+    places: tuple[np.ndarray, np.ndarray]
 
 
 def prepare(team: Team, plan: Plan, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
@@ -80,8 +83,10 @@ def prepare(team: Team, plan: Plan, send: np.ndarray, send_counts: Sequence[int]
     if nbytes <= d.slot_bytes:
         outgoing = tuple(tuple(d.inbox[r][p][header_bytes + offsets[j]:header_bytes + offsets[j + 1]]
                                .view(send.dtype) for j in d.peers) for p in (0, 1))
-    return AllToAll(d, header, headers, expected, bounds(send_counts), bounds(recv_counts), uniform,
-                    outgoing, nbytes)
+    header_slots = (d.inbox[r][0][:header_bytes], d.inbox[r][1][:header_bytes])
+    places_of = (headers[0][:, r:r + 2], headers[1][:, r:r + 2])
+    return AllToAll(d, header, expected, bounds(send_counts), bounds(recv_counts), uniform,
+                    outgoing, nbytes, header_slots, places_of)
 
 
 def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
@@ -95,17 +100,19 @@ def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.n
         recv_counts: elements this member receives from each member.
     """
     s: AllToAll = ctx.plan.state
-    d, header, headers, expected, uniform = s.d, s.header, s.headers, s.expected, s.uniform
+    d, header, expected, uniform = s.d, s.header, s.expected, s.uniform
     send_offsets, recv_offsets, header_bytes = s.send_offsets, s.recv_offsets, s.header.size
     r, itemsize = d.rank, out.itemsize
     started = None
     if s.outgoing is not None and uniform is not None:  # one round, blocks of one size
         started = parity = d.next_round()
-        d.inbox[r][parity][:header_bytes] = header
+        s.header_slots[parity][...] = header
         for j, place in zip(d.peers, s.outgoing[parity], strict=True):
             place[...] = send[send_offsets[j]:send_offsets[j + 1]]
         d.start(ctx, s.nbytes)
-        if headers[parity][:, r:r + 2].tolist() == uniform[0] and max(d.extents(ctx)) <= d.slot_bytes:
+        # this member's stream fits one slot (``outgoing``): do the peers' (two members: one word)?
+        fits = (d.extent(1 - r, ctx) if d.size == 2 else max(d.extents(ctx))) <= d.slot_bytes
+        if fits and s.places[parity].tolist() == uniform[0]:
             for q, block in zip(d.peers, uniform[1][parity], strict=True):
                 out[recv_offsets[q]:recv_offsets[q + 1]] = block
             out[recv_offsets[r]:recv_offsets[r + 1]] = send[send_offsets[r]:send_offsets[r + 1]]
@@ -115,7 +122,7 @@ def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.n
     whole: list[tuple[np.ndarray, ...]] = []  # each peer's block in its slot, when that applies
 
     def verify(parity: int, extents: list[int]) -> None:
-        pairs = headers[parity][:, r:r + 2].tolist()  # where each member's block for r lies
+        pairs = s.places[parity].tolist()  # where each member's block for r lies
         if uniform is not None and pairs == uniform[0] and max(extents) <= d.slot_bytes:
             whole.append(uniform[1][parity])
             return

@@ -36,6 +36,9 @@ class ReduceScatter:
             member's slot as one strided array. Else None (rounds).
         mine: on more than two members, per slot parity this member's slot (the whole input), when
             it fits; else None.
+        plain: two members, one round, the caller's bytes are the terms (``red.raw``), no AVG
+            division, and ``red.ufunc`` takes ``out`` positionally: a call is one copy into the
+            slot and one ufunc call (``reduce_scatter``'s small-call path).
     """
 
     d: Any
@@ -44,6 +47,7 @@ class ReduceScatter:
     pair: bool
     rows: Any
     mine: Any
+    plain: bool = False
 
 
 def prepare(team: Team, plan: Plan, send: np.ndarray, out: np.ndarray, counts: Sequence[int],
@@ -61,7 +65,8 @@ def prepare(team: Team, plan: Plan, send: np.ndarray, out: np.ndarray, counts: S
         if max(counts) * size <= d.slot_bytes:
             pairs = tuple((d.inbox[r][p][:counts[peer] * size].view(red.acc),
                            d.inbox[peer][p][:counts[r] * size].view(red.acc)) for p in (0, 1))
-        return ReduceScatter(d, red, offsets, True, pairs, None)
+        plain = pairs is not None and red.raw and red.positional and not red.average
+        return ReduceScatter(d, red, offsets, True, pairs, None, plain)
     if offsets[-1] * size > d.slot_bytes:
         return ReduceScatter(d, red, offsets, False, None, None)
     a, b = offsets[r], offsets[r + 1]
@@ -80,6 +85,18 @@ def reduce_scatter(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence
         op: the caller's reduction.
     """
     s: ReduceScatter = ctx.plan.state
+    if s.plain:  # ``_pair``'s one round, with ``load`` and ``reduce_rows`` reduced to their numpy calls
+        d, offsets, ufunc = s.d, s.offsets, s.red.ufunc
+        r = d.rank
+        mine, theirs = s.rows[d.next_round()]
+        mine[...] = send[offsets[1 - r]:offsets[2 - r]]  # the peer's block of this member's terms
+        d.start(ctx)  # nobody reads extents in one round
+        own = send[offsets[r]:offsets[r + 1]]
+        if r == 0:  # in member order, so both members compute the same bits
+            ufunc(own, theirs, out)
+        else:
+            ufunc(theirs, own, out)
+        return
     if s.pair:
         _pair(ctx, s, send, out)
         return

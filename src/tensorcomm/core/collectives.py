@@ -93,7 +93,8 @@ def reduce(group: Group, x: np.ndarray, root: int, op: ReduceOpLike, async_op: b
 
 def broadcast(group: Group, x: np.ndarray, root: int, async_op: bool) -> Work | None:
     """Copy group rank ``root``'s ``x`` into every member's."""
-    x = _flat(x)
+    if x.ndim != 1:  # ``_flat`` inline: the small-call path
+        x = x.reshape(-1)
     key = ("broadcast", x.dtype, x.size, root)
     plan = group._plans.get(key)
     if plan is None:
@@ -107,7 +108,10 @@ def all_gather(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequence
     """Every member's ``send`` lands in its block of ``out`` (``counts[q]`` elements for member
     ``q``, back to back) on every member."""
     counts = tuple(counts)
-    send, out = _flat(send), _flat(out)
+    if send.ndim != 1:  # ``_flat`` inline: the small-call path
+        send = send.reshape(-1)
+    if out.ndim != 1:
+        out = out.reshape(-1)
     key = ("all_gather", send.dtype, counts)
     plan = group._plans.get(key)
     if plan is None:
@@ -151,8 +155,11 @@ def reduce_scatter(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequ
     """Block ``q`` of ``send`` (``counts[q]`` elements), reduced across members, lands in member
     ``q``'s ``out``."""
     counts = tuple(counts)
-    send, out = _flat(send), _flat(out)
-    key = ("reduce_scatter", send.dtype, counts, _op_key(op))
+    if send.ndim != 1:  # ``_flat`` and ``_op_key`` inline: the small-call path
+        send = send.reshape(-1)
+    if out.ndim != 1:
+        out = out.reshape(-1)
+    key = ("reduce_scatter", send.dtype, counts, op._value_ if type(op) is ReduceOp else _op_key(op))
     plan = group._plans.get(key)
     if plan is None:
         plan = group._keep_plan(key, _reduction(group, "reduce_scatter", fn, send, op, (send, out, counts),
@@ -168,7 +175,10 @@ def all_to_all(group: Group, send: np.ndarray, send_counts: Sequence[int], out: 
     unchecked, and the algorithms check each block against the size its receiver expects.
     """
     send_counts, recv_counts = tuple(send_counts), tuple(recv_counts)
-    send, out = _flat(send), _flat(out)
+    if send.ndim != 1:  # ``_flat`` inline: the small-call path
+        send = send.reshape(-1)
+    if out.ndim != 1:
+        out = out.reshape(-1)
     key = ("all_to_all", send.dtype, send_counts, recv_counts)
     plan = group._plans.get(key)
     if plan is None:

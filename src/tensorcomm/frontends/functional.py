@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..core import collectives, p2p
+from ..core.group import Group
 from ..core.work import Work
 from ..core.world import current_world
 from ..types import ReduceOp, ReduceOpLike
@@ -22,8 +23,22 @@ from . import validate
 from .arrays import Staged
 
 
+def _root(value: Any, group_value: Any, argument: str, fn: str, g: Group) -> int:
+    """``validate.root``, with the common case (a global rank as a plain int, a member) looked up
+    without a call."""
+    if group_value is None and type(value) is int:
+        found = g._index.get(value)
+        if found is not None:
+            return found
+    return validate.root(value, group_value, argument, fn, g)
+
+
 def _done(result: Work | None, outputs: Sequence[Staged], async_op: bool) -> Work | None:
-    """Write outputs back to the callers' objects now (sync) or on completion (async)."""
+    """Write outputs back to the callers' objects now (sync) or on completion (async).
+
+    The small-call paths skip it when there is nothing to do: a sync call whose outputs are the
+    callers' own contiguous numpy arrays (no ``needs_commit``).
+    """
     if async_op:
         def commit() -> None:
             for staged in outputs:
@@ -133,12 +148,17 @@ def broadcast(tensor: Any, src: int = 0, group: Any = None, async_op: bool = Fal
               group_src: int | None = None) -> Work | None:
     """Copy global rank ``src``'s (or group rank ``group_src``'s) ``tensor`` into every member's."""
     fn = "broadcast"
-    g = validate.group(group, fn)
-    validate.flag(async_op, "async_op", fn)
-    root = validate.root(src, group_src, "src", fn, g)
-    staged = validate.array(tensor, "tensor", fn, writable=g.rank != root)
-    outputs = [staged] if g.rank != root else []
-    return _done(collectives.broadcast(g, staged.buf, root, async_op), outputs, async_op)
+    # the group, flag and root checks inline for the common case, as all_reduce's
+    g = current_world().world_group if group is None else validate.group(group, fn)
+    if async_op is not False:
+        validate.flag(async_op, "async_op", fn)
+    root = _root(src, group_src, "src", fn, g)
+    receives = g._index[g._world.rank] != root  # ``g.rank`` of a resolved group, without calls
+    staged = Staged(tensor, (fn, "tensor"), receives)
+    result = collectives.broadcast(g, staged.buf, root, async_op)
+    if async_op or (receives and staged.needs_commit):
+        return _done(result, [staged] if receives else [], async_op)
+    return None
 
 
 def all_gather(tensor_list: Any, tensor: Any, group: Any = None, async_op: bool = False) -> Work | None:
@@ -148,13 +168,15 @@ def all_gather(tensor_list: Any, tensor: Any, group: Any = None, async_op: bool 
     "v" variant): ``tensor_list[i]`` must be shaped like member ``i``'s ``tensor``.
     """
     fn = "all_gather"
-    g = validate.group(group, fn)
-    validate.flag(async_op, "async_op", fn)
-    staged = validate.array(tensor, "tensor", fn)
-    outputs = validate.array_list(tensor_list, "tensor_list", fn, g.size, writable=True)
+    g = current_world().world_group if group is None else validate.group(group, fn)
+    if async_op is not False:
+        validate.flag(async_op, "async_op", fn)
+    size, rank = len(g._ranks), g._index[g._world.rank]  # a resolved group's, without calls
+    staged = Staged(tensor, (fn, "tensor"), False)
+    outputs = validate.array_list(tensor_list, "tensor_list", fn, size, writable=True)
     validate.same_dtype(outputs, staged, "tensor_list", fn)
-    if outputs[g.rank].array.size != staged.array.size:
-        raise ValueError(f"{fn}: tensor_list[{g.rank}] ({outputs[g.rank].signature}) must hold as many "
+    if outputs[rank].array.size != staged.array.size:
+        raise ValueError(f"{fn}: tensor_list[{rank}] ({outputs[rank].signature}) must hold as many "
                          f"elements as this rank's tensor ({staged.signature})")
     validate.distinct(outputs, "tensor_list", fn)
     counts = [o.array.size for o in outputs]
@@ -166,17 +188,22 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
                            async_op: bool = False) -> Work | None:
     """Concatenate every member's ``input_tensor`` (in rank order, along dim 0) into ``output_tensor``."""
     fn = "all_gather_into_tensor"
-    g = validate.group(group, fn)
-    validate.flag(async_op, "async_op", fn)
-    staged = validate.array(input_tensor, "input_tensor", fn)
-    output = validate.array(output_tensor, "output_tensor", fn, writable=True)
-    validate.same_dtype([output], staged, "output_tensor", fn)
-    if output.array.size != staged.array.size * g.size:
-        raise ValueError(f"{fn}: output_tensor ({output.signature}) must hold group size ({g.size}) x "
+    g = current_world().world_group if group is None else validate.group(group, fn)
+    if async_op is not False:
+        validate.flag(async_op, "async_op", fn)
+    staged = Staged(input_tensor, (fn, "input_tensor"), False)
+    output = Staged(output_tensor, (fn, "output_tensor"), True)
+    if output.array.dtype != staged.array.dtype:
+        validate.same_dtype([output], staged, "output_tensor", fn)
+    size = len(g._ranks)
+    if output.array.size != staged.array.size * size:
+        raise ValueError(f"{fn}: output_tensor ({output.signature}) must hold group size ({size}) x "
                          f"input_tensor ({staged.signature}) elements")
     send = validate.unaliased(staged.buf, output.buf)  # in place: the input is this rank's block
-    work = collectives.all_gather(g, send, output.buf, [staged.buf.size] * g.size, async_op)
-    return _done(work, [output], async_op)
+    work = collectives.all_gather(g, send, output.buf, (staged.buf.size,) * size, async_op)
+    if async_op or output.needs_commit:
+        return _done(work, [output], async_op)
+    return None
 
 
 def gather(tensor: Any, gather_list: Any = None, dst: int = 0, group: Any = None,
@@ -230,48 +257,58 @@ def reduce_scatter(output: Any, input_list: Any, op: ReduceOpLike = ReduceOp.SUM
                    async_op: bool = False) -> Work | None:
     """Reduce ``input_list[i]`` across members into member ``i``'s ``output``."""
     fn = "reduce_scatter"
-    g = validate.group(group, fn)
-    validate.flag(async_op, "async_op", fn)
-    out = validate.array(output, "output", fn, writable=True)
-    inputs = validate.array_list(input_list, "input_list", fn, g.size)
+    g = current_world().world_group if group is None else validate.group(group, fn)
+    if async_op is not False:
+        validate.flag(async_op, "async_op", fn)
+    size = len(g._ranks)  # a resolved group's, without a call
+    out = Staged(output, (fn, "output"), True)
+    inputs = validate.array_list(input_list, "input_list", fn, size)
     validate.same_layout(inputs, out, "input_list", fn)
-    counts = [out.array.size] * g.size
-    work = collectives.reduce_scatter(g, _joined(inputs), out.buf, counts, op, async_op, fn)
-    return _done(work, [out], async_op)
+    work = collectives.reduce_scatter(g, _joined(inputs), out.buf, (out.array.size,) * size, op, async_op, fn)
+    if async_op or out.needs_commit:
+        return _done(work, [out], async_op)
+    return None
 
 
 def reduce_scatter_tensor(output: Any, input: Any, op: ReduceOpLike = ReduceOp.SUM,  # noqa: A002
                           group: Any = None, async_op: bool = False) -> Work | None:
     """Reduce ``input`` across members; member ``i`` gets the i-th of ``size`` equal dim-0 blocks."""
     fn = "reduce_scatter_tensor"
-    g = validate.group(group, fn)
-    validate.flag(async_op, "async_op", fn)
-    out = validate.array(output, "output", fn, writable=True)
-    source = validate.array(input, "input", fn)
-    validate.same_dtype([source], out, "input", fn)
-    if source.array.size != out.array.size * g.size:
-        raise ValueError(f"{fn}: input ({source.signature}) must hold group size ({g.size}) x output "
+    g = current_world().world_group if group is None else validate.group(group, fn)
+    if async_op is not False:
+        validate.flag(async_op, "async_op", fn)
+    out = Staged(output, (fn, "output"), True)
+    source = Staged(input, (fn, "input"), False)
+    if source.array.dtype != out.array.dtype:
+        validate.same_dtype([source], out, "input", fn)
+    size = len(g._ranks)
+    if source.array.size != out.array.size * size:
+        raise ValueError(f"{fn}: input ({source.signature}) must hold group size ({size}) x output "
                          f"({out.signature}) elements")
     send = validate.unaliased(source.buf, out.buf)  # in place: the output is this rank's block
-    work = collectives.reduce_scatter(g, send, out.buf, [out.array.size] * g.size, op, async_op, fn)
-    return _done(work, [out], async_op)
+    work = collectives.reduce_scatter(g, send, out.buf, (out.array.size,) * size, op, async_op, fn)
+    if async_op or out.needs_commit:
+        return _done(work, [out], async_op)
+    return None
 
 
 def all_to_all(output_tensor_list: Any, input_tensor_list: Any, group: Any = None,
                async_op: bool = False) -> Work | None:
     """Member ``i``'s ``input_tensor_list[j]`` lands in member ``j``'s ``output_tensor_list[i]``."""
     fn = "all_to_all"
-    g = validate.group(group, fn)
-    validate.flag(async_op, "async_op", fn)
-    inputs = validate.array_list(input_tensor_list, "input_tensor_list", fn, g.size)
-    outputs = validate.array_list(output_tensor_list, "output_tensor_list", fn, g.size, writable=True)
+    g = current_world().world_group if group is None else validate.group(group, fn)
+    if async_op is not False:
+        validate.flag(async_op, "async_op", fn)
+    size, rank = len(g._ranks), g._index[g._world.rank]  # a resolved group's, without calls
+    inputs = validate.array_list(input_tensor_list, "input_tensor_list", fn, size)
+    outputs = validate.array_list(output_tensor_list, "output_tensor_list", fn, size, writable=True)
     validate.same_dtype(inputs, inputs[0], "input_tensor_list", fn)
     validate.same_dtype(outputs, inputs[0], "output_tensor_list", fn)
-    mine, kept = inputs[g.rank], outputs[g.rank]
+    mine, kept = inputs[rank], outputs[rank]
     if mine.array.size != kept.array.size:
-        raise ValueError(f"{fn}: input_tensor_list[{g.rank}] ({mine.signature}) and output_tensor_list"
-                         f"[{g.rank}] ({kept.signature}) must hold as many elements: it is the block "
-                         f"this rank (group rank {g.rank}) sends itself")
+        raise ValueError(f"{fn}: input_tensor_list[{rank}] ({mine.signature}) and output_tensor_list"
+                         f"[{rank}] ({kept.signature}) must hold as many elements: it is the block "
+                         f"this rank (group rank {rank}) sends itself")
     validate.distinct(outputs, "output_tensor_list", fn)
     send = _joined(inputs)
     out = _gathered(outputs, send.dtype)
@@ -286,29 +323,45 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
     """Split ``input`` along dim 0 (equally, or by ``input_split_sizes``), send block i to member i,
     and concatenate what arrives into ``output`` (split by ``output_split_sizes``)."""
     fn = "all_to_all_single"
-    g = validate.group(group, fn)
-    validate.flag(async_op, "async_op", fn)
-    source = validate.array(input, "input", fn)
-    out = validate.array(output, "output", fn, writable=True)
-    validate.same_dtype([out], source, "output", fn)
-    if source.array.ndim == 0 or out.array.ndim == 0:
+    g = current_world().world_group if group is None else validate.group(group, fn)
+    if async_op is not False:
+        validate.flag(async_op, "async_op", fn)
+    source = Staged(input, (fn, "input"), False)
+    out = Staged(output, (fn, "output"), True)
+    if out.array.dtype != source.array.dtype:
+        validate.same_dtype([out], source, "output", fn)
+    in_shape, out_shape = source.array.shape, out.array.shape
+    if not in_shape or not out_shape:
         raise ValueError(f"{fn}: input and output need at least one dimension")
-    if source.array.shape[1:] != out.array.shape[1:]:
+    if in_shape[1:] != out_shape[1:]:
         raise ValueError(f"{fn}: input ({source.signature}) and output ({out.signature}) must agree "
                          "beyond dim 0")
-    row = int(source.buf[:1].size) if source.array.shape[0] else int(
-        out.buf.size // max(out.array.shape[0], 1))
-    send_rows = validate.split_sizes(input_split_sizes, "input_split_sizes", fn, g.size,
-                                     source.array.shape[0])
-    recv_rows = validate.split_sizes(output_split_sizes, "output_split_sizes", fn, g.size, out.array.shape[0])
+    in_rows, out_rows, size = in_shape[0], out_shape[0], len(g._ranks)
+    row = source.array.size // in_rows if in_rows else out.array.size // max(out_rows, 1)
+    if input_split_sizes is None and output_split_sizes is None and in_rows == out_rows \
+            and not in_rows % size:  # equal splits, as the checks below would find them
+        send_counts: Sequence[int] = (in_rows // size * row,) * size
+        recv_counts: Sequence[int] = send_counts
+    else:
+        send_counts, recv_counts = _split_counts(input_split_sizes, output_split_sizes, in_rows, out_rows,
+                                                 row, g, fn)
+    send = validate.unaliased(source.buf, out.buf)
+    work = collectives.all_to_all(g, send, send_counts, out.buf, recv_counts, async_op)
+    if async_op or out.needs_commit:
+        return _done(work, [out], async_op)
+    return None
+
+
+def _split_counts(input_split_sizes: Any, output_split_sizes: Any, in_rows: int, out_rows: int, row: int,
+                  g: Group, fn: str) -> tuple[list[int], list[int]]:
+    """``all_to_all_single``'s elements sent to and received from each member, checked."""
+    send_rows = validate.split_sizes(input_split_sizes, "input_split_sizes", fn, g.size, in_rows)
+    recv_rows = validate.split_sizes(output_split_sizes, "output_split_sizes", fn, g.size, out_rows)
     if send_rows[g.rank] != recv_rows[g.rank]:
         raise ValueError(f"{fn}: input_split_sizes[{g.rank}] ({send_rows[g.rank]}) and output_split_sizes"
                          f"[{g.rank}] ({recv_rows[g.rank]}) must be equal: it is the block this rank "
                          f"(group rank {g.rank}) sends itself")
-    send = validate.unaliased(source.buf, out.buf)
-    work = collectives.all_to_all(g, send, [r * row for r in send_rows], out.buf,
-                                  [r * row for r in recv_rows], async_op)
-    return _done(work, [out], async_op)
+    return [r * row for r in send_rows], [r * row for r in recv_rows]
 
 
 def barrier(group: Any = None, async_op: bool = False) -> Work | None:
