@@ -33,6 +33,15 @@ def _root(value: Any, group_value: Any, argument: str, fn: str, g: Group) -> int
     return validate.root(value, group_value, argument, fn, g)
 
 
+def _resolved(group: Any, async_op: Any, fn: str) -> Group:
+    """The call's group, with ``async_op`` checked; the common values (the default group, False)
+    take no further call: the small-call paths' one shortcut for both."""
+    g = current_world().world_group if group is None else validate.group(group, fn)
+    if async_op is not False:
+        validate.flag(async_op, "async_op", fn)
+    return g
+
+
 def _done(result: Work | None, outputs: Sequence[Staged], async_op: bool) -> Work | None:
     """Write outputs back to the callers' objects now (sync) or on completion (async).
 
@@ -82,10 +91,7 @@ def all_reduce(tensor: Any, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
         ValueError: an op the dtype does not support, or a read-only tensor.
     """
     fn = "all_reduce"
-    # ``validate.group`` and ``validate.array`` inline for the common case: the small-call path
-    g = current_world().world_group if group is None else validate.group(group, fn)
-    if async_op is not False:  # the common value needs no call
-        validate.flag(async_op, "async_op", fn)
+    g = _resolved(group, async_op, fn)
     staged = Staged(tensor, (fn, "tensor"), True)
     result = collectives.all_reduce(g, staged.buf, op, async_op)
     if async_op or staged.needs_commit:  # else (a contiguous numpy array, sync) nothing to do
@@ -148,10 +154,7 @@ def broadcast(tensor: Any, src: int = 0, group: Any = None, async_op: bool = Fal
               group_src: int | None = None) -> Work | None:
     """Copy global rank ``src``'s (or group rank ``group_src``'s) ``tensor`` into every member's."""
     fn = "broadcast"
-    # the group, flag and root checks inline for the common case, as all_reduce's
-    g = current_world().world_group if group is None else validate.group(group, fn)
-    if async_op is not False:
-        validate.flag(async_op, "async_op", fn)
+    g = _resolved(group, async_op, fn)
     root = _root(src, group_src, "src", fn, g)
     receives = g._index[g._world.rank] != root  # ``g.rank`` of a resolved group, without calls
     staged = Staged(tensor, (fn, "tensor"), receives)
@@ -168,9 +171,7 @@ def all_gather(tensor_list: Any, tensor: Any, group: Any = None, async_op: bool 
     "v" variant): ``tensor_list[i]`` must be shaped like member ``i``'s ``tensor``.
     """
     fn = "all_gather"
-    g = current_world().world_group if group is None else validate.group(group, fn)
-    if async_op is not False:
-        validate.flag(async_op, "async_op", fn)
+    g = _resolved(group, async_op, fn)
     size, rank = len(g._ranks), g._index[g._world.rank]  # a resolved group's, without calls
     staged = Staged(tensor, (fn, "tensor"), False)
     outputs = validate.array_list(tensor_list, "tensor_list", fn, size, writable=True)
@@ -188,9 +189,7 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
                            async_op: bool = False) -> Work | None:
     """Concatenate every member's ``input_tensor`` (in rank order, along dim 0) into ``output_tensor``."""
     fn = "all_gather_into_tensor"
-    g = current_world().world_group if group is None else validate.group(group, fn)
-    if async_op is not False:
-        validate.flag(async_op, "async_op", fn)
+    g = _resolved(group, async_op, fn)
     staged = Staged(input_tensor, (fn, "input_tensor"), False)
     output = Staged(output_tensor, (fn, "output_tensor"), True)
     if output.array.dtype != staged.array.dtype:
@@ -257,9 +256,7 @@ def reduce_scatter(output: Any, input_list: Any, op: ReduceOpLike = ReduceOp.SUM
                    async_op: bool = False) -> Work | None:
     """Reduce ``input_list[i]`` across members into member ``i``'s ``output``."""
     fn = "reduce_scatter"
-    g = current_world().world_group if group is None else validate.group(group, fn)
-    if async_op is not False:
-        validate.flag(async_op, "async_op", fn)
+    g = _resolved(group, async_op, fn)
     size = len(g._ranks)  # a resolved group's, without a call
     out = Staged(output, (fn, "output"), True)
     inputs = validate.array_list(input_list, "input_list", fn, size)
@@ -274,9 +271,7 @@ def reduce_scatter_tensor(output: Any, input: Any, op: ReduceOpLike = ReduceOp.S
                           group: Any = None, async_op: bool = False) -> Work | None:
     """Reduce ``input`` across members; member ``i`` gets the i-th of ``size`` equal dim-0 blocks."""
     fn = "reduce_scatter_tensor"
-    g = current_world().world_group if group is None else validate.group(group, fn)
-    if async_op is not False:
-        validate.flag(async_op, "async_op", fn)
+    g = _resolved(group, async_op, fn)
     out = Staged(output, (fn, "output"), True)
     source = Staged(input, (fn, "input"), False)
     if source.array.dtype != out.array.dtype:
@@ -296,9 +291,7 @@ def all_to_all(output_tensor_list: Any, input_tensor_list: Any, group: Any = Non
                async_op: bool = False) -> Work | None:
     """Member ``i``'s ``input_tensor_list[j]`` lands in member ``j``'s ``output_tensor_list[i]``."""
     fn = "all_to_all"
-    g = current_world().world_group if group is None else validate.group(group, fn)
-    if async_op is not False:
-        validate.flag(async_op, "async_op", fn)
+    g = _resolved(group, async_op, fn)
     size, rank = len(g._ranks), g._index[g._world.rank]  # a resolved group's, without calls
     inputs = validate.array_list(input_tensor_list, "input_tensor_list", fn, size)
     outputs = validate.array_list(output_tensor_list, "output_tensor_list", fn, size, writable=True)
@@ -323,9 +316,7 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
     """Split ``input`` along dim 0 (equally, or by ``input_split_sizes``), send block i to member i,
     and concatenate what arrives into ``output`` (split by ``output_split_sizes``)."""
     fn = "all_to_all_single"
-    g = current_world().world_group if group is None else validate.group(group, fn)
-    if async_op is not False:
-        validate.flag(async_op, "async_op", fn)
+    g = _resolved(group, async_op, fn)
     source = Staged(input, (fn, "input"), False)
     out = Staged(output, (fn, "output"), True)
     if out.array.dtype != source.array.dtype:
