@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 import tensorcomm as tc
-from tensorcomm.algorithms import kernels
-from tensorcomm.testing import rank_data, reduce_reference, run_ranks
+from tensorcomm.testing import rank_data, reduce_reference, reduces, run_ranks
 
 pytestmark = pytest.mark.multiprocess
 
@@ -19,13 +18,6 @@ OPS = [tc.ReduceOp.SUM, tc.ReduceOp.PROD, tc.ReduceOp.MIN, tc.ReduceOp.MAX, tc.R
        tc.ReduceOp.BAND, tc.ReduceOp.BOR, tc.ReduceOp.BXOR, tc.premul_sum(0.5)]
 COUNTS = [1, 13, 40_000]  # the last one crosses into the bandwidth (ring) algorithms
 
-
-def _valid(op, dtype) -> bool:
-    try:
-        kernels.check_op_dtype(op, np.dtype(dtype))
-    except (TypeError, ValueError):
-        return False
-    return True
 
 
 def _assert_reduced(got: np.ndarray, expected: np.ndarray, op, what: str) -> None:
@@ -42,7 +34,7 @@ def body_all_reduce() -> None:
     rank, size = tc.get_rank(), tc.get_world_size()
     for op in OPS:
         for dtype in DTYPES:
-            if not _valid(op, dtype):
+            if not reduces(op, dtype):
                 continue
             for count in COUNTS:
                 x = rank_data(rank, count, dtype, op=op)
@@ -55,7 +47,7 @@ def body_reduce() -> None:
     rank, size = tc.get_rank(), tc.get_world_size()
     for op in (tc.ReduceOp.SUM, tc.ReduceOp.MAX, tc.ReduceOp.AVG, tc.ReduceOp.BXOR):
         for dtype in (np.int32, np.float32, ml_dtypes.bfloat16, np.float64):
-            if not _valid(op, dtype):
+            if not reduces(op, dtype):
                 continue
             for count in COUNTS:
                 for dst in range(size):
@@ -122,7 +114,7 @@ def body_reduce_scatter() -> None:
     rank, size = tc.get_rank(), tc.get_world_size()
     for op in (tc.ReduceOp.SUM, tc.ReduceOp.MIN, tc.ReduceOp.AVG, tc.ReduceOp.BOR):
         for dtype in (np.int64, np.float32, np.float16):
-            if not _valid(op, dtype):
+            if not reduces(op, dtype):
                 continue
             for count in COUNTS:
                 inputs = [rank_data(rank, count, dtype, salt=i, op=op) for i in range(size)]

@@ -21,7 +21,7 @@ from tensorcomm.algorithms import kernels, scan, select
 from tensorcomm.algorithms.base import Ctx
 from tensorcomm.errors import GroupAbortedError
 from tensorcomm.signature import signature
-from tensorcomm.testing import rank_data
+from tensorcomm.testing import rank_data, reduces
 from tensorcomm.transports.loopback import run_threads
 from tensorcomm.transports.shm import slots
 from tensorcomm.types import PremulSum, ReduceOp
@@ -40,14 +40,6 @@ def algorithm(inclusive: bool, name: str):
     """The row's function of ``select.ROWS`` (``one_off.run`` prepares its plan as the core does)."""
     return next(row.fn for row in select.ROWS
                 if row.collective == ("scan" if inclusive else "exscan") and row.name == name)
-
-
-def valid(op, dtype) -> bool:
-    try:
-        kernels.check_op_dtype(op, np.dtype(dtype))
-    except (TypeError, ValueError):
-        return False
-    return True
 
 
 def expected_prefixes(op, inputs: list[np.ndarray], inclusive: bool) -> list[np.ndarray | None]:
@@ -81,7 +73,7 @@ def assert_prefix(got: np.ndarray, expected: np.ndarray, op, what: str) -> None:
 @pytest.mark.parametrize("size", TIERED_SIZES)
 def test_recursive_doubling_matches_numpy_cumulative_ops(size, inclusive):
     fn = algorithm(inclusive, "recursive_doubling")
-    cases = [(op, np.dtype(dtype), count) for op in OPS for dtype in DTYPES if valid(op, dtype)
+    cases = [(op, np.dtype(dtype), count) for op in OPS for dtype in DTYPES if reduces(op, dtype)
              for count in (0, 1, 37)]
 
     def body(next_ctx):
@@ -162,7 +154,7 @@ def test_shm_prefix_matches_numpy_cumulative_ops(size, inclusive):
     try:
         for op in OPS:
             for dtype in map(np.dtype, DTYPES):
-                if not valid(op, dtype):
+                if not reduces(op, dtype):
                     continue
                 # within one slot, and several slots' worth (rounds under the journal)
                 for count in (0, 7, 5 * SLOT // kernels.accumulation_dtype(op, dtype).itemsize + 3):

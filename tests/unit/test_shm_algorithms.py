@@ -28,7 +28,7 @@ from tensorcomm.algorithms import (
 from tensorcomm.algorithms.base import Ctx
 from tensorcomm.errors import GroupAbortedError
 from tensorcomm.signature import UNCHECKED, Signature, signature
-from tensorcomm.testing import rank_data, reduce_reference
+from tensorcomm.testing import rank_data, reduce_reference, reduces
 from tensorcomm.transports.shm import slots
 from tensorcomm.types import PremulSum, ReduceOp
 
@@ -99,13 +99,6 @@ OPS = [ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.AVG, ReduceOp.PROD, Re
 DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16, np.int64, np.bool_, np.complex64]
 
 
-def _valid(op, dtype) -> bool:
-    try:
-        kernels.check_op_dtype(op, np.dtype(dtype))
-    except (TypeError, ValueError):
-        return False
-    return True
-
 
 def _close(got: np.ndarray, expected: np.ndarray, op) -> None:
     if op is ReduceOp.AVG or isinstance(op, PremulSum):
@@ -128,7 +121,7 @@ def test_all_reduce_direct_and_pipelined_match_numpy_and_agree_bitwise(group, co
     n = group.size
     for op in OPS:
         for dtype in DTYPES:
-            if not _valid(op, dtype):
+            if not reduces(op, dtype):
                 continue
             inputs = [rank_data(r, count, dtype, op=op) for r in range(n)]
             expected = reduce_reference(op, inputs)

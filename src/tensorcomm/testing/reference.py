@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import ml_dtypes
 import numpy as np
 
+from ..algorithms import kernels
 from ..types import PremulSum, ReduceOp
 
 _UFUNC = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum,
@@ -43,3 +44,13 @@ def reduce_reference(op: ReduceOp | PremulSum, arrays: Sequence[np.ndarray]) -> 
     for other in stack[1:]:
         _UFUNC[op](result, other, out=result)
     return result.astype(dtype)
+
+
+def reduces(op: ReduceOp | PremulSum, dtype: np.dtype | type) -> bool:
+    """Whether the reductions (all_reduce, reduce, reduce_scatter, scan) take ``op`` on arrays of
+    ``dtype``: what a test iterating over ops and dtypes keeps."""
+    try:
+        kernels.check_op_dtype(op, np.dtype(dtype))
+    except (TypeError, ValueError):
+        return False
+    return True
