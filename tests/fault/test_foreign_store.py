@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from torch_store_client import CLIENT  # same directory
 
 from tensorcomm import config
 from tensorcomm.testing import free_port
@@ -70,49 +71,13 @@ JOB = textwrap.dedent("""
     wait_for("release")  # the stranger reads the store meanwhile
 """).replace("PAYLOAD_BYTES", repr(PAYLOAD))
 
-# Standard library only, as ``nobody``: torch's TCPStore protocol (little-endian; strings as
-# u64 length + bytes; query types VALIDATE=0 SET=1 GET=3 LIST_KEYS=17, validation magic).
-STRANGER = textwrap.dedent("""
-    import json, socket, struct, sys, threading, time
+# Standard library only, as ``nobody`` (``torch_store_client.CLIENT``: torch's TCPStore protocol).
+STRANGER = CLIENT + textwrap.dedent("""
+    import json, sys, threading
 
     port, mode = int(sys.argv[1]), sys.argv[2]
-
-    def pack(data):
-        return struct.pack("<Q", len(data)) + data
-
-    def recv(sock, n):
-        data = b""
-        while len(data) < n:
-            chunk = sock.recv(n - len(data))
-            if not chunk:
-                raise EOFError("torch's store closed the connection")
-            data += chunk
-        return data
-
-    def text(sock):
-        return recv(sock, struct.unpack("<Q", recv(sock, 8))[0])
-
     deadline = time.monotonic() + 30
-    while True:
-        try:
-            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-    sock.sendall(b"\\x00" + struct.pack("<I", 0x3C85F7CE))
-
-    def keys():
-        sock.sendall(b"\\x11")
-        return [text(sock).decode() for _ in range(struct.unpack("<Q", recv(sock, 8))[0])]
-
-    def get(key):
-        sock.sendall(b"\\x03" + pack(key.encode()))
-        return text(sock)
-
-    def put(key, value):
-        sock.sendall(b"\\x01" + pack(key.encode()) + pack(value))
+    sock = connect(port)
 
     listener = socket.create_server(("127.0.0.1", 0))
     dialled = []
@@ -128,30 +93,31 @@ STRANGER = textwrap.dedent("""
         # One look at the store: make the move if its keys are there yet; say what was done.
         for key in found:
             if mode == "tamper":
-                if key.endswith("/join/0") and key[:-1] + "1" not in found:
-                    put(key[:-1] + "1", get(key))  # let rank 0 go on without rank 1 (as in issue 21)
+                if key.endswith("/join/0") and key[:-1] + "1" not in found:  # as in issue 21:
+                    put(sock, key[:-1] + "1", get(sock, key))  # rank 0 goes on without rank 1
                 if key.endswith("/tcp/addr/0"):
-                    put(key, mine)
+                    put(sock, key, mine)
                     return key
                 if key.endswith("/own_store/address"):
-                    put(key, mine + b"\\n" + b"0" * 64)
+                    put(sock, key, mine + b"\\n" + b"0" * 64)
                     return key
             if mode == "shm":
                 if key.endswith("/join/0"):
-                    put(key[:-len("join/0")] + "shm/0/failed", b"rank 1: injected")
+                    put(sock, key[:-len("join/0")] + "shm/0/failed", b"rank 1: injected")
                     return key
                 if key.endswith("/own_store/address"):  # where the world's keys would be
-                    put(key[:-len("own_store/address")] + "tensorcomm/0/shm/0/failed", b"rank 1: injected")
+                    world = key[:-len("own_store/address")] + "tensorcomm/0/"
+                    put(sock, world + "shm/0/failed", b"rank 1: injected")
                     return key
         return None
 
     done = None
     if mode == "read":
-        found = keys()
-        print(json.dumps({key: get(key).decode("latin-1") for key in found}), flush=True)
+        found = keys(sock)
+        print(json.dumps({key: get(sock, key).decode("latin-1") for key in found}), flush=True)
         sys.exit(0)
     while done is None and time.monotonic() < deadline:
-        done = move(keys())
+        done = move(keys(sock))
         time.sleep(0.005)
     print(f"MOVED {done}", flush=True)
     sys.stdin.read()  # until the test is done with the job

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from torch_store_client import CLIENT  # same directory
 
 from tensorcomm import config
 from tensorcomm.errors import CommError, RendezvousError
@@ -68,54 +69,26 @@ RANK = textwrap.dedent("""
         wait_for("release")
 """)
 
-# Standard library only: torch's TCPStore protocol (VALIDATE=0 SET=1 GET=3 LIST_KEYS=17).
-STRANGER = textwrap.dedent("""
-    import socket, struct, sys, time
+# Standard library only, as ``nobody`` (``torch_store_client.CLIENT``: torch's TCPStore protocol).
+STRANGER = CLIENT + textwrap.dedent("""
+    import sys
 
     port_a, port_b = int(sys.argv[1]), int(sys.argv[2])
-
-    def recv(sock, n):
-        data = b""
-        while len(data) < n:
-            chunk = sock.recv(n - len(data))
-            if not chunk:
-                raise EOFError("torch's store closed the connection")
-            data += chunk
-        return data
-
-    def text(sock):
-        return recv(sock, struct.unpack("<Q", recv(sock, 8))[0])
-
-    def connect(port):
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-                sock.sendall(b"\\x00" + struct.pack("<I", 0x3C85F7CE))
-                return sock
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
 
     def announcement(sock):
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            sock.sendall(b"\\x11")
-            keys = [text(sock).decode() for _ in range(struct.unpack("<Q", recv(sock, 8))[0])]
-            for key in keys:
+            for key in keys(sock):
                 if key.endswith("own_store/address"):
-                    sock.sendall(b"\\x03" + struct.pack("<Q", len(key)) + key.encode())
-                    return key, text(sock)
+                    return key, get(sock, key)
             time.sleep(0.02)
         raise SystemExit("no announcement")
 
     key, value = announcement(connect(port_a))
     b = connect(port_b)
     announcement(b)  # B's rank 0 has announced: replace it with A's
-    b.sendall(b"\\x01" + struct.pack("<Q", len(key)) + key.encode() + struct.pack("<Q", len(value)) + value)
-    b.sendall(b"\\x03" + struct.pack("<Q", len(key)) + key.encode())
-    print("COPIED" if text(b) == value else "NOT COPIED", flush=True)
+    put(b, key, value)
+    print("COPIED" if get(b, key) == value else "NOT COPIED", flush=True)
 """)
 
 
@@ -154,15 +127,14 @@ def test_an_announcement_copied_from_another_job_is_refused(tmp_path: Path, nobo
     assert "A rank 0 started" in output and "A rank 1 started" in output, output
 
 
-JOINS = textwrap.dedent("""
-    import socket, struct, sys
-    sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
-    sock.sendall(b"\\x00" + struct.pack("<I", 0x3C85F7CE))
-    key, value = b"/tensorcomm/joins", b"1"  # torch's clients put "/" first; as if one init counted itself
-    sock.sendall(b"\\x01" + struct.pack("<Q", len(key)) + key + struct.pack("<Q", len(value)) + value)
-    sock.sendall(b"\\x03" + struct.pack("<Q", len(key)) + key)  # answered once the set is done
-    sock.recv(64)
+JOINS = CLIENT + textwrap.dedent("""
+    import sys
+    sock = connect(int(sys.argv[1]))
+    key = "/tensorcomm/joins"  # torch's clients put "/" first; as if one init counted itself
+    put(sock, key, b"1")
+    get(sock, key)  # answered once the set is done
 """)
+
 
 
 def test_a_bumped_count_of_inits_is_named_when_the_start_times_out(nobody_python: str) -> None:
