@@ -23,6 +23,7 @@ from collections.abc import Callable
 import numpy as np
 
 import tensorcomm as tc
+from tensorcomm.bench.options import parse_size
 from tensorcomm.testing import free_port, run_ranks
 
 
@@ -48,15 +49,19 @@ def _caller(variant: str, x: np.ndarray, port: int) -> Callable[[], object]:
     return lambda: tc.all_reduce(x)
 
 
-def _body(variants: list[str], sizes: list[int], rounds: int, port: int) -> dict:
+def time_variants(caller: Callable[[str, np.ndarray], Callable[[], object]], variants: list[str],
+                  sizes: list[int], rounds: int, budget_bytes: float = 1e8) -> dict:
+    """Microseconds per call of each variant at each size: ``caller(variant, x)`` gives one call
+    on ``x``; variants alternate round by round in these ranks; the slowest rank's time, median
+    of the rounds. Runs in every rank (``run_ranks``); scan_ab.py uses it too."""
     times: dict = {v: {s: [] for s in sizes} for v in variants}
     for _ in range(rounds):
         for variant in variants:
             for nbytes in sizes:
                 x = np.ones(max(1, nbytes // 4), np.float32)
-                call = _caller(variant, x, port)
+                call = caller(variant, x)
                 call()
-                calls = min(2000, max(3, int(1e8 / max(nbytes, 1))))
+                calls = min(2000, max(3, int(budget_bytes / max(nbytes, 1))))
                 tc.barrier()
                 start = time.perf_counter()
                 for _ in range(calls):
@@ -67,9 +72,8 @@ def _body(variants: list[str], sizes: list[int], rounds: int, port: int) -> dict
     return {v: {s: statistics.median(t) * 1e6 for s, t in r.items()} for v, r in times.items()}
 
 
-def _bytes(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20}
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+def _body(variants: list[str], sizes: list[int], rounds: int, port: int) -> dict:
+    return time_variants(lambda variant, x: _caller(variant, x, port), variants, sizes, rounds)
 
 
 def main() -> None:
@@ -81,7 +85,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     os.environ["TENSORCOMM_TRANSPORT"] = args.transport
-    sizes = [_bytes(s) for s in args.sizes.split(",")]
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
     variants = args.variants.split(",")
     for ranks in (int(r) for r in args.ranks.split(",")):
         result = run_ranks(_body, ranks, variants, sizes, args.rounds, free_port(), timeout=1800)[0]

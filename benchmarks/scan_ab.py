@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 from collections.abc import Callable
 
 import numpy as np
+from allreduce_ab import time_variants  # same directory
 
 import tensorcomm as tc
+from tensorcomm.bench.options import parse_size
 from tensorcomm.testing import run_ranks
 
 
@@ -36,27 +36,7 @@ def _caller(variant: str, x: np.ndarray) -> Callable[[], object]:
 
 
 def _body(variants: list[str], sizes: list[int], rounds: int) -> dict:
-    times: dict = {v: {s: [] for s in sizes} for v in variants}
-    for _ in range(rounds):
-        for variant in variants:
-            for nbytes in sizes:
-                x = np.ones(max(1, nbytes // 4), np.float32)
-                call = _caller(variant, x)
-                call()
-                calls = min(2000, max(3, int(3e7 / max(nbytes, 1))))
-                tc.barrier()
-                start = time.perf_counter()
-                for _ in range(calls):
-                    call()
-                worst = np.array([(time.perf_counter() - start) / calls])
-                tc.all_reduce(worst, op=tc.ReduceOp.MAX)
-                times[variant][nbytes].append(float(worst[0]))
-    return {v: {s: statistics.median(t) * 1e6 for s, t in r.items()} for v, r in times.items()}
-
-
-def _bytes(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20}
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+    return time_variants(_caller, variants, sizes, rounds, budget_bytes=3e7)
 
 
 def main() -> None:
@@ -68,7 +48,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     os.environ["TENSORCOMM_TRANSPORT"] = args.transport
-    sizes = [_bytes(s) for s in args.sizes.split(",")]
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
     variants = args.variants.split(",")
     print(f"load average: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
     for ranks in (int(r) for r in args.ranks.split(",")):
