@@ -13,7 +13,10 @@ call, and the caller's array is written only once every peer's data is in.
 ``r`` of every slot into its OUT region, posts, and after every peer has posted copies all the
 reduced parts out. ``pipelined`` does the same chunk by chunk, for anything larger, with bounded
 memory; the next chunk's copy-in overlaps the peers' reductions. Each part is reduced by one
-member and copied by the others, so every member ends with the same bits.
+member and copied by the others, so every member ends with the same bits. With two members and
+terms that are the caller's bytes (``Reduction.raw``) a member publishes only its peer's part and
+reduces its own part straight from its array (``Pair``): per byte of the array it copies half a
+byte fewer (docs/algorithms.md counts them).
 
 All follow ``kernels``' accumulation rule (half precision combines in float32, PREMUL_SUM
 premultiplies each term, AVG divides once, then one rounding) and write results into the caller's
@@ -24,7 +27,7 @@ This module must not import ``core``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -143,6 +146,43 @@ class Split:
     mine: tuple[np.ndarray, np.ndarray]
     outs: np.ndarray
     my_out: np.ndarray
+    pair: Pair | None
+
+
+class Pair(NamedTuple):
+    """Two members, terms that are the caller's bytes: what a member publishes and reads.
+
+    Attributes:
+        own: this member's part of the array, as element bounds.
+        given: the peer's part, as element bounds: the only bytes this member publishes.
+        give: per slot parity, where the peer's part goes in this member's slot.
+        take: per slot parity, this member's part in the peer's slot.
+        first: this member is group rank 0 (its terms come first).
+    """
+
+    own: tuple[int, int]
+    given: tuple[int, int]
+    give: tuple[np.ndarray, np.ndarray]
+    take: tuple[np.ndarray, np.ndarray]
+    first: bool
+
+
+def _pair(d: Any, red: Reduction, stacked: list[np.ndarray], count: int, part: int) -> Pair | None:
+    """``Pair`` for an array (or chunk) of ``count`` elements in parts of ``part``, over the
+    slot views ``stacked`` (one per parity); None unless two members and raw terms."""
+    if d.size != 2 or not red.raw:
+        return None
+    r = d.rank
+    own = (min(r * part, count), min((r + 1) * part, count))
+    given = (min((1 - r) * part, count), min((2 - r) * part, count))
+    return Pair(own, given, tuple(stacked[p][r, given[0]:given[1]] for p in (0, 1)),  # type: ignore[arg-type]
+                tuple(stacked[p][1 - r, own[0]:own[1]] for p in (0, 1)), r == 0)  # type: ignore[arg-type]
+
+
+def _reduce_pair(in_acc: Reduction, pair: Pair, parity: int, x: np.ndarray, out: np.ndarray) -> None:
+    """Reduce this member's part of ``x`` with the peer's terms for it, in member order."""
+    own, take = x[pair.own[0]:pair.own[1]], pair.take[parity]
+    reduce_rows(in_acc, (own, take) if pair.first else (take, own), out)  # type: ignore[arg-type]
 
 
 def prepare_split(team: Team, plan: Plan, x: np.ndarray, *rest: Any) -> Split:
@@ -154,7 +194,8 @@ def prepare_split(team: Team, plan: Plan, x: np.ndarray, *rest: Any) -> Split:
     outs = d.stacked(0, red.acc, part, region="out")
     return Split(d, red, red._replace(in_acc=True), part,
                  (_rows(stacked[0][:, a:b]), _rows(stacked[1][:, a:b])),
-                 (stacked[0][d.rank], stacked[1][d.rank]), outs, outs[d.rank, :b - a])
+                 (stacked[0][d.rank], stacked[1][d.rank]), outs, outs[d.rank, :b - a],
+                 _pair(d, red, stacked, x.size, part))
 
 
 def split(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
@@ -167,11 +208,16 @@ def split(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
     wait. Arguments as ``direct``.
     """
     s: Split = ctx.plan.state
-    d = s.d
+    d, pair = s.d, s.pair
     parity = d.next_round()
-    load(s.red, s.mine[parity], x)
-    d.start(ctx)
-    reduce_rows(s.in_acc, s.parts[parity], s.my_out)
+    if pair is not None:
+        pair.give[parity][...] = x[pair.given[0]:pair.given[1]]
+        d.start(ctx)
+        _reduce_pair(s.in_acc, pair, parity, x, s.my_out)
+    else:
+        load(s.red, s.mine[parity], x)
+        d.start(ctx)
+        reduce_rows(s.in_acc, s.parts[parity], s.my_out)
     d.post()
     d.wait(d.peers, d.posts, ctx)
     if root is None or root == d.rank:
@@ -234,18 +280,28 @@ def pipelined(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
     def piece(j: int) -> np.ndarray:
         return x[j * chunk:(j + 1) * chunk]
 
+    pairs = d.size == 2 and red.raw  # publish the peer's part only (``Pair``)
+
     def copy_in(j: int) -> None:
         parities.append(d.next_round())
-        load(red, mine[parities[j]][:piece(j).size * itemsize].view(acc), piece(j))
+        x_j = piece(j)
+        if pairs:
+            a, b = min((1 - r) * part, x_j.size), min((2 - r) * part, x_j.size)
+            mine[parities[j]][a * itemsize:b * itemsize].view(acc)[...] = x_j[a:b]
+        else:
+            load(red, mine[parities[j]][:x_j.size * itemsize].view(acc), x_j)
 
     def out_rows(j: int) -> np.ndarray:
         return d.stacked(0, acc, part, offset=(j if staged else j & 1) * part * itemsize, region="out")
 
     def reduce_own(j: int) -> None:
-        length = piece(j).size
-        a, b = min(r * part, length), min((r + 1) * part, length)
-        rows = d.stacked(parities[j], acc, length)[:, a:b]
-        reduce_rows(in_acc, _rows(rows), out_rows(j)[r, :b - a])
+        x_j = piece(j)
+        a, b = min(r * part, x_j.size), min((r + 1) * part, x_j.size)
+        stacked = d.stacked(parities[j], acc, x_j.size)[:, a:b]
+        rows = _rows(stacked)
+        if pairs:  # this member's terms straight from ``x``
+            rows = (x_j[a:b], stacked[1]) if r == 0 else (stacked[0], x_j[a:b])
+        reduce_rows(in_acc, rows, out_rows(j)[r, :b - a])
 
     def copy_out(j: int) -> None:
         lo = j * chunk

@@ -1,0 +1,133 @@
+"""Where a shared-memory collective's time goes, per rank: copying or waiting for the peer.
+
+Usage: python benchmarks/shm_profile.py [--sizes 1M,4M] [--collectives all_reduce,all_gather,...]
+           [--calls 50]
+
+Runs each collective at 2 ranks through the public API with the shared-memory waits instrumented
+(``Slots._block``, entered when a peer's counter is not there yet, and ``Slots._sleep``, a futex
+sleep), and prints per rank and call: the time per call, the part of it spent blocked in waits,
+the blocked waits and futex sleeps per call. Time not blocked is this rank's own work (copies,
+reductions, Python). Also prints the copy rate of a 2-process *cross-core* copy (one process
+writes a shared buffer, the other copies it out, as a collective's receiver does) beside the
+private copy ``bench.bound`` measures, at each size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import time
+
+import numpy as np
+from shm_movement import _call, parse_size  # same directory
+
+import tensorcomm as tc
+from tensorcomm.testing import run_ranks
+from tensorcomm.transports.shm import slots
+
+
+def _instrument() -> dict[str, float]:
+    stats = {"blocked_ns": 0.0, "blocks": 0.0, "sleeps": 0.0}
+    block, sleep = slots.Slots._block, slots.Slots._sleep
+
+    def timed_block(self: slots.Slots, *args: object) -> None:
+        t0 = time.perf_counter_ns()
+        try:
+            block(self, *args)  # type: ignore[arg-type]
+        finally:
+            stats["blocked_ns"] += time.perf_counter_ns() - t0
+            stats["blocks"] += 1
+
+    def counted_sleep(self: slots.Slots, *args: object) -> None:
+        stats["sleeps"] += 1
+        sleep(self, *args)  # type: ignore[arg-type]
+
+    slots.Slots._block = timed_block  # type: ignore[method-assign]
+    slots.Slots._sleep = counted_sleep  # type: ignore[method-assign]
+    return stats
+
+
+def _all_reduce(size: int) -> object:
+    x = np.ones(size // 4, np.float32)
+    return lambda: tc.all_reduce(x)
+
+
+def profile(names: list[str], sizes: list[int], calls: int) -> list[str]:
+    stats = _instrument()
+    lines = []
+    for size in sizes:
+        for name in names:
+            call = _all_reduce(size) if name == "all_reduce" else _call(name, size)
+            for _ in range(5):
+                call()  # type: ignore[operator]
+            tc.barrier()
+            for key in stats:
+                stats[key] = 0.0
+            t0 = time.perf_counter_ns()
+            for _ in range(calls):
+                call()  # type: ignore[operator]
+            per_call = (time.perf_counter_ns() - t0) / calls / 1e3
+            blocked = stats["blocked_ns"] / calls / 1e3
+            lines.append(f"rank {tc.get_rank()} {name:<15}{size:>10}{per_call:>10.1f}{blocked:>10.1f}"
+                         f"{per_call - blocked:>10.1f}{stats['blocks'] / calls:>8.2f}"
+                         f"{stats['sleeps'] / calls:>8.2f}")
+    return lines
+
+
+def _cross(size: int, rounds: int, conn: object, shared: object, writer: bool, result: object) -> None:
+    buf = np.frombuffer(shared, dtype=np.uint8)  # type: ignore[call-overload]
+    mine = np.ones(size, np.uint8)
+    best = float("inf")
+    for _ in range(rounds):
+        if writer:
+            buf[...] = mine
+            conn.send(1)  # type: ignore[attr-defined]
+            conn.recv()  # type: ignore[attr-defined]
+        else:
+            conn.recv()  # type: ignore[attr-defined]
+            t0 = time.perf_counter()
+            mine[...] = buf
+            best = min(best, time.perf_counter() - t0)
+            conn.send(1)  # type: ignore[attr-defined]
+    if not writer:
+        result.put(best)  # type: ignore[attr-defined]
+
+
+def cross_rate(size: int, rounds: int = 20) -> float:
+    """Bytes per second of copying ``size`` bytes out of a shared buffer another process (on the
+    other core, when the scheduler places it there) has just written: the fastest round."""
+    ctx = multiprocessing.get_context("fork")
+    shared = ctx.RawArray("B", size)
+    a, b = ctx.Pipe()
+    result = ctx.Queue()
+    procs = [ctx.Process(target=_cross, args=(size, rounds, end, shared, w, result))
+             for end, w in ((a, True), (b, False))]
+    for p in procs:
+        p.start()
+    best = result.get(timeout=120)
+    for p in procs:
+        p.join(30)
+    return size / best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="1M,4M")
+    parser.add_argument("--collectives", default="all_reduce,all_gather,broadcast,all_to_all,reduce_scatter")
+    parser.add_argument("--calls", type=int, default=50)
+    args = parser.parse_args()
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    print(f"{'':7}{'collective':<15}{'size':>10}{'us/call':>10}{'blocked':>10}{'working':>10}"
+          f"{'waits':>8}{'sleeps':>8}")
+    for lines in run_ranks(profile, 2, args.collectives.split(","), sizes, args.calls, timeout=600):
+        print("\n".join(lines))
+    from tensorcomm.bench import bound
+
+    private = bound.measure(sizes, 2)
+    for size in sizes:
+        print(f"copy {size:>10} B: private (bench.bound, 2 at once) {private[size] / 1e9:6.2f} GB/s, "
+              f"out of the other process's fresh writes {cross_rate(size) / 1e9:6.2f} GB/s")
+
+
+if __name__ == "__main__":
+    main()
