@@ -295,7 +295,38 @@ def test_barrier_and_many_calls_in_a_row_alternate_slots(group):
         assert (arrays[0] == sum(range(n)) + n * i).all()
 
 
-@pytest.mark.parametrize("count, chunks_done", [(100, 1), (2000, 3)])  # staged in OUT; streamed
+def test_two_members_reduce_through_the_out_regions_over_many_chunks():
+    """Two members with raw terms and an array that fits the OUT region (``_through_out``):
+    several chunks, a short last one, every op, all_reduce and reduce onto each root."""
+    g = Group(2, out=4096)
+    count = 700  # 11 chunks of 64 float32, the last of 60; 2800 bytes <= OUT
+    try:
+        for op in (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX, ReduceOp.PROD):
+            for dtype in (np.float32, np.int64):
+                if not reduces(op, dtype):
+                    continue
+                inputs = [rank_data(r, count, dtype, op=op) for r in range(2)]
+                expected = reduce_reference(op, inputs)
+                sig = signature("all_reduce", np.dtype(dtype), count, op)
+                arrays = [a.copy() for a in inputs]
+                g.call(lambda ctx, arrays=arrays, op=op:
+                       run(ctx, shm_allreduce.pipelined, arrays[ctx.rank], op), sig)
+                for r in range(2):
+                    _close(arrays[r], expected, op)
+                    assert arrays[r].tobytes() == arrays[0].tobytes(), "ranks disagree bitwise"
+                for root in (0, 1):
+                    arrays = [a.copy() for a in inputs]
+                    g.call(lambda ctx, arrays=arrays, op=op, root=root:
+                           run(ctx, shm_allreduce.reduce_pipelined, arrays[ctx.rank], root, op),
+                           signature("reduce", np.dtype(dtype), count, op, root))
+                    _close(arrays[root], expected, op)
+                    np.testing.assert_array_equal(arrays[1 - root], inputs[1 - root])
+    finally:
+        g.close()
+
+
+# staged in OUT; through the OUT regions, a failure after a chunk was copied in; streamed
+@pytest.mark.parametrize("count, chunks_done", [(100, 1), (100, 2), (2000, 3)])
 def test_a_failed_all_reduce_leaves_the_array_untouched(count, chunks_done):
     g = Group(2)
     original = rank_data(0, count, np.float32)

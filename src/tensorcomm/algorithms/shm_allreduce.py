@@ -236,6 +236,8 @@ class Pipelined:
         part: elements of each member's part of a chunk.
         chunks: the number of chunks (at least one).
         staged: every reduced part of the call fits the OUT regions (copied out at the end).
+        in_out: two members, raw terms, and the whole array fits the OUT region: the call runs
+            through the OUT regions alone (``_through_out``).
     """
 
     d: Any
@@ -245,6 +247,7 @@ class Pipelined:
     part: int
     chunks: int
     staged: bool
+    in_out: bool
 
 
 def prepare_pipelined(team: Team, plan: Plan, x: np.ndarray, *rest: Any) -> Pipelined:
@@ -254,7 +257,8 @@ def prepare_pipelined(team: Team, plan: Plan, x: np.ndarray, *rest: Any) -> Pipe
     part = _part(chunk, d.size, red.acc.itemsize)
     chunks = max(1, -(-x.size // chunk))
     return Pipelined(d, red, red._replace(in_acc=True), chunk, part, chunks,
-                     chunks * part * red.acc.itemsize <= d.out_bytes)
+                     chunks * part * red.acc.itemsize <= d.out_bytes,
+                     d.size == 2 and red.raw and x.nbytes <= d.out_bytes)
 
 
 def pipelined(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
@@ -269,6 +273,9 @@ def pipelined(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
     then); otherwise each chunk is copied out as soon as it is complete, under a ``Journal``.
     """
     s: Pipelined = ctx.plan.state
+    if s.in_out:
+        _through_out(ctx, s, x, root is None or root == s.d.rank)
+        return
     d, red, in_acc, chunk, part, chunks, staged = s.d, s.red, s.in_acc, s.chunk, s.part, s.chunks, s.staged
     r = d.rank
     acc, itemsize = red.acc, red.acc.itemsize
@@ -331,6 +338,66 @@ def pipelined(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
     if staged and writes:
         for j in range(chunks):
             copy_out(j)
+
+
+def _through_out(ctx: Ctx, s: Pipelined, x: np.ndarray, writes: bool) -> None:
+    """``pipelined`` on two members with raw terms, ``x`` at most the OUT region: chunk ``j``
+    of ``x`` has the same place in each member's OUT region, which holds the member's terms for
+    its peer's part (the caller's bytes) and its own reduced part.
+
+    After the call's first post (nobody reads the OUT regions of an earlier call any more) a
+    member publishes chunk ``j``'s peer part and posts A(j); after the peer's A(j) it reduces its
+    own part of ``x`` with the peer's terms into its OUT region and posts B(j), publishes chunk
+    ``j + 1``, and after the peer's B(j) copies the peer's reduced part of chunk ``j`` into
+    ``x`` while it is still in the caches. That part's old bytes are the terms this member
+    published, so a later failure puts them back from its OUT region: ``x`` is left untouched.
+    Its own parts are copied in last, after the final wait, when nothing can fail any more.
+    """
+    d, in_acc, chunk, part, chunks = s.d, s.in_acc, s.chunk, s.part, s.chunks
+    r, peers, size = d.rank, d.peers, x.size
+    acc = s.red.acc
+    mine = d.outbox[r][:x.nbytes].view(acc)
+    theirs = d.outbox[1 - r][:x.nbytes].view(acc)
+
+    def part_of(j: int, q: int) -> tuple[int, int]:
+        lo = j * chunk
+        length = min(chunk, size - lo)
+        return lo + min(q * part, length), lo + min((q + 1) * part, length)
+
+    def publish(j: int) -> None:
+        a, b = part_of(j, 1 - r)
+        mine[a:b] = x[a:b]
+        d.post()  # A(j)
+
+    d.next_round()  # no IN slot: the round only keeps the members' counts alike
+    d.start(ctx)
+    base = d.posts  # start; then A(j) is post base + 1 + 2j, B(j) base + 2 + 2j
+    copied = 0  # chunks whose peer part is in ``x``
+    try:
+        publish(0)
+        for j in range(chunks):
+            d.wait(peers, base + 1 + 2 * j, ctx)  # A(j)
+            a, b = part_of(j, r)
+            reduce_rows(in_acc, (x[a:b], theirs[a:b]) if r == 0 else (theirs[a:b], x[a:b]),  # type: ignore[arg-type]
+                        mine[a:b])
+            d.post()  # B(j)
+            if j + 1 < chunks:
+                publish(j + 1)
+            if writes:
+                d.wait(peers, base + 2 + 2 * j, ctx)  # B(j)
+                a, b = part_of(j, 1 - r)
+                copied = j + 1
+                x[a:b] = theirs[a:b]
+        d.wait(peers, base + 2 * chunks, ctx)  # B(last): the peer is done with this OUT region
+    except BaseException:
+        for j in range(copied):
+            a, b = part_of(j, 1 - r)
+            x[a:b] = mine[a:b]
+        raise
+    if writes:
+        for j in range(chunks):
+            a, b = part_of(j, r)
+            x[a:b] = mine[a:b]
 
 
 def reduce_direct(ctx: Ctx, x: np.ndarray, root: int, op: Op) -> None:
