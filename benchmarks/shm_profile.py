@@ -6,8 +6,8 @@ Usage: python benchmarks/shm_profile.py [--sizes 1M,4M] [--collectives all_reduc
 Runs each collective at 2 ranks through the public API with the shared-memory waits instrumented
 (``Slots._block``, entered when a peer's counter is not there yet, and ``Slots._sleep``, a futex
 sleep), and prints per rank and call: the time per call, the part of it spent blocked in waits,
-the blocked waits and futex sleeps per call. Time not blocked is this rank's own work (copies,
-reductions, Python). Also prints the copy rate of a 2-process *cross-core* copy (one process
+the blocked waits, futex sleeps and (minor) page faults per call. Time not blocked is this rank's
+own work (copies, reductions, Python). Also prints the copy rate of a 2-process *cross-core* copy (one process
 writes a shared buffer, the other copies it out, as a collective's receiver does) beside the
 private copy ``bench.bound`` measures, at each size.
 """
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
+import resource
 import time
 
 import numpy as np
@@ -52,7 +54,9 @@ def _all_reduce(size: int) -> object:
     return lambda: tc.all_reduce(x)
 
 
-def profile(names: list[str], sizes: list[int], calls: int) -> list[str]:
+def profile(names: list[str], sizes: list[int], calls: int, pin: bool) -> list[str]:
+    if pin:  # rank r on CPU r: the two ranks cannot share a core
+        os.sched_setaffinity(0, {tc.get_rank() % os.cpu_count()})  # type: ignore[operator]
     stats = _instrument()
     lines = []
     for size in sizes:
@@ -63,14 +67,16 @@ def profile(names: list[str], sizes: list[int], calls: int) -> list[str]:
             tc.barrier()
             for key in stats:
                 stats[key] = 0.0
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t0 = time.perf_counter_ns()
             for _ in range(calls):
                 call()  # type: ignore[operator]
             per_call = (time.perf_counter_ns() - t0) / calls / 1e3
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
             blocked = stats["blocked_ns"] / calls / 1e3
             lines.append(f"rank {tc.get_rank()} {name:<15}{size:>10}{per_call:>10.1f}{blocked:>10.1f}"
                          f"{per_call - blocked:>10.1f}{stats['blocks'] / calls:>8.2f}"
-                         f"{stats['sleeps'] / calls:>8.2f}")
+                         f"{stats['sleeps'] / calls:>8.2f}{faults / calls:>8.1f}")
     return lines
 
 
@@ -115,11 +121,12 @@ def main() -> None:
     parser.add_argument("--sizes", default="1M,4M")
     parser.add_argument("--collectives", default="all_reduce,all_gather,broadcast,all_to_all,reduce_scatter")
     parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--pin", action="store_true", help="rank r runs on CPU r only")
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     print(f"{'':7}{'collective':<15}{'size':>10}{'us/call':>10}{'blocked':>10}{'working':>10}"
-          f"{'waits':>8}{'sleeps':>8}")
-    for lines in run_ranks(profile, 2, args.collectives.split(","), sizes, args.calls, timeout=600):
+          f"{'waits':>8}{'sleeps':>8}{'faults':>8}")
+    for lines in run_ranks(profile, 2, args.collectives.split(","), sizes, args.calls, args.pin, timeout=600):
         print("\n".join(lines))
     from tensorcomm.bench import bound
 

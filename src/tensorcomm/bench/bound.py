@@ -1,6 +1,6 @@
 """The copy bound: how fast this host can move a collective's bytes, measured beside the collectives.
 
-The shared-memory collectives only copy (and, for reduce-scatter, add), so their floor is the
+The shared-memory collectives only copy (and, for the reductions, add), so their floor is the
 host's copy bandwidth. ``measure`` times numpy copies of ``size`` bytes in ``ranks`` processes at
 once (each its own source and destination, as the ranks of a collective copy side by side), and
 ``bound_us`` turns the bytes a rank must copy in one call (``copied_bytes``, docs/algorithms.md
@@ -14,6 +14,8 @@ its output: it reads ``n`` rows and writes one):
     all_gather      (n + 1) b       publish b, take (n - 1) b from peers, own block b
     all_to_all      (2n - 1) b      publish (n - 1) b, take (n - 1) b, own block b
     reduce_scatter  (n - 1) b + (n + 1) b / 2    publish the peers' blocks, reduce own block
+    all_reduce      (n - 1) b + (n + 1) b / 2 + S    as reduce_scatter, then every reduced part
+                                    (the own one included) into the caller's array
     broadcast       S               root publishes S, every other rank takes S (at once)
 
 Imports numpy, the standard library and ``results``.
@@ -44,6 +46,8 @@ def copied_bytes(collective: str, size: int, ranks: int) -> float | None:
         return (2 * ranks - 1) * block
     if collective == "reduce_scatter":
         return (ranks - 1) * block + (ranks + 1) * block / 2
+    if collective == "all_reduce":
+        return (ranks - 1) * block + (ranks + 1) * block / 2 + size
     if collective == "broadcast":
         return float(size)
     return None
