@@ -160,7 +160,7 @@ def _dev_shm() -> set[str]:
 
 def body_kill_mid_pipeline(victim: int) -> dict:
     rank = tc.get_rank()
-    x = np.arange(8 << 20, dtype=np.float32) + rank  # 32 MiB: streamed through the slots
+    x = np.arange(8 << 20, dtype=np.float32) + rank  # 32 MiB: beyond one slot
     original = x.copy()
     tc.all_reduce(np.ones(4, np.float32))
     if rank == victim:
@@ -179,11 +179,13 @@ def body_kill_mid_pipeline(victim: int) -> dict:
     raise AssertionError("no PeerLostError")
 
 
-def test_sigkill_mid_pipeline_is_noticed_and_leaves_arrays_and_dev_shm_clean():
+# 3 ranks: streamed through the slots; 2 ranks: through the OUT regions (``_through_out``)
+@pytest.mark.parametrize("world_size", [3, 2])
+def test_sigkill_mid_pipeline_is_noticed_and_leaves_arrays_and_dev_shm_clean(world_size):
     before = _dev_shm()
-    outcomes = spawn_ranks(body_kill_mid_pipeline, 3, 1, timeout=90, comm_timeout=60)
+    outcomes = spawn_ranks(body_kill_mid_pipeline, world_size, 1, timeout=90, comm_timeout=60)
     assert outcomes[1].exitcode == -signal.SIGKILL
-    for outcome in (outcomes[0], outcomes[2]):
+    for outcome in outcomes[:1] + outcomes[2:]:
         assert outcome.ok, outcome.output
         assert outcome.result["rank"] == 1
         assert outcome.result["elapsed"] < 5, outcome.result
