@@ -177,6 +177,70 @@ def test_broadcast_and_scatter(group, count):
             np.testing.assert_array_equal(outs[r], pieces[r])
 
 
+@pytest.mark.parametrize("size", [2, 3])
+def test_runs_of_broadcasts_through_the_out_region_alternate_its_halves(size):
+    """Broadcasts between a slot and half the OUT region, back to back, from changing roots:
+    each uses the half its predecessor did not, its root copying before the first wait; a call
+    of another size or collective in between restarts the run."""
+    g = Group(size, out=4096)  # halves of 2048 bytes
+    counts = [100, 300, 500, 500, 900, 200, 60, 150, 150, None, 150, 512, 100]  # None: an all_reduce
+    try:
+        for i, count in enumerate(counts):
+            if count is None:
+                arrays = [np.ones(3, np.float32) for _ in range(size)]
+                g.call(lambda ctx, arrays=arrays: run(ctx, shm_allreduce.direct, arrays[ctx.rank],
+                                                      ReduceOp.SUM),
+                       signature("all_reduce", np.dtype(np.float32), 3, ReduceOp.SUM))
+                continue
+            root = i % size
+            arrays = [rank_data(r, count, np.int32, salt=i) for r in range(size)]
+            g.call(lambda ctx, arrays=arrays, root=root:
+                   run(ctx, shm_broadcast.broadcast, arrays[ctx.rank], root),
+                   signature("broadcast", np.dtype(np.int32), count, root=root))
+            for r in range(size):
+                np.testing.assert_array_equal(arrays[r], rank_data(root, count, np.int32, salt=i))
+    finally:
+        g.close()
+
+
+def test_a_root_running_ahead_leaves_the_previous_broadcast_to_a_slow_receiver():
+    """The root of the second of three broadcasts returns before its receiver has copied; the
+    root's third call copies its array into the other half of its OUT region meanwhile."""
+    domains = open_domains(2, SLOT, 4096)  # OUT halves of 2048 bytes
+    count = 300  # 1200 bytes: between a slot and half the OUT region
+    data = [np.full(count, k + 1, np.int32) for k in range(3)]
+    sig = signature("broadcast", np.dtype(np.int32), count, root=0)
+
+    def body(rank: int) -> list[np.ndarray]:
+        d = domains[rank]
+        got = []
+        for k in range(3):
+            ctx = one_off_ctx(None, range(2), rank, group_id=0, seq=k, timeout=30, name="test",
+                              signature=sig, group_name="test", shm=d)
+            if rank == 0:
+                run(ctx, shm_broadcast.broadcast, data[k].copy(), 0)
+            elif k != 1:
+                x = np.zeros(count, np.int32)
+                run(ctx, shm_broadcast.broadcast, x, 0)
+                got.append(x)
+            else:  # call 1 by hand, as ``staged`` runs it, with a pause before the copy
+                d.next_round()
+                d.start(ctx)
+                d.post()
+                d.wait((0,), d.posts, ctx)
+                time.sleep(0.3)  # the root has returned and copies call 2's array now
+                got.append(d.outbox[0][2048:][:count * 4].view(np.int32).copy())  # half 1
+                shm_broadcast._last_staged[d] = (d.posts, 1)
+        return got
+
+    try:
+        got = run_threads(2, body)[1]
+    finally:
+        close_all(domains)
+    for k in range(3):
+        np.testing.assert_array_equal(got[k], data[k])
+
+
 @pytest.mark.parametrize("count", [0, 5, 100, 1000])
 def test_all_gather_and_gather_including_uneven(group, count):
     n = group.size

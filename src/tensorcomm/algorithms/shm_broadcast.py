@@ -5,13 +5,15 @@ it does not fit one; every other member copies its share straight into its array
 overwrites the caller's array in place, so a receiver writes it only once the root's whole array
 is in shared memory (a failed call leaves it untouched): up to a slot in the root's IN slot, up
 to the OUT region (``staged``) there, in one piece, so that each byte is copied twice, at the
-speed of one core copying alone. Larger arrays go round by round, with a ``Journal`` that keeps
-the array's old bytes (a third copy). Scatter's output is an output only, so a failed multi-round
-scatter may leave it partly written. This module must not import ``core``.
+speed of one core copying alone; in a run of such broadcasts the root copies a call's array while
+the receivers still copy the previous one (``staged`` says how). Larger arrays go round by round,
+with a ``Journal`` that keeps the array's old bytes (a third copy). Scatter's output is an output
+only, so a failed multi-round scatter may leave it partly written. This module must not import ``core``.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -79,22 +81,48 @@ def broadcast(ctx: Ctx, x: np.ndarray, root: int) -> None:
     run_rounds(ctx, Stream.of([]), read, [x])
 
 
+# Per domain, the last ``staged`` broadcast that fitted half an OUT region: the domain's post
+# count when it ended (every member counts alike) and the half it used.
+_last_staged: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDictionary()
+
+
 def staged(ctx: Ctx, x: np.ndarray, root: int) -> None:
     """Broadcast through the root's OUT region (``x`` at most that size): the root copies ``x``
     there once every member has started the call (so none still reads the region from an
     earlier call; every algorithm writes OUT only after its first wait) and posts; the others
-    copy it out after that post. Two posts per member."""
+    copy it out after that post. Two posts per member.
+
+    When the domain's previous call was such a broadcast and both fit half the OUT region, this
+    one uses the other half, and the root copies ``x`` there before its first wait: the previous
+    call's receivers read only the other half (of their root's region), and every member started
+    the previous call after it had finished reading the one before, which used this half. So in
+    a run of broadcasts the root fills the next call's half while the receivers still copy out
+    the previous call's. A receiver still writes its array only after the root's post that
+    follows the whole copy, so a failed call leaves it untouched.
+    """
     d = ctx.team.shm
+    half_bytes = d.out_bytes // 2 // 64 * 64
+    last = _last_staged.get(d)
+    ahead = last is not None and last[0] == d.posts and x.nbytes <= half_bytes
+    half = 1 - last[1] if ahead and last is not None else 0
+    region = d.outbox[root][half * half_bytes:][:x.nbytes]
+    is_root = d.rank == root
     d.next_round()
-    d.start(ctx)
-    region = d.outbox[root][:x.nbytes]
-    if d.rank == root:
+    if ahead and is_root:
         region[...] = x.view(np.uint8)
+    d.start(ctx)
+    if is_root:
+        if not ahead:
+            region[...] = x.view(np.uint8)
         d.post()
-        return
-    d.post()
-    d.wait((root,), d.posts, ctx)
-    x.view(np.uint8)[...] = region
+    else:
+        d.post()
+        d.wait((root,), d.posts, ctx)
+        x.view(np.uint8)[...] = region
+    if x.nbytes <= half_bytes:
+        _last_staged[d] = (d.posts, half)
+    else:
+        _last_staged.pop(d, None)
 
 
 @dataclass(frozen=True, slots=True)
