@@ -352,6 +352,8 @@ def _through_out(ctx: Ctx, s: Pipelined, x: np.ndarray, writes: bool) -> None:
     ``x`` while it is still in the caches. That part's old bytes are the terms this member
     published, so a later failure puts them back from its OUT region: ``x`` is left untouched.
     Its own parts are copied in last, after the final wait, when nothing can fail any more.
+    Nothing in an OUT region is written twice in a call, and the next call writes it only after
+    its first wait, when the peer has finished reading this one.
     """
     d, in_acc, chunk, part, chunks = s.d, s.in_acc, s.chunk, s.part, s.chunks
     r, peers, size = d.rank, d.peers, x.size
@@ -388,7 +390,7 @@ def _through_out(ctx: Ctx, s: Pipelined, x: np.ndarray, writes: bool) -> None:
                 a, b = part_of(j, 1 - r)
                 copied = j + 1
                 x[a:b] = theirs[a:b]
-        d.wait(peers, base + 2 * chunks, ctx)  # B(last): the peer is done with this OUT region
+        d.wait(peers, base + 2 * chunks, ctx)  # B(last): a member that writes has waited for it
     except BaseException:
         for j in range(copied):
             a, b = part_of(j, 1 - r)
