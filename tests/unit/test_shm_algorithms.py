@@ -389,6 +389,28 @@ def test_two_members_reduce_through_the_out_regions_over_many_chunks():
         g.close()
 
 
+def test_an_array_just_over_the_chunk_size_takes_one_chunk_through_the_out_regions():
+    """65 float32 with 256-byte slots (a 1 MiB + 3 KB bucket at 1 MiB slots): one chunk, not a
+    full one and a tail of one element; 200 of them: three."""
+    g = Group(2, out=4096)
+    plans = []
+
+    def body(ctx: Ctx, x: np.ndarray) -> None:
+        run(ctx, shm_allreduce.pipelined, x, ReduceOp.SUM)
+        plans.append(ctx.plan.state)
+
+    try:
+        for count, chunks in ((65, 1), (200, 3)):
+            arrays = [np.full(count, r + 1, np.float32) for r in range(2)]
+            g.call(lambda ctx, arrays=arrays: body(ctx, arrays[ctx.rank]),
+                   signature("all_reduce", np.dtype(np.float32), count, ReduceOp.SUM))
+            assert [(p.in_out, p.chunks) for p in plans[-2:]] == [(True, chunks)] * 2
+            for x in arrays:
+                np.testing.assert_array_equal(x, np.full(count, 3, np.float32))
+    finally:
+        g.close()
+
+
 # staged in OUT; through the OUT regions, a failure after a chunk was copied in; streamed
 @pytest.mark.parametrize("count, chunks_done", [(100, 1), (100, 2), (2000, 3)])
 def test_a_failed_all_reduce_leaves_the_array_untouched(count, chunks_done):

@@ -34,8 +34,9 @@ import numpy as np
 from .base import Ctx, Plan, Team
 from .shm_common import Journal, Op, Reduction, load, no_domain, reduce_rows
 
-# Bytes of one pipelined chunk (at most one IN slot). Large enough that the two posts and waits
-# per chunk cost little; the benchmark suite is where to tune it.
+# Bytes of one pipelined chunk (at most one IN slot; through the OUT regions, chunks of one size
+# near it). Large enough that the two posts and waits per chunk cost little; the benchmark suite
+# is where to tune it.
 CHUNK_BYTES = 1 << 20
 
 
@@ -253,12 +254,17 @@ class Pipelined:
 def prepare_pipelined(team: Team, plan: Plan, x: np.ndarray, *rest: Any) -> Pipelined:
     """``pipelined``'s (and ``reduce_pipelined``'s) state."""
     d, red = _domain(team, plan), _reduction(plan)
-    chunk = min(d.slot_bytes, CHUNK_BYTES) // red.acc.itemsize
-    part = _part(chunk, d.size, red.acc.itemsize)
+    itemsize, target = red.acc.itemsize, min(d.slot_bytes, CHUNK_BYTES)
+    in_out = d.size == 2 and red.raw and x.nbytes <= d.out_bytes
+    if in_out:  # no slot to fit: chunks of one size, near the target (no 3 KB tail after 1 MiB)
+        align = 2 * max(1, 64 // itemsize)  # two parts of whole cache lines
+        chunk = max(align, -(-x.size // max(1, round(x.nbytes / target)) // align) * align)
+    else:
+        chunk = target // itemsize
+    part = _part(chunk, d.size, itemsize)
     chunks = max(1, -(-x.size // chunk))
     return Pipelined(d, red, red._replace(in_acc=True), chunk, part, chunks,
-                     chunks * part * red.acc.itemsize <= d.out_bytes,
-                     d.size == 2 and red.raw and x.nbytes <= d.out_bytes)
+                     chunks * part * itemsize <= d.out_bytes, in_out)
 
 
 def pipelined(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
