@@ -13,7 +13,6 @@ only, so a failed multi-round scatter may leave it partly written. This module m
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -81,11 +80,6 @@ def broadcast(ctx: Ctx, x: np.ndarray, root: int) -> None:
     run_rounds(ctx, Stream.of([]), read, [x])
 
 
-# Per domain, the last ``staged`` broadcast that fitted half an OUT region: the domain's post
-# count when it ended (every member counts alike) and the half it used.
-_last_staged: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDictionary()
-
-
 def staged(ctx: Ctx, x: np.ndarray, root: int) -> None:
     """Broadcast through the root's OUT region (``x`` at most that size): the root copies ``x``
     there once every member has started the call (so none still reads the region from an
@@ -102,7 +96,7 @@ def staged(ctx: Ctx, x: np.ndarray, root: int) -> None:
     """
     d = ctx.team.shm
     half_bytes = d.out_bytes // 2 // 64 * 64
-    last = _last_staged.get(d)
+    last = d.last_broadcast  # (post count at its end, half): every member counts alike
     ahead = last is not None and last[0] == d.posts and x.nbytes <= half_bytes
     half = 1 - last[1] if ahead and last is not None else 0
     region = d.outbox[root][half * half_bytes:][:x.nbytes]
@@ -119,10 +113,7 @@ def staged(ctx: Ctx, x: np.ndarray, root: int) -> None:
         d.post()
         d.wait((root,), d.posts, ctx)
         x.view(np.uint8)[...] = region
-    if x.nbytes <= half_bytes:
-        _last_staged[d] = (d.posts, half)
-    else:
-        _last_staged.pop(d, None)
+    d.last_broadcast = (d.posts, half) if x.nbytes <= half_bytes else None
 
 
 @dataclass(frozen=True, slots=True)

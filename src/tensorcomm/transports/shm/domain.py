@@ -69,6 +69,8 @@ class ShmDomain:
         inbox: ``inbox[q][p]``, member ``q``'s IN slot ``p`` (uint8 array).
         outbox: ``outbox[q]``, member ``q``'s OUT region (uint8 array).
         start, post, wait, extent, extents: the call protocol (``Slots``' methods).
+        last_broadcast: after a broadcast through half the OUT region, the post count it ended
+            at and the half it used, else None (``algorithms/shm_broadcast.staged`` reads it).
     """
 
     def __init__(self, arena: Arena, rank: int, size: int, global_ranks: Sequence[int],
@@ -107,6 +109,7 @@ class ShmDomain:
         self.extent = slots.extent
         self.extents = slots.extents
         self._backup = np.empty(0, dtype=np.uint8)
+        self.last_broadcast: tuple[int, int] | None = None
         self._closed = False
 
     # -- per call --------------------------------------------------------------------------------
