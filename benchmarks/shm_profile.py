@@ -1,15 +1,15 @@
 """Where a shared-memory collective's time goes, per rank: copying or waiting for the peer.
 
-Usage: python benchmarks/shm_profile.py [--sizes 1M,4M] [--collectives all_reduce,all_gather,...]
-           [--calls 50]
+Usage: PYTHONPATH=src:benchmarks python benchmarks/shm_profile.py [--sizes 1M,4M]
+           [--collectives all_reduce,all_gather,...] [--calls 50] [--pin]
 
 Runs each collective at 2 ranks through the public API with the shared-memory waits instrumented
 (``Slots._block``, entered when a peer's counter is not there yet, and ``Slots._sleep``, a futex
 sleep), and prints per rank and call: the time per call, the part of it spent blocked in waits,
 the blocked waits, futex sleeps and (minor) page faults per call. Time not blocked is this rank's
-own work (copies, reductions, Python). Also prints the copy rate of a 2-process *cross-core* copy (one process
-writes a shared buffer, the other copies it out, as a collective's receiver does) beside the
-private copy ``bench.bound`` measures, at each size.
+own work (copies, reductions, Python). Also prints the copy rate of a 2-process *cross-core*
+copy (one process writes a shared buffer, the other copies it out, as a collective's receiver
+does) beside the private copy ``bench.bound`` measures, at each size.
 """
 
 from __future__ import annotations
