@@ -202,9 +202,13 @@ def halving_doubling(ctx: Ctx, buf: np.ndarray, op: ReduceOp, source: np.ndarray
     p segments; in the round with distance d each rank keeps the half of its segments on its own
     side of d and sends the other half to its partner, which combines it with its own (the value
     of the lower-numbered partner as the left operand). Every segment is thus reduced at exactly
-    one rank, in one fixed order, and copied from there: the results are bit-identical. With wire
-    compression, partials travel rounded; each rank rounds its segment before the all-gather.
-    Scratch: one buffer for the halving rounds' receives (plus packed copies with compression).
+    one rank, in one fixed order, and copied from there: the results are bit-identical. Each
+    halving round combines the partner's chunks into the buffer they arrived in, in place (two
+    operands in memory rather than three; the chunk is still in cache), and sends the next round's
+    half from there; the finished segment is copied into ``buf`` once. With wire compression,
+    partials travel rounded and are combined into ``buf``; each rank rounds its segment before
+    the all-gather. Scratch: three quarters of the buffer (for p = 4; 1 - 1/p) for the halving
+    rounds' receives (plus packed copies with compression).
     """
     p = 1 << (ctx.size.bit_length() - 1)
     wire = compressed(ctx, buf.dtype, op)
@@ -242,13 +246,19 @@ def halving_doubling(ctx: Ctx, buf: np.ndarray, op: ReduceOp, source: np.ndarray
         halving.append((part, [ctx.irecv(partner, part[a:b], step) for a, b in spans(0, part.size, chunk)]))
         doubling.append([ctx.irecv(partner, carrier[a:b], 2 * rounds + 1 - step)
                          for a, b in spans(give[0], give[1], chunk)])
+    fn, base = ufunc(op), 0  # ``mine[i]`` is element ``base + i`` of the buffer
     for step in range(1, rounds + 1):
         partner, upper, keep, give = halves[step - 1]
         part, receiving = halving[step - 1]
-        _halve(ctx, partner, mine, buf, keep, give, part, receiving, step, op, wire, partner_first=upper)
-        mine = buf
+        ours = mine[keep[0] - base:keep[1] - base]
+        target = part if wire is None else buf[keep[0]:keep[1]]
+        _halve(ctx, partner, mine[give[0] - base:give[1] - base], ours, target, part, receiving, step, fn,
+               wire, partner_first=upper)
+        mine, base = target, keep[0]
     own = buf[offsets[lo]:offsets[hi]]
-    if wire is not None:
+    if wire is None:
+        own[...] = mine
+    else:
         round_to(wire, own)
         carrier[offsets[lo]:offsets[hi]] = own
     for step in range(rounds, 0, -1):
@@ -257,24 +267,22 @@ def halving_doubling(ctx: Ctx, buf: np.ndarray, op: ReduceOp, source: np.ndarray
     _unfold(ctx, buf, wire, unfold_step)
 
 
-def _halve(ctx: Ctx, partner: int, mine: np.ndarray, buf: np.ndarray, keep: _Span, give: _Span,
-           incoming: np.ndarray, receiving: list[Request], step: int, op: ReduceOp,
+def _halve(ctx: Ctx, partner: int, outgoing: np.ndarray, ours: np.ndarray, target: np.ndarray,
+           incoming: np.ndarray, receiving: list[Request], step: int, fn: np.ufunc,
            wire: np.dtype | None, partner_first: bool) -> None:
-    """Send ``mine[give]`` to ``partner`` while its part of ``keep`` arrives in ``incoming``
-    (``receiving``, posted in chunks); write each chunk combined with ``mine[keep]`` into
-    ``buf[keep]`` as it arrives."""
-    outgoing = mine[give[0]:give[1]]
+    """Send ``outgoing`` to ``partner`` while its values for ``ours`` arrive in ``incoming``
+    (``receiving``, posted in chunks); write each chunk combined with ``ours`` into ``target``
+    (``incoming`` itself, or a part of ``buf`` with compression) as it arrives."""
     if wire is not None:
         packed = scratch(ctx, "outgoing", outgoing.size, wire)
         packed[...] = outgoing
         outgoing = packed
     chunk = chunk_elements(incoming.itemsize)
     sending = [ctx.isend(partner, outgoing[a:b], step) for a, b in spans(0, outgoing.size, chunk)]
-    widened = None if wire is None else scratch(ctx, "widened", min(chunk, incoming.size), buf.dtype)
-    ours, target = mine[keep[0]:keep[1]], buf[keep[0]:keep[1]]
+    widened = None if wire is None else scratch(ctx, "widened", min(chunk, incoming.size), target.dtype)
     for (a, b), request in zip(spans(0, incoming.size, chunk), receiving, strict=True):
         ctx.wait(request)
-        _combine_arrived(ufunc(op), incoming[a:b], widened, ours[a:b], target[a:b], partner_first)
+        _combine_arrived(fn, incoming[a:b], widened, ours[a:b], target[a:b], partner_first)
     for request in sending:
         ctx.wait(request)
 
