@@ -216,8 +216,8 @@ def halving_doubling(ctx: Ctx, buf: np.ndarray, op: ReduceOp, source: np.ndarray
     place (two operands in memory rather than three; the chunk is still in cache), and the next
     round sends from there; the last writes the finished segment into ``buf``. With wire
     compression, partials travel rounded and are combined into ``buf``; each rank rounds its
-    segment before the all-gather. Scratch: three quarters of the buffer (for p = 4; 1 - 1/p) for the halving
-    rounds' receives (plus packed copies with compression).
+    segment before the all-gather. Scratch: 1 - 1/p of the buffer for the halving rounds'
+    receives (plus packed copies with compression).
     """
     p = 1 << (ctx.size.bit_length() - 1)
     wire = compressed(ctx, buf.dtype, op)
