@@ -52,20 +52,15 @@ def _unaliased(source: np.ndarray, target: np.ndarray) -> np.ndarray:
     return validate.unaliased(source, target)
 
 
-def _group(group: Any, fn: str) -> Group:
-    """The call's group: the default group or a ``Group`` this process belongs to without a
-    further call, else ``validate.group``'s answer (or error)."""
-    if group is None:
-        return current_world().world_group
-    if type(group) is Group and group._team is not None:
-        return group
-    return validate.group(group, fn)
-
-
 def _resolved(group: Any, async_op: Any, fn: str) -> Group:
-    """The call's group (``_group``), with ``async_op`` checked; the common values take no
-    further call."""
-    g = _group(group, fn)
+    """The call's group, with ``async_op`` checked; the common values (the default group or a
+    ``Group`` this process belongs to, False) take no further call."""
+    if group is None:
+        g = current_world().world_group
+    elif type(group) is Group and group._team is not None:
+        g = group
+    else:
+        g = validate.group(group, fn)
     if async_op is not False:
         validate.flag(async_op, "async_op", fn)
     return g
@@ -122,8 +117,8 @@ def all_reduce(tensor: Any, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
     fn = "all_reduce"
     if async_op is False and type(tensor) is _ndarray and tensor.flags.carray and tensor.ndim \
             and tensor.dtype in _SUPPORTED:  # ``_plain`` inline: the common call, nothing staged
-        collectives.all_reduce(current_world().world_group if group is None else _group(group, fn),
-                               tensor, op, False)
+        g = current_world().world_group if group is None else _resolved(group, False, fn)
+        collectives.all_reduce(g, tensor, op, False)
         return None
     g = _resolved(group, async_op, fn)
     staged = Staged(tensor, (fn, "tensor"), True)
