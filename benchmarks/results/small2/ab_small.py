@@ -6,7 +6,7 @@ e.g. ``... 7 /work/main/src src`` (each job imports its own tree). Each round ru
 job per tree, alternating A and B; a job times, through the public API, ``all_reduce(x)`` with
 the flight recorder at its default size and off (``recorder.configure(0)``), then
 ``broadcast``, ``all_gather_into_tensor``, ``all_to_all_single`` and ``reduce_scatter_tensor``
-(recorder on; the calls ``benchmarks/shm_floor.py`` makes), each as 7 batches of 4000 calls
+(recorder on; the calls ``benchmarks/shm_floor.py`` makes), each as 15 batches of 1000 calls
 after a barrier; a batch counts the slower rank. Printed per call: the median over rounds of
 each job's median batch, the fastest batch of all rounds, and A / B of the medians. Print
 ``uptime`` beside the figures.
@@ -42,13 +42,13 @@ def body() -> dict[str, tuple[float, float]]:
         recorder.configure(0 if "off" in name else FLIGHT_CALLS)
         for _ in range(2000):
             call()
-        batches = np.zeros(7)
+        batches = np.zeros(15)
         for b in range(len(batches)):
             tc.barrier()
             began = time.perf_counter()
-            for _ in range(4000):
+            for _ in range(1000):
                 call()
-            batches[b] = (time.perf_counter() - began) / 4000 * 1e6
+            batches[b] = (time.perf_counter() - began) / 1000 * 1e6
         tc.all_reduce(batches, op=tc.ReduceOp.MAX)
         found[name] = (statistics.median(batches.tolist()), float(batches.min()))
     recorder.configure(FLIGHT_CALLS)
