@@ -24,6 +24,10 @@ _HERE = Path(__file__).parent
 # Results must not depend on a tuning file `tensorcomm tune` left on the host (docs/tuning.md):
 # the suite and every process it starts use the built-in thresholds unless a test says otherwise.
 os.environ["TENSORCOMM_TUNING_FILE"] = "off"
+# Nor on a transport, backend or algorithm the caller's shell forces: tests that want one say so
+# (their "shm" cases inherit the environment, and would silently run over TCP).
+for _forced in ("TENSORCOMM_TRANSPORT", "TENSORCOMM_BACKEND", "TENSORCOMM_ALGORITHMS"):
+    os.environ.pop(_forced, None)
 
 
 def _spawns(item: pytest.Item) -> bool:

@@ -53,7 +53,7 @@ def body_healthy() -> dict:
     second = pair.shrink()  # shrinks are matched by their count on each group
     y = np.full(2, float(rank))
     tc.all_reduce(y, group=second)
-    result.update(pair=[first.ranks, second.ranks, second.name], pair_sum=float(y[0]))
+    result.update(pair=[first.ranks, second.ranks, second.name, pair.name], pair_sum=float(y[0]))
     return result
 
 
@@ -66,7 +66,8 @@ def test_a_healthy_group_shrinks_to_all_its_members(transport) -> None:
         assert result["name"] == "world/shrink0" and result["sum"] == 6.0, result
         assert result["kind"] == transport.upper(), result
     for result in results[1:]:
-        assert result["pair"] == [(1, 2), (1, 2), "group1/shrink1"], result
+        assert result["pair"][:2] == [(1, 2), (1, 2)], result
+        assert result["pair"][2] == result["pair"][3] + "/shrink1", result
         assert result["pair_sum"] == 3.0, result
 
 

@@ -139,6 +139,17 @@ def body_split() -> list:
     return [None if mine is None else list(mine.ranks), current is None]
 
 
+def body_split_name() -> str:
+    if tc.get_rank() == 0:
+        tc.new_group([0])  # only its member makes it: rank 0 has made one group more than the others
+    return tc.WORLD.split(0).name
+
+
+def test_a_split_group_has_one_name_on_every_member():
+    names = run_ranks(body_split_name, 3, timeout=60)
+    assert len(set(names)) == 1, names
+
+
 def body_bad_input() -> None:
     x = np.ones(4, np.float32)
     group = tc.WORLD

@@ -128,11 +128,12 @@ class World:
                 raise ValueError(f"group name {name!r} is already registered")
             occurrence = self._made[tuple(ranks)]
             self._made[tuple(ranks)] += 1
-            label = name or f"group{sum(self._made.values())}"
+            label = name or f"group of ranks {list(ranks)}"  # a non-member's
             group_id, shm, hier = -1, None, None
             parts: list[Group] = []
             if self.rank in ranks:
                 group_id = self._agree_group_id(tuple(ranks), occurrence, name)
+                label = name or f"group{group_id}"  # the id, unlike a count, is the same on every member
                 shm = self._shared_memory(tuple(ranks), group_id, label)
                 hier, parts = self._hierarchy(tuple(ranks), group_id, label)
             group = Group(label, ranks, group_id, self, shm, hier, parts)
