@@ -72,6 +72,27 @@ def test_chunked_allreduce_matches_numpy(algorithm, size, count):
         assert np.array_equal(result, np.sum(inputs, axis=0))
 
 
+@pytest.mark.parametrize("size", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("count", [1, 7, 50])
+@pytest.mark.parametrize("algorithm", ALLREDUCE, ids=lambda f: f.__name__)
+def test_chunked_allreduce_from_a_separate_source_leaves_it_untouched(algorithm, size, count):
+    """As staging runs them on terms as they are: read the caller's array, write scratch; float
+    results bit-identical on every rank (each chunk combined in the buffer it arrived in keeps
+    the operand order)."""
+    inputs = _inputs(size, count)
+
+    def body(ctx):
+        source = inputs[ctx.rank].copy()
+        buf = np.full(count, np.nan, np.float32)
+        algorithm(ctx, buf, ReduceOp.PROD, source)
+        assert np.array_equal(source, inputs[ctx.rank])
+        return buf
+
+    results = _run(size, body)
+    assert all(result.tobytes() == results[0].tobytes() for result in results)
+    np.testing.assert_allclose(results[0], np.prod(inputs, axis=0), rtol=1e-5)
+
+
 @pytest.mark.parametrize("size", [2, 3, 5])
 def test_chunked_reduce_scatter_allgather_and_broadcast(size):
     counts = [4 + 3 * r for r in range(size)]  # uneven blocks of several chunks

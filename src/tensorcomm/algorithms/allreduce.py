@@ -18,7 +18,16 @@ from .allgather import bounds, even_counts, ring_inplace
 from .base import Ctx, Request
 from .kernels import ufunc
 from .reduce_scatter import ring_reduce
-from .wire import chunk_elements, compressed, recv_chunked, round_to, scratch, send_chunked, spans
+from .wire import (
+    ROUND_CHUNKS,
+    chunk_elements,
+    compressed,
+    recv_chunked,
+    round_to,
+    scratch,
+    send_chunked,
+    spans,
+)
 
 _Span = tuple[int, int]
 
@@ -202,9 +211,13 @@ def halving_doubling(ctx: Ctx, buf: np.ndarray, op: ReduceOp, source: np.ndarray
     p segments; in the round with distance d each rank keeps the half of its segments on its own
     side of d and sends the other half to its partner, which combines it with its own (the value
     of the lower-numbered partner as the left operand). Every segment is thus reduced at exactly
-    one rank, in one fixed order, and copied from there: the results are bit-identical. With wire
-    compression, partials travel rounded; each rank rounds its segment before the all-gather.
-    Scratch: one buffer for the halving rounds' receives (plus packed copies with compression).
+    one rank, in one fixed order, and copied from there: the results are bit-identical. Each
+    halving round but the last combines the partner's chunks into the buffer they arrived in, in
+    place (two operands in memory rather than three; the chunk is still in cache), and the next
+    round sends from there; the last writes the finished segment into ``buf``. With wire
+    compression, partials travel rounded and are combined into ``buf``; each rank rounds its
+    segment before the all-gather. Scratch: 1 - 1/p of the buffer for the halving rounds'
+    receives (plus packed copies with compression).
     """
     p = 1 << (ctx.size.bit_length() - 1)
     wire = compressed(ctx, buf.dtype, op)
@@ -234,7 +247,7 @@ def halving_doubling(ctx: Ctx, buf: np.ndarray, op: ReduceOp, source: np.ndarray
     carried = buf.dtype if wire is None else wire
     carrier = buf if wire is None else scratch(ctx, "carrier", buf.size, wire)
     inbox = scratch(ctx, "halves", sum(keep[1] - keep[0] for _, _, keep, _ in halves), carried)
-    chunk = chunk_elements(carried.itemsize)
+    chunk = chunk_elements(carried.itemsize, ROUND_CHUNKS)
     halving, doubling, start = [], [], 0
     for step, (partner, _, keep, give) in enumerate(halves, 1):
         part = inbox[start:start + keep[1] - keep[0]]
@@ -242,49 +255,49 @@ def halving_doubling(ctx: Ctx, buf: np.ndarray, op: ReduceOp, source: np.ndarray
         halving.append((part, [ctx.irecv(partner, part[a:b], step) for a, b in spans(0, part.size, chunk)]))
         doubling.append([ctx.irecv(partner, carrier[a:b], 2 * rounds + 1 - step)
                          for a, b in spans(give[0], give[1], chunk)])
+    fn, base = ufunc(op), 0  # ``mine[i]`` is element ``base + i`` of the buffer
     for step in range(1, rounds + 1):
         partner, upper, keep, give = halves[step - 1]
         part, receiving = halving[step - 1]
-        _halve(ctx, partner, mine, buf, keep, give, part, receiving, step, op, wire, partner_first=upper)
-        mine = buf
+        ours = mine[keep[0] - base:keep[1] - base]
+        target = part if wire is None and step < rounds else buf[keep[0]:keep[1]]
+        _halve(ctx, partner, mine[give[0] - base:give[1] - base], ours, target, part, receiving, step, fn,
+               wire, chunk, partner_first=upper)
+        mine, base = target, keep[0]
     own = buf[offsets[lo]:offsets[hi]]
     if wire is not None:
         round_to(wire, own)
         carrier[offsets[lo]:offsets[hi]] = own
     for step in range(rounds, 0, -1):
         partner, _, keep, give = halves[step - 1]
-        _double(ctx, partner, buf, carrier, keep, give, doubling[step - 1], 2 * rounds + 1 - step)
+        _double(ctx, partner, buf, carrier, keep, give, doubling[step - 1], 2 * rounds + 1 - step, chunk)
     _unfold(ctx, buf, wire, unfold_step)
 
 
-def _halve(ctx: Ctx, partner: int, mine: np.ndarray, buf: np.ndarray, keep: _Span, give: _Span,
-           incoming: np.ndarray, receiving: list[Request], step: int, op: ReduceOp,
-           wire: np.dtype | None, partner_first: bool) -> None:
-    """Send ``mine[give]`` to ``partner`` while its part of ``keep`` arrives in ``incoming``
-    (``receiving``, posted in chunks); write each chunk combined with ``mine[keep]`` into
-    ``buf[keep]`` as it arrives."""
-    outgoing = mine[give[0]:give[1]]
+def _halve(ctx: Ctx, partner: int, outgoing: np.ndarray, ours: np.ndarray, target: np.ndarray,
+           incoming: np.ndarray, receiving: list[Request], step: int, fn: np.ufunc,
+           wire: np.dtype | None, chunk: int, partner_first: bool) -> None:
+    """Send ``outgoing`` to ``partner`` while its values for ``ours`` arrive in ``incoming``
+    (``receiving``, posted in ``chunk``-element pieces); write each piece combined with ``ours``
+    into ``target`` (``incoming`` itself, or a part of ``buf`` with compression) as it arrives."""
     if wire is not None:
         packed = scratch(ctx, "outgoing", outgoing.size, wire)
         packed[...] = outgoing
         outgoing = packed
-    chunk = chunk_elements(incoming.itemsize)
     sending = [ctx.isend(partner, outgoing[a:b], step) for a, b in spans(0, outgoing.size, chunk)]
-    widened = None if wire is None else scratch(ctx, "widened", min(chunk, incoming.size), buf.dtype)
-    ours, target = mine[keep[0]:keep[1]], buf[keep[0]:keep[1]]
+    widened = None if wire is None else scratch(ctx, "widened", min(chunk, incoming.size), target.dtype)
     for (a, b), request in zip(spans(0, incoming.size, chunk), receiving, strict=True):
         ctx.wait(request)
-        _combine_arrived(ufunc(op), incoming[a:b], widened, ours[a:b], target[a:b], partner_first)
+        _combine_arrived(fn, incoming[a:b], widened, ours[a:b], target[a:b], partner_first)
     for request in sending:
         ctx.wait(request)
 
 
 def _double(ctx: Ctx, partner: int, buf: np.ndarray, carrier: np.ndarray, keep: _Span, give: _Span,
-            receiving: list[Request], step: int) -> None:
+            receiving: list[Request], step: int, chunk: int) -> None:
     """Send ``carrier[keep]`` (this rank's finished segments) to ``partner`` while its finished
     segments arrive in ``carrier[give]`` (``receiving``, posted in chunks); widened into ``buf``
     when ``carrier`` is packed."""
-    chunk = chunk_elements(carrier.itemsize)
     sending = [ctx.isend(partner, carrier[a:b], step) for a, b in spans(keep[0], keep[1], chunk)]
     for (a, b), request in zip(spans(give[0], give[1], chunk), receiving, strict=True):
         ctx.wait(request)
