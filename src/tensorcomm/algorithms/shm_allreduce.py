@@ -88,19 +88,25 @@ class Direct:
         red: the reduction.
         rows: per slot parity, every member's slot as ``reduce_rows`` takes it.
         mine: per slot parity, this member's slot (in the accumulation dtype).
+        pair: the ufunc that reduces the two slots of ``rows`` straight into the caller's array
+            in one call (two members, terms in the caller's dtype, no average, ``out``
+            positional: ``reduce_rows``' two-member case), else None.
     """
 
     d: Any
     red: Reduction
     rows: tuple[Any, Any]
     mine: tuple[np.ndarray, np.ndarray]
+    pair: np.ufunc | None
 
 
 def prepare_direct(team: Team, plan: Plan, x: np.ndarray, *rest: Any) -> Direct:
     """``direct``'s (and ``reduce_direct``'s) state."""
     d, red = _domain(team, plan), _reduction(plan)
     stacked = [d.stacked(p, red.acc, x.size) for p in (0, 1)]
-    return Direct(d, red, (_rows(stacked[0]), _rows(stacked[1])), (stacked[0][d.rank], stacked[1][d.rank]))
+    pair = red.ufunc if d.size == 2 and red.raw and red.positional and not red.average else None
+    return Direct(d, red, (_rows(stacked[0]), _rows(stacked[1])), (stacked[0][d.rank], stacked[1][d.rank]),
+                  pair)
 
 
 def direct(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
@@ -121,7 +127,12 @@ def direct(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
         load(red, s.mine[parity], x)
     d.start(ctx)  # no extent: nobody reads it for a reduction
     if root is None or root == d.rank:
-        reduce_rows(red, s.rows[parity], x)
+        pair = s.pair
+        if pair is not None:  # ``reduce_rows`` inline: the small-call path
+            rows = s.rows[parity]
+            pair(rows[0], rows[1], x)
+        else:
+            reduce_rows(red, s.rows[parity], x)
 
 
 @dataclass(frozen=True, slots=True)

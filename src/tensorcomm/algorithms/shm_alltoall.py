@@ -43,6 +43,8 @@ class AllToAll:
         header_slots: per slot parity the place of this member's header in its slot.
         places: per slot parity where each member's header places the block for this member:
             columns ``rank, rank + 1`` of every member's header, as one strided view of the slots.
+        peer_place: on two members with ``uniform``, per slot parity those two words of the peer's
+            header alone (a memoryview: read without a numpy call); else None.
     """
 
     d: Any
@@ -55,6 +57,7 @@ class AllToAll:
     nbytes: int
     header_slots: tuple[np.ndarray, np.ndarray]
     places: tuple[np.ndarray, np.ndarray]
+    peer_place: tuple[memoryview, memoryview] | None
 
 
 def prepare(team: Team, plan: Plan, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
@@ -85,8 +88,12 @@ def prepare(team: Team, plan: Plan, send: np.ndarray, send_counts: Sequence[int]
                                .view(send.dtype) for j in d.peers) for p in (0, 1))
     header_slots = (d.inbox[r][0][:header_bytes], d.inbox[r][1][:header_bytes])
     places_of = (headers[0][:, r:r + 2], headers[1][:, r:r + 2])
+    peer_place = None
+    if uniform is not None and n == 2:
+        peer_place = (memoryview(d.inbox[1 - r][0][:header_bytes]).cast("q")[r:r + 2],
+                      memoryview(d.inbox[1 - r][1][:header_bytes]).cast("q")[r:r + 2])
     return AllToAll(d, header, expected, bounds(send_counts), bounds(recv_counts), uniform,
-                    outgoing, nbytes, header_slots, places_of)
+                    outgoing, nbytes, header_slots, places_of, peer_place)
 
 
 def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
@@ -110,9 +117,14 @@ def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.n
         for j, place in zip(d.peers, s.outgoing[parity], strict=True):
             place[...] = send[send_offsets[j]:send_offsets[j + 1]]
         d.start(ctx, s.nbytes)
-        # this member's stream fits one slot (``outgoing``): do the peers' (two members: one word)?
-        fits = (d.extent(1 - r, ctx) if d.size == 2 else max(d.extents(ctx))) <= d.slot_bytes
-        if fits and s.places[parity].tolist() == uniform[0]:
+        # this member's stream fits one slot (``outgoing``): do the peers', with this member's
+        # block where ``uniform`` has it (two members: one extent, the peer's two header words)?
+        peer_place = s.peer_place
+        if peer_place is not None:
+            fits = d.extent(1 - r, ctx) <= d.slot_bytes and peer_place[parity].tolist() == uniform[0][1 - r]
+        else:
+            fits = max(d.extents(ctx)) <= d.slot_bytes and s.places[parity].tolist() == uniform[0]
+        if fits:
             for q, block in zip(d.peers, uniform[1][parity], strict=True):
                 out[recv_offsets[q]:recv_offsets[q + 1]] = block
             out[recv_offsets[r]:recv_offsets[r + 1]] = send[send_offsets[r]:send_offsets[r + 1]]

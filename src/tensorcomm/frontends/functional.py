@@ -18,9 +18,20 @@ from ..core import collectives, p2p
 from ..core.group import Group
 from ..core.work import Work
 from ..core.world import current_world
-from ..types import ReduceOp, ReduceOpLike
+from ..types import SUPPORTED_DTYPES, ReduceOp, ReduceOpLike
 from . import validate
 from .arrays import Staged
+
+_ndarray = np.ndarray
+_SUPPORTED = frozenset(SUPPORTED_DTYPES)
+
+
+def _plain(x: Any) -> bool:
+    """Whether ``x`` goes to the core as it is: a numpy array of a supported dtype with at least
+    one dimension, C-contiguous, aligned and writable, which a ``Staged`` would pass through
+    untouched (its ``buf`` the array, nothing to commit). The small-call paths take such arrays
+    without staging them; anything else, and every error, goes through ``Staged``."""
+    return type(x) is _ndarray and x.flags.carray and x.ndim != 0 and x.dtype in _SUPPORTED
 
 
 def _root(value: Any, group_value: Any, argument: str, fn: str, g: Group) -> int:
@@ -33,10 +44,23 @@ def _root(value: Any, group_value: Any, argument: str, fn: str, g: Group) -> int
     return validate.root(value, group_value, argument, fn, g)
 
 
+def _unaliased(source: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """``validate.unaliased``, without its numpy call (a few hundred ns) for two arrays that
+    each own their memory: distinct ones cannot overlap."""
+    if source is not target and source.flags.owndata and target.flags.owndata:
+        return source
+    return validate.unaliased(source, target)
+
+
 def _resolved(group: Any, async_op: Any, fn: str) -> Group:
-    """The call's group, with ``async_op`` checked; the common values (the default group, False)
-    take no further call: the small-call paths' one shortcut for both."""
-    g = current_world().world_group if group is None else validate.group(group, fn)
+    """The call's group, with ``async_op`` checked; the common values (the default group or a
+    ``Group`` this process belongs to, False) take no further call."""
+    if group is None:
+        g = current_world().world_group
+    elif type(group) is Group and group._team is not None:
+        g = group
+    else:
+        g = validate.group(group, fn)
     if async_op is not False:
         validate.flag(async_op, "async_op", fn)
     return g
@@ -91,6 +115,11 @@ def all_reduce(tensor: Any, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
         ValueError: an op the dtype does not support, or a read-only tensor.
     """
     fn = "all_reduce"
+    if async_op is False and type(tensor) is _ndarray and tensor.flags.carray and tensor.ndim \
+            and tensor.dtype in _SUPPORTED:  # ``_plain`` inline: the common call, nothing staged
+        g = current_world().world_group if group is None else _resolved(group, False, fn)
+        collectives.all_reduce(g, tensor, op, False)
+        return None
     g = _resolved(group, async_op, fn)
     staged = Staged(tensor, (fn, "tensor"), True)
     result = collectives.all_reduce(g, staged.buf, op, async_op)
@@ -156,6 +185,9 @@ def broadcast(tensor: Any, src: int = 0, group: Any = None, async_op: bool = Fal
     fn = "broadcast"
     g = _resolved(group, async_op, fn)
     root = _root(src, group_src, "src", fn, g)
+    if async_op is False and _plain(tensor):  # the common call: nothing staged, nothing to commit
+        collectives.broadcast(g, tensor, root, False)
+        return None
     receives = g._index[g._world.rank] != root  # ``g.rank`` of a resolved group, without calls
     staged = Staged(tensor, (fn, "tensor"), receives)
     result = collectives.broadcast(g, staged.buf, root, async_op)
@@ -190,6 +222,12 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
     """Concatenate every member's ``input_tensor`` (in rank order, along dim 0) into ``output_tensor``."""
     fn = "all_gather_into_tensor"
     g = _resolved(group, async_op, fn)
+    if async_op is False and _plain(output_tensor) and _plain(input_tensor) \
+            and output_tensor.dtype == input_tensor.dtype \
+            and output_tensor.size == input_tensor.size * len(g._ranks):  # the common call, unstaged
+        collectives.all_gather(g, _unaliased(input_tensor, output_tensor), output_tensor,
+                               (input_tensor.size,) * len(g._ranks), False)
+        return None
     staged = Staged(input_tensor, (fn, "input_tensor"), False)
     output = Staged(output_tensor, (fn, "output_tensor"), True)
     if output.array.dtype != staged.array.dtype:
@@ -272,6 +310,11 @@ def reduce_scatter_tensor(output: Any, input: Any, op: ReduceOpLike = ReduceOp.S
     """Reduce ``input`` across members; member ``i`` gets the i-th of ``size`` equal dim-0 blocks."""
     fn = "reduce_scatter_tensor"
     g = _resolved(group, async_op, fn)
+    if async_op is False and _plain(output) and _plain(input) and input.dtype == output.dtype \
+            and input.size == output.size * len(g._ranks):  # the common call, unstaged
+        collectives.reduce_scatter(g, _unaliased(input, output), output,
+                                   (output.size,) * len(g._ranks), op, False, fn)
+        return None
     out = Staged(output, (fn, "output"), True)
     source = Staged(input, (fn, "input"), False)
     if source.array.dtype != out.array.dtype:
@@ -317,6 +360,13 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
     and concatenate what arrives into ``output`` (split by ``output_split_sizes``)."""
     fn = "all_to_all_single"
     g = _resolved(group, async_op, fn)
+    size = len(g._ranks)
+    if async_op is False and input_split_sizes is None and output_split_sizes is None and _plain(output) \
+            and _plain(input) and input.dtype == output.dtype and input.shape == output.shape \
+            and not input.shape[0] % size:  # the common call (equal splits), unstaged
+        counts = (input.size // size,) * size
+        collectives.all_to_all(g, _unaliased(input, output), counts, output, counts, False)
+        return None
     source = Staged(input, (fn, "input"), False)
     out = Staged(output, (fn, "output"), True)
     if out.array.dtype != source.array.dtype:
@@ -327,7 +377,7 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
     if in_shape[1:] != out_shape[1:]:
         raise ValueError(f"{fn}: input ({source.signature}) and output ({out.signature}) must agree "
                          "beyond dim 0")
-    in_rows, out_rows, size = in_shape[0], out_shape[0], len(g._ranks)
+    in_rows, out_rows = in_shape[0], out_shape[0]
     row = source.array.size // in_rows if in_rows else out.array.size // max(out_rows, 1)
     if input_split_sizes is None and output_split_sizes is None and in_rows == out_rows \
             and not in_rows % size:  # equal splits, as the checks below would find them
