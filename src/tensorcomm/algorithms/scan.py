@@ -142,7 +142,7 @@ class Prefix:
         count: how many members' slots this member reduces (``terms``).
         chunk: elements of one round (one slot's worth in the accumulation dtype).
         rounds: rounds of the call.
-        rows: per slot parity, the first ``count`` members' slots, when one round holds the call.
+        rows: per IN slot, the first ``count`` members' slots, when one round holds the call.
     """
 
     d: Any
@@ -179,19 +179,19 @@ def shm_prefix(inclusive: bool) -> Callable[[Ctx, np.ndarray, Op], None]:
         d, red, count, chunk = s.d, s.red, s.count, s.chunk
         mine = d.inbox[d.rank]
         if s.rows is not None:  # one round: the common case, in a straight line
-            parity = d.next_round()
-            load(red, mine[parity][:x.size * red.acc.itemsize].view(red.acc), x)
+            in_slot = d.next_round()
+            load(red, mine[in_slot][:x.size * red.acc.itemsize].view(red.acc), x)
             d.start(ctx)
             if count:
-                reduce_rows(red, s.rows[parity], x)
+                reduce_rows(red, s.rows[in_slot], x)
             return
         journal = Journal(d, [x]) if count else None
         base = d.posts
         try:
             for t in range(s.rounds):
                 lo, hi = t * chunk, min((t + 1) * chunk, x.size)
-                parity = d.next_round()
-                load(red, mine[parity][:(hi - lo) * red.acc.itemsize].view(red.acc), x[lo:hi])
+                in_slot = d.next_round()
+                load(red, mine[in_slot][:(hi - lo) * red.acc.itemsize].view(red.acc), x[lo:hi])
                 if t:
                     d.post()
                     d.wait(d.peers, base + t + 1, ctx)
@@ -199,7 +199,7 @@ def shm_prefix(inclusive: bool) -> Callable[[Ctx, np.ndarray, Op], None]:
                     d.start(ctx)
                 if journal is not None:
                     journal.save(0, lo * x.itemsize, hi * x.itemsize)
-                    reduce_rows(red, d.stacked(parity, red.acc, hi - lo)[:count], x[lo:hi])
+                    reduce_rows(red, d.stacked(in_slot, red.acc, hi - lo)[:count], x[lo:hi])
         except BaseException:
             if journal is not None:
                 journal.restore()

@@ -43,7 +43,7 @@ class Gathered:
         d: the group's domain.
         offsets: element bounds of each member's block of the output.
         expected: bytes each member sends (its announced extent).
-        slots: when the call fits one slot, per slot parity the members' slots as one strided
+        slots: when the call fits one slot, per IN slot the members' slots as one strided
             ``(members, count)`` array (equal counts, more than two members) or one view per
             member; else None (rounds).
     """
@@ -75,12 +75,12 @@ def _copy_rounds(ctx: Ctx, out: np.ndarray, offsets: Sequence[int], senders: Seq
     raw = out.view(np.uint8)
     starts = [o * out.itemsize for o in offsets]
 
-    def read(parity: int, lo: int, hi: int, journal: Journal | None) -> None:
+    def read(in_slot: int, lo: int, hi: int, journal: Journal | None) -> None:
         for q in senders:
             size = starts[q + 1] - starts[q]
             b = min(hi, size)
             if lo < b:
-                raw[starts[q] + lo:starts[q] + b] = d.inbox[q][parity][:b - lo]
+                raw[starts[q] + lo:starts[q] + b] = d.inbox[q][in_slot][:b - lo]
 
     return read
 
@@ -112,24 +112,24 @@ def all_gather(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence[int
     r = d.rank
     if slots is None:
         run_rounds(ctx, Stream.of([send]), _copy_rounds(ctx, out, offsets, d.peers),
-                   verify=lambda parity, extents: _check_sizes(ctx, counts, send.itemsize, d.peers, extents))
+                   verify=lambda in_slot, extents: _check_sizes(ctx, counts, send.itemsize, d.peers, extents))
     elif d.size == 2:  # one view per member: one word to check, one copy out
-        parity = d.next_round()
-        views, q = slots[parity], 1 - r
+        in_slot = d.next_round()
+        views, q = slots[in_slot], 1 - r
         views[r][...] = send
         d.start(ctx, send.nbytes)
         if d.extent(q, ctx) != expected[q]:
             _check_sizes(ctx, counts, send.itemsize, d.peers, d.extents(ctx))
         out[offsets[q]:offsets[q + 1]] = views[q]
     else:
-        parity = d.next_round()
-        mine = slots[parity][r]
+        in_slot = d.next_round()
+        mine = slots[in_slot][r]
         mine[...] = send
         d.start(ctx, send.nbytes)
         extents = d.extents(ctx)
         if extents != expected:
             _check_sizes(ctx, counts, send.itemsize, d.peers, extents)
-        _copy_slots(out, slots[parity], offsets, r)
+        _copy_slots(out, slots[in_slot], offsets, r)
     out[offsets[r]:offsets[r + 1]] = send
 
 
@@ -146,15 +146,15 @@ def gather(ctx: Ctx, send: np.ndarray, out: np.ndarray | None, counts: Sequence[
     r = d.rank
     if slots is None:
         if r != root:
-            run_rounds(ctx, Stream.of([send]), lambda parity, lo, hi, journal: None)
+            run_rounds(ctx, Stream.of([send]), lambda in_slot, lo, hi, journal: None)
             return
         assert out is not None
         run_rounds(ctx, Stream.of([send], skip=0), _copy_rounds(ctx, out, offsets, d.peers),
-                   verify=lambda parity, extents: _check_sizes(ctx, counts, send.itemsize, d.peers, extents))
+                   verify=lambda in_slot, extents: _check_sizes(ctx, counts, send.itemsize, d.peers, extents))
     else:
-        parity = d.next_round()
+        in_slot = d.next_round()
         if r != root:
-            slots[parity][r][...] = send
+            slots[in_slot][r][...] = send
         d.start(ctx, send.nbytes)
         if r != root:
             return
@@ -163,5 +163,5 @@ def gather(ctx: Ctx, send: np.ndarray, out: np.ndarray | None, counts: Sequence[
         extents[root] = expected[root]  # the root sends nothing
         if extents != expected:
             _check_sizes(ctx, counts, send.itemsize, d.peers, extents)
-        _copy_slots(out, slots[parity], offsets, root)
+        _copy_slots(out, slots[in_slot], offsets, root)
     out[offsets[root]:offsets[root + 1]] = send

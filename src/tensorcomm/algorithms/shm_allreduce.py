@@ -86,8 +86,8 @@ class Direct:
     Attributes:
         d: the group's domain.
         red: the reduction.
-        rows: per slot parity, every member's slot as ``reduce_rows`` takes it.
-        mine: per slot parity, this member's slot (in the accumulation dtype).
+        rows: per IN slot, every member's slot as ``reduce_rows`` takes it.
+        mine: per IN slot, this member's slot (in the accumulation dtype).
         pair: the ufunc that reduces the two slots of ``rows`` straight into the caller's array
             in one call (two members, terms in the caller's dtype, no average, ``out``
             positional: ``reduce_rows``' two-member case), else None.
@@ -120,19 +120,19 @@ def direct(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
     """
     s: Direct = ctx.plan.state
     d, red = s.d, s.red
-    parity = d.next_round()
+    in_slot = d.next_round()
     if red.raw:
-        s.mine[parity][...] = x
+        s.mine[in_slot][...] = x
     else:
-        load(red, s.mine[parity], x)
+        load(red, s.mine[in_slot], x)
     d.start(ctx)  # no extent: nobody reads it for a reduction
     if root is None or root == d.rank:
         pair = s.pair
         if pair is not None:  # ``reduce_rows`` inline: the small-call path
-            rows = s.rows[parity]
+            rows = s.rows[in_slot]
             pair(rows[0], rows[1], x)
         else:
-            reduce_rows(red, s.rows[parity], x)
+            reduce_rows(red, s.rows[in_slot], x)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,8 +144,8 @@ class Split:
         red: the reduction.
         in_acc: ``red`` for results built in the accumulation dtype (this member's part).
         part: elements of each member's part.
-        parts: per slot parity, this member's part of every member's slot (``reduce_rows``' form).
-        mine: per slot parity, this member's slot.
+        parts: per IN slot, this member's part of every member's slot (``reduce_rows``' form).
+        mine: per IN slot, this member's slot.
         outs: every member's OUT region, one reduced part per row.
         my_out: this member's reduced part in its OUT region.
     """
@@ -167,8 +167,8 @@ class Pair(NamedTuple):
     Attributes:
         own: this member's part of the array, as element bounds.
         given: the peer's part, as element bounds: the only bytes this member publishes.
-        give: per slot parity, where the peer's part goes in this member's slot.
-        take: per slot parity, this member's part in the peer's slot.
+        give: per IN slot, where the peer's part goes in this member's slot.
+        take: per IN slot, this member's part in the peer's slot.
         first: this member is group rank 0 (its terms come first).
     """
 
@@ -181,7 +181,7 @@ class Pair(NamedTuple):
 
 def _pair(d: Any, red: Reduction, stacked: list[np.ndarray], count: int, part: int) -> Pair | None:
     """``Pair`` for an array (or chunk) of ``count`` elements in parts of ``part``, over the
-    slot views ``stacked`` (one per parity); None unless two members and raw terms."""
+    slot views ``stacked`` (one per IN slot); None unless two members and raw terms."""
     if d.size != 2 or not red.raw:
         return None
     r = d.rank
@@ -191,9 +191,9 @@ def _pair(d: Any, red: Reduction, stacked: list[np.ndarray], count: int, part: i
                 tuple(stacked[p][1 - r, own[0]:own[1]] for p in (0, 1)), r == 0)  # type: ignore[arg-type]
 
 
-def _reduce_pair(in_acc: Reduction, pair: Pair, parity: int, x: np.ndarray, out: np.ndarray) -> None:
+def _reduce_pair(in_acc: Reduction, pair: Pair, in_slot: int, x: np.ndarray, out: np.ndarray) -> None:
     """Reduce this member's part of ``x`` with the peer's terms for it, in member order."""
-    own, take = x[pair.own[0]:pair.own[1]], pair.take[parity]
+    own, take = x[pair.own[0]:pair.own[1]], pair.take[in_slot]
     reduce_rows(in_acc, (own, take) if pair.first else (take, own), out)  # type: ignore[arg-type]
 
 
@@ -221,15 +221,15 @@ def split(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
     """
     s: Split = ctx.plan.state
     d, pair = s.d, s.pair
-    parity = d.next_round()
+    in_slot = d.next_round()
     if pair is not None:
-        pair.give[parity][...] = x[pair.given[0]:pair.given[1]]
+        pair.give[in_slot][...] = x[pair.given[0]:pair.given[1]]
         d.start(ctx)
-        _reduce_pair(s.in_acc, pair, parity, x, s.my_out)
+        _reduce_pair(s.in_acc, pair, in_slot, x, s.my_out)
     else:
-        load(s.red, s.mine[parity], x)
+        load(s.red, s.mine[in_slot], x)
         d.start(ctx)
-        reduce_rows(s.in_acc, s.parts[parity], s.my_out)
+        reduce_rows(s.in_acc, s.parts[in_slot], s.my_out)
     d.post()
     d.wait(d.peers, d.posts, ctx)
     if root is None or root == d.rank:

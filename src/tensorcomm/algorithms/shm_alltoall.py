@@ -35,15 +35,15 @@ class AllToAll:
         expected: bytes this member expects from each member.
         send_offsets, recv_offsets: element bounds of the blocks of ``send`` and ``out``.
         uniform: when every block this member gets has one size and the call fits one slot:
-            where each member's header must place that block, and per slot parity each peer's
+            where each member's header must place that block, and per IN slot each peer's
             block in its slot, typed; else None.
-        outgoing: when this member's stream fits one slot, per slot parity the places of its
+        outgoing: when this member's stream fits one slot, per IN slot the places of its
             blocks for the peers in its slot, typed (the one-slot fast path); else None.
         nbytes: bytes of this member's stream (header included).
-        header_slots: per slot parity the place of this member's header in its slot.
-        places: per slot parity where each member's header places the block for this member:
+        header_slots: per IN slot the place of this member's header in its slot.
+        places: per IN slot where each member's header places the block for this member:
             columns ``rank, rank + 1`` of every member's header, as one strided view of the slots.
-        peer_place: on two members with ``uniform``, per slot parity those two words of the peer's
+        peer_place: on two members with ``uniform``, per IN slot those two words of the peer's
             header alone (a memoryview: read without a numpy call); else None.
     """
 
@@ -112,20 +112,20 @@ def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.n
     r, itemsize = d.rank, out.itemsize
     started = None
     if s.outgoing is not None and uniform is not None:  # one round, blocks of one size
-        started = parity = d.next_round()
-        s.header_slots[parity][...] = header
-        for j, place in zip(d.peers, s.outgoing[parity], strict=True):
+        started = in_slot = d.next_round()
+        s.header_slots[in_slot][...] = header
+        for j, place in zip(d.peers, s.outgoing[in_slot], strict=True):
             place[...] = send[send_offsets[j]:send_offsets[j + 1]]
         d.start(ctx, s.nbytes)
         # this member's stream fits one slot (``outgoing``): do the peers', with this member's
         # block where ``uniform`` has it (two members: one extent, the peer's two header words)?
         peer_place = s.peer_place
         if peer_place is not None:
-            fits = d.extent(1 - r, ctx) <= d.slot_bytes and peer_place[parity].tolist() == uniform[0][1 - r]
+            fits = d.extent(1 - r, ctx) <= d.slot_bytes and peer_place[in_slot].tolist() == uniform[0][1 - r]
         else:
-            fits = max(d.extents(ctx)) <= d.slot_bytes and s.places[parity].tolist() == uniform[0]
+            fits = max(d.extents(ctx)) <= d.slot_bytes and s.places[in_slot].tolist() == uniform[0]
         if fits:
-            for q, block in zip(d.peers, uniform[1][parity], strict=True):
+            for q, block in zip(d.peers, uniform[1][in_slot], strict=True):
                 out[recv_offsets[q]:recv_offsets[q + 1]] = block
             out[recv_offsets[r]:recv_offsets[r + 1]] = send[send_offsets[r]:send_offsets[r + 1]]
             return
@@ -133,10 +133,10 @@ def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.n
     taken: list[tuple[int, int, int]] = []  # (peer, start, stop) of this member's block in its stream
     whole: list[tuple[np.ndarray, ...]] = []  # each peer's block in its slot, when that applies
 
-    def verify(parity: int, extents: list[int]) -> None:
-        pairs = s.places[parity].tolist()  # where each member's block for r lies
+    def verify(in_slot: int, extents: list[int]) -> None:
+        pairs = s.places[in_slot].tolist()  # where each member's block for r lies
         if uniform is not None and pairs == uniform[0] and max(extents) <= d.slot_bytes:
-            whole.append(uniform[1][parity])
+            whole.append(uniform[1][in_slot])
             return
         sizes = [stop - start for start, stop in pairs]
         sizes[r] = expected[r]  # this member's own block does not travel
@@ -150,7 +150,7 @@ def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.n
             start = pairs[q][0] + header_bytes
             taken.append((q, start, start + sizes[q]))
 
-    def read(parity: int, lo: int, hi: int, journal: Journal | None) -> None:
+    def read(in_slot: int, lo: int, hi: int, journal: Journal | None) -> None:
         if whole:
             for q, slot in zip(d.peers, whole[0], strict=True):
                 out[recv_offsets[q]:recv_offsets[q + 1]] = slot
@@ -159,7 +159,7 @@ def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.n
             a, b = max(lo, start), min(hi, stop)
             if a < b:
                 base = recv_offsets[q] * itemsize
-                raw[base + a - start:base + b - start] = d.inbox[q][parity][a - lo:b - lo]
+                raw[base + a - start:base + b - start] = d.inbox[q][in_slot][a - lo:b - lo]
 
     blocks = [send[send_offsets[j]:send_offsets[j + 1]] for j in d.peers]
     run_rounds(ctx, Stream.of(blocks, start=header_bytes), read, verify=verify, header=header,

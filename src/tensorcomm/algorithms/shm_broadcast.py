@@ -30,7 +30,7 @@ class Broadcast:
 
     Attributes:
         d: the group's domain.
-        views: when the array fits one slot, per slot parity the root's slot as a typed view;
+        views: when the array fits one slot, per IN slot the root's slot as a typed view;
             else None.
         staged: the array fits the OUT region (``staged``); else it goes round by round.
     """
@@ -54,28 +54,28 @@ def broadcast(ctx: Ctx, x: np.ndarray, root: int) -> None:
     s: Broadcast = ctx.plan.state
     d, views = s.d, s.views
     if views is not None:  # one round, the root's slot read in place
-        parity = d.next_round()
+        in_slot = d.next_round()
         if d.rank == root:
-            views[parity][...] = x
+            views[in_slot][...] = x
         d.start(ctx)  # nobody reads extents in one round
         if d.rank != root:
-            x[...] = views[parity]
+            x[...] = views[in_slot]
         return
     if s.staged:
         staged(ctx, x, root)
         return
     if d.rank == root:
-        run_rounds(ctx, Stream.of([x]), lambda parity, lo, hi, journal: None)
+        run_rounds(ctx, Stream.of([x]), lambda in_slot, lo, hi, journal: None)
         return
     raw = x.view(np.uint8)
     source = d.inbox[root]
 
-    def read(parity: int, lo: int, hi: int, journal: Journal | None) -> None:
+    def read(in_slot: int, lo: int, hi: int, journal: Journal | None) -> None:
         b = min(hi, raw.size)
         if lo < b:
             if journal is not None:
                 journal.save(0, lo, b)
-            raw[lo:b] = source[parity][:b - lo]
+            raw[lo:b] = source[in_slot][:b - lo]
 
     run_rounds(ctx, Stream.of([]), read, [x])
 
@@ -123,7 +123,7 @@ class Scatter:
     Attributes:
         d: the group's domain.
         offsets: element bounds of each member's block of the root's ``send``.
-        views: when ``send`` fits one slot, per slot parity the root's slot and this member's
+        views: when ``send`` fits one slot, per IN slot the root's slot and this member's
             block of it, typed; else None (rounds).
     """
 
@@ -160,8 +160,8 @@ def scatter(ctx: Ctx, send: np.ndarray | None, out: np.ndarray, counts: Sequence
     r = d.rank
     itemsize = out.itemsize
     if views is not None:  # one round, the root's slot read in place
-        parity = d.next_round()
-        whole, block = views[parity]
+        in_slot = d.next_round()
+        whole, block = views[in_slot]
         if r == root:
             assert send is not None
             whole[...] = send
@@ -170,16 +170,16 @@ def scatter(ctx: Ctx, send: np.ndarray | None, out: np.ndarray, counts: Sequence
         return
     if r == root:
         assert send is not None
-        run_rounds(ctx, Stream.of([send]), lambda parity, lo, hi, journal: None)
+        run_rounds(ctx, Stream.of([send]), lambda in_slot, lo, hi, journal: None)
         out[...] = send[offsets[root]:offsets[root + 1]]
         return
     start, stop = offsets[r] * itemsize, offsets[r + 1] * itemsize
     raw = out.view(np.uint8)
     source = d.inbox[root]
 
-    def read(parity: int, lo: int, hi: int, journal: Journal | None) -> None:
+    def read(in_slot: int, lo: int, hi: int, journal: Journal | None) -> None:
         a, b = max(lo, start), min(hi, stop)
         if a < b:
-            raw[a - start:b - start] = source[parity][a - lo:b - lo]
+            raw[a - start:b - start] = source[in_slot][a - lo:b - lo]
 
     run_rounds(ctx, Stream.of([]), read)  # ``out`` is an output only: no journal

@@ -152,7 +152,7 @@ def run_rounds(ctx: Ctx, stream: Stream, read: Read, outputs: Sequence[np.ndarra
 
     Each round ``t`` covers bytes ``[t*S, (t+1)*S)`` of every stream (``S`` the slot size): this
     member writes its bytes of the round into its slot, posts, waits for every peer, then calls
-    ``read(parity, lo, hi, journal)`` to take what it needs from the peers' slots ``parity``. The
+    ``read(in_slot, lo, hi, journal)`` to take what it needs from the peers' slots ``in_slot``. The
     number of rounds comes from the longest stream any member announced (its *extent*), so
     members need not know each other's stream lengths in advance.
 
@@ -160,11 +160,11 @@ def run_rounds(ctx: Ctx, stream: Stream, read: Read, outputs: Sequence[np.ndarra
         read: must ``journal.save`` what it is about to overwrite in ``outputs`` when ``journal``
             is not None (the call spans several rounds, so a later round could still fail).
         outputs: the caller's arrays ``read`` writes into; restored if a later round fails.
-        verify: called with the first round's slot parity and every member's extent once all
+        verify: called with the first round's IN slot and every member's extent once all
             have arrived, before anything is read (size checks).
         header: bytes written at the start of the first round, before the stream (whose offsets
             must leave room for it); peers read it in the first round.
-        started: the slot parity of a first round the caller already wrote and started (with
+        started: the IN slot of a first round the caller already wrote and started (with
             ``stream.nbytes`` as its extent), as a fast path that found it needs more.
     """
     d = ctx.team.shm
@@ -173,16 +173,16 @@ def run_rounds(ctx: Ctx, stream: Stream, read: Read, outputs: Sequence[np.ndarra
     size = d.slot_bytes
     mine = d.inbox[d.rank]
     if started is None:
-        parity = d.next_round()
+        in_slot = d.next_round()
         if header is not None:
-            mine[parity][:header.size] = header
-        stream.write(mine[parity], 0, size)
+            mine[in_slot][:header.size] = header
+        stream.write(mine[in_slot], 0, size)
         d.start(ctx, stream.nbytes)
     else:
-        parity = started
+        in_slot = started
     extents = d.extents(ctx)
     if verify is not None:
-        verify(parity, extents)
+        verify(in_slot, extents)
     rounds = max(1, -(-max(extents) // size))
     journal = Journal(d, outputs) if rounds > 1 and outputs else None
     base = d.posts - 1
@@ -191,11 +191,11 @@ def run_rounds(ctx: Ctx, stream: Stream, read: Read, outputs: Sequence[np.ndarra
         for t in range(rounds):
             lo = t * size
             if t:
-                parity = d.next_round()
-                stream.write(mine[parity], lo, lo + size)
+                in_slot = d.next_round()
+                stream.write(mine[in_slot], lo, lo + size)
                 d.post()
                 d.wait(peers, base + t + 1, ctx)
-            read(parity, lo, lo + size, journal)
+            read(in_slot, lo, lo + size, journal)
     except BaseException:
         if journal is not None:
             journal.restore()

@@ -31,10 +31,10 @@ class ReduceScatter:
         red: the reduction (the plan's).
         offsets: element bounds of each member's block.
         pair: two members (``_pair``).
-        rows: when the input fits one slot, per slot parity: on two members (this member's
+        rows: when the input fits one slot, per IN slot: on two members (this member's
             published block, the peer's block for it), typed; on more, block ``rank`` of every
             member's slot as one strided array. Else None (rounds).
-        mine: on more than two members, per slot parity this member's slot (the whole input), when
+        mine: on more than two members, per IN slot this member's slot (the whole input), when
             it fits; else None.
         plain: two members, one round, the caller's bytes are the terms (``red.raw``), no AVG
             division, and ``red.ufunc`` takes ``out`` positionally: a call is one copy into the
@@ -103,10 +103,10 @@ def reduce_scatter(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence
     d, red, offsets, rows, mine = s.d, s.red, s.offsets, s.rows, s.mine
     r = d.rank
     if rows is not None:  # one round: every member's block r, reduced in one call
-        parity = d.next_round()
-        load(red, mine[parity], send)
+        in_slot = d.next_round()
+        load(red, mine[in_slot], send)
         d.start(ctx)  # nobody reads extents in one round
-        reduce_rows(red, rows[parity], out)
+        reduce_rows(red, rows[in_slot], out)
         return
     terms = send
     if not red.raw:  # terms travel in the accumulation dtype, premultiplied
@@ -115,10 +115,10 @@ def reduce_scatter(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence
     itemsize = red.acc.itemsize
     start, stop = offsets[r] * itemsize, offsets[r + 1] * itemsize
 
-    def read(parity: int, lo: int, hi: int, journal: Journal | None) -> None:
+    def read(in_slot: int, lo: int, hi: int, journal: Journal | None) -> None:
         a, b = max(lo, start), min(hi, stop)
         if a < b:
-            window = d.stacked(parity, red.acc, (b - a) // itemsize, offset=a - lo)
+            window = d.stacked(in_slot, red.acc, (b - a) // itemsize, offset=a - lo)
             reduce_rows(red, window, out[(a - start) // itemsize:(b - start) // itemsize])
 
     run_rounds(ctx, Stream.of([terms]), read)  # ``out`` is an output only: no journal
@@ -137,8 +137,8 @@ def _pair(ctx: Ctx, s: ReduceScatter, send: np.ndarray, out: np.ndarray) -> None
         load(red, terms, own)
         own = terms
     if views is not None:  # one round
-        parity = d.next_round()
-        mine, theirs = views[parity]
+        in_slot = d.next_round()
+        mine, theirs = views[in_slot]
         load(red, mine, given)
         d.start(ctx)  # nobody reads extents in one round
         reduce_rows(red, (own, theirs) if r == 0 else (theirs, own), out)  # type: ignore[arg-type]
@@ -151,11 +151,11 @@ def _pair(ctx: Ctx, s: ReduceScatter, send: np.ndarray, out: np.ndarray) -> None
     stop = own.size * itemsize
     source = d.inbox[peer]
 
-    def read(parity: int, lo: int, hi: int, journal: Journal | None) -> None:
+    def read(in_slot: int, lo: int, hi: int, journal: Journal | None) -> None:
         b = min(hi, stop)
         if lo < b:
             i, j = lo // itemsize, b // itemsize
-            theirs = source[parity][:b - lo].view(red.acc)
+            theirs = source[in_slot][:b - lo].view(red.acc)
             reduce_rows(red, (own[i:j], theirs) if r == 0 else (theirs, own[i:j]),  # type: ignore[arg-type]
                         out[i:j])
 

@@ -15,7 +15,7 @@ A member writes only its own IN slots and OUT region (and its own control line);
 everyone's. The members are laid out at one stride, so the same slot of every member is one
 strided ``(members, count)`` array (``stacked``): a reduction over all of them is one numpy call,
 whatever the number of members. IN slots alternate by *round*: ``next_round`` hands out the
-parity of each round a call uses, the only place rounds advance, in step on every member, so a
+IN slot (0 or 1) of each round a call uses, the only place rounds advance, in step on every member, so a
 member can fill its next slot while slower peers still read the previous one: the algorithms'
 invariant (docs/transports.md) is that a member writes slot ``p`` of round ``g`` only after
 every peer has posted in round ``g - 1``, hence finished reading round ``g - 2``.
@@ -127,19 +127,20 @@ class ShmDomain:
         return self.slots.failure
 
     def next_round(self) -> int:
-        """The IN slot parity of this call's next round; advances the round count (every member
+        """Which IN slot (0 or 1) this call's next round uses; advances the round count (every member
         calls it alike: rounds advance nowhere else)."""
-        parity = self._round & 1
+        in_slot = self._round & 1
         self._round += 1
-        return parity
+        return in_slot
 
-    def stacked(self, parity: int, dtype: np.dtype, count: int, offset: int = 0,
+    def stacked(self, in_slot: int, dtype: np.dtype, count: int, offset: int = 0,
                 region: str = "in") -> np.ndarray:
-        """Every member's IN slot ``parity`` (or OUT region: ``region="out"``) from byte
+        """Every member's IN slot ``in_slot`` (or OUT region: ``region="out"``) from byte
         ``offset`` on, as one ``(size, count)`` array of ``dtype``: row ``q`` is member ``q``'s."""
         if count * dtype.itemsize + offset > (self.slot_bytes if region == "in" else self.out_bytes):
             raise ValueError(f"{count} x {dtype} from byte {offset} do not fit one {region} region")
-        start = self._control + offset + (parity * self.slot_bytes if region == "in" else 2 * self.slot_bytes)
+        region_start = in_slot * self.slot_bytes if region == "in" else 2 * self.slot_bytes
+        start = self._control + offset + region_start
         return np.ndarray((self.size, count), dtype=dtype, buffer=self._raw, offset=start,
                           strides=(self._member, dtype.itemsize))
 

@@ -215,7 +215,7 @@ class Slots:
         self._my_sleepers = base[rank] + R_SLEEPERS
         self._my_entry = self._entry[rank]
         self._my_signature_byte = tuple(8 * (base[rank] + s) for s in R_SIGNATURE)
-        self._written: list[tuple[object, int]] = [(None, 0), (None, 0)]  # per entry parity
+        self._written: list[tuple[object, int]] = [(None, 0), (None, 0)]  # per step parity
         self._liveness = _Liveness({q: pids[q] for q in self.peers})
         self.posts = 0
         self.failure: BaseException | None = None  # set by fail() or abort(), from any thread
@@ -239,11 +239,11 @@ class Slots:
         if self.failure is not None or words[H_FAULT]:
             raise self.refusal()
         seq, signature = ctx.seq, ctx.signature
-        parity = seq & 1
-        written = self._written[parity]  # (signature, its hash) last announced with this parity
-        digest = written[1] if signature is written[0] else self._announce_signature(parity, signature)
+        step_parity = seq & 1
+        written = self._written[step_parity]  # (signature, its hash) last announced with this step parity
+        digest = written[1] if signature is written[0] else self._announce_signature(step_parity, signature)
         token = digest ^ seq
-        entry = self._my_entry[parity]
+        entry = self._my_entry[step_parity]
         words[entry] = seq
         words[entry + 1] = token
         if extent is not None:
@@ -256,15 +256,15 @@ class Slots:
             if words[word] < target:
                 self._block(self.peers, target, ctx)
                 break
-        for word in self._peer_tokens[parity]:
+        for word in self._peer_tokens[step_parity]:
             if words[word] != token:
                 raise self._mismatch(word, ctx)
 
-    def _announce_signature(self, parity: int, signature: Sequence[int]) -> int:
-        """Write ``signature`` beside the announcements of this parity; return its hash."""
-        SIGNATURE.pack_into(self.bytes, self._my_signature_byte[parity], *signature)
+    def _announce_signature(self, step_parity: int, signature: Sequence[int]) -> int:
+        """Write ``signature`` beside the announcements of this step parity; return its hash."""
+        SIGNATURE.pack_into(self.bytes, self._my_signature_byte[step_parity], *signature)
         digest = hash(tuple(signature))
-        self._written[parity] = (signature, digest)
+        self._written[step_parity] = (signature, digest)
         return digest
 
     def post(self) -> None:
@@ -295,8 +295,8 @@ class Slots:
 
     def extents(self, ctx: CallInfo) -> list[int]:
         """Every member's announced extent for this call, in group-rank order."""
-        words, parity = self.words, ctx.seq & 1
-        return [words[entry[parity] + 2] for entry in self._entry]
+        words, step_parity = self.words, ctx.seq & 1
+        return [words[entry[step_parity] + 2] for entry in self._entry]
 
     def counter(self, rank: int) -> int:
         return self.words[self.counter_word[rank]]
@@ -307,9 +307,9 @@ class Slots:
 
     def _mismatch(self, token_word: int, ctx: CallInfo) -> CollectiveMismatchError:
         q = next(q for q in self.peers if token_word - 1 in self._entry[q])
-        seq, parity = ctx.seq, ctx.seq & 1
+        seq, step_parity = ctx.seq, ctx.seq & 1
         theirs_seq = self.words[token_word - 1]
-        theirs = SIGNATURE.unpack_from(self.bytes, 8 * (self._base[q] + R_SIGNATURE[parity]))
+        theirs = SIGNATURE.unpack_from(self.bytes, 8 * (self._base[q] + R_SIGNATURE[step_parity]))
         me, them = self.global_ranks[self.rank], self.global_ranks[q]
         if theirs_seq != seq:
             return CollectiveMismatchError(
