@@ -164,7 +164,7 @@ def read_json(path: str) -> Any:
     try:
         text = private.read_trusted(path, "tuning file", follow=True)
     except private.Untrusted as exc:
-        raise Ignored("unsafe", f"{exc}") from None
+        raise Ignored("unsafe", exc.reason) from None
     except OSError as exc:
         if isinstance(exc, FileNotFoundError):
             raise

@@ -67,7 +67,12 @@ def unsafe(info: os.stat_result, directory: bool, shared_reading: bool = False) 
 
 
 class Untrusted(PermissionError):
-    """A file or directory another user could have planted, changed or linked: refused."""
+    """A file or directory another user could have planted, changed or linked: refused.
+    ``reason``: what is wrong with it and what follows, without its name."""
+
+    def __init__(self, what: str, path: str, reason: str) -> None:
+        super().__init__(f"{what} {path}: {reason}")
+        self.reason = reason
 
 
 def trusted_dir(path: str, create: bool = False, what: str = "directory") -> int:
@@ -86,14 +91,14 @@ def trusted_dir(path: str, create: bool = False, what: str = "directory") -> int
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(path):
-            raise Untrusted(f"{what} {path}: is a symbolic link; refusing to follow it (another "
-                            f"user may have planted it)") from None
+            raise Untrusted(what, path, "is a symbolic link; refusing to follow it (another user "
+                            "may have planted it)") from None
         raise
     problem = unsafe(os.fstat(fd), directory=True, shared_reading=True)
     if problem is not None:
         os.close(fd)
-        raise Untrusted(f"{what} {path}: {problem}; refusing to use it: it must be a directory "
-                        f"that only this user (uid {os.geteuid()}) may write in")
+        raise Untrusted(what, path, f"{problem}; refusing to use it: it must be a directory that "
+                                    f"only this user (uid {os.geteuid()}) may write in")
     return fd
 
 
@@ -114,14 +119,14 @@ def read_trusted(path: str, what: str = "file", dir_fd: int | None = None, shown
         fd = os.open(path, flags, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP and not follow:
-            raise Untrusted(f"{what} {shown}: is a symbolic link; refusing to follow it (another "
-                            f"user may have planted it)") from None
+            raise Untrusted(what, shown, "is a symbolic link; refusing to follow it (another user "
+                            "may have planted it)") from None
         raise
     try:
         problem = unsafe(os.fstat(fd), directory=False, shared_reading=True)
         if problem is not None:
-            raise Untrusted(f"{what} {shown}: {problem}; refusing to trust it (another user may "
-                            f"have planted or changed it)")
+            raise Untrusted(what, shown, f"{problem}; refusing to trust it (another user may have "
+                                         f"planted or changed it)")
         chunks = []
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)
