@@ -4,7 +4,10 @@
 file once per process (``read``), when the first plan is made; plans are kept per call shape, so
 selection and this file stay off the per-call path. A file is used only if it was written by this format
 and this tensorcomm version (else *stale*) on a host with this fingerprint (else *foreign*: CPU
-model, cores, memory) and parses as below (else *malformed*); otherwise a RuntimeWarning names
+model, cores, memory), parses as below (else *malformed*) and is owned by this user (or root)
+with no write permission for anyone else (else *unsafe*: another user could have planted or
+changed it to steer every job's algorithms; a link is followed and where it leads is checked);
+otherwise a RuntimeWarning names
 the file and the reason and the built-in thresholds apply. Where it lives: ``TENSORCOMM_TUNING_FILE``
 (a path, or ``off``), else ``tuning-<fingerprint hash>.json`` in the per-user cache directory
 (``discovery.tuning_location``), so hosts of different kinds can share a home directory.
@@ -38,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..config import VERSION
-from ..rendezvous import discovery
+from ..rendezvous import discovery, private
 from ..transports.tcp.transport import TcpTransport
 from .base import Team
 
@@ -52,7 +55,8 @@ Table = dict[tuple[str, str], dict[int, Rows]]
 
 
 class Ignored(Exception):
-    """Why a tuning file is not used: ``kind`` is ``stale``, ``foreign`` or ``malformed``."""
+    """Why a tuning file is not used: ``kind`` is ``stale``, ``foreign``, ``malformed`` or
+    ``unsafe``."""
 
     def __init__(self, kind: str, reason: str) -> None:
         super().__init__(f"{kind}: {reason}")
@@ -148,25 +152,37 @@ def parse(data: Any, known: Mapping[str, Sequence[str]]) -> Table:
     return table
 
 
-def load(path: str, known: Mapping[str, Sequence[str]]) -> Table:
-    """Read and check the tuning file at ``path`` (see ``parse``).
+def read_json(path: str) -> Any:
+    """The JSON in the tuning file at ``path``, if this user (or root) owns it and nobody else
+    may write to it (a link is followed; where it leads is checked).
 
     Raises:
         FileNotFoundError: there is none.
-        Ignored: it cannot be used; the message says why.
+        Ignored: it is *unsafe* (another user could have planted or changed it) or *malformed*
+            (unreadable, not JSON); the message says why.
     """
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = private.read_trusted(path, "tuning file", follow=True)
+    except private.Untrusted as exc:
+        raise Ignored("unsafe", exc.reason) from None
     except OSError as exc:
         if isinstance(exc, FileNotFoundError):
             raise
         raise Ignored("malformed", f"cannot be read ({exc.strerror or exc})") from None
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except ValueError as exc:
         raise Ignored("malformed", f"not JSON ({exc})") from None
-    return parse(data, known)
+
+
+def load(path: str, known: Mapping[str, Sequence[str]]) -> Table:
+    """Read (``read_json``) and check (``parse``) the tuning file at ``path``.
+
+    Raises:
+        FileNotFoundError: there is none.
+        Ignored: it cannot be used; the message says why.
+    """
+    return parse(read_json(path), known)
 
 
 def read(known: Mapping[str, Sequence[str]], environ: Mapping[str, str] | None = None) -> Table | None:

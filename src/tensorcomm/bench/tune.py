@@ -27,6 +27,7 @@ from .. import __version__, config
 from ..algorithms import select, tuning
 from ..algorithms.base import Team
 from ..launch.env import LaunchConfigError
+from ..rendezvous import private
 from ..transports.shm.domain import SLOT_BYTES
 from . import check, runner
 from .control import JobFailed
@@ -233,21 +234,26 @@ def _existing(path: str) -> list[dict[str, Any]]:
     """The choices of a usable file at ``path`` (kept where this run does not measure)."""
     known = {c: select.names(c) for c in select.collectives()}
     try:
-        tuning.load(path, known)
-        with open(path, encoding="utf-8") as f:
-            return list(json.load(f)["choices"])
+        data = tuning.read_json(path)
+        tuning.parse(data, known)
+        return list(data["choices"])
     except (FileNotFoundError, tuning.Ignored):
         return []
 
 
 def _write(path: str, choices: list[dict[str, Any]], measured: list[dict[str, Any]]) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    """Replace the file at ``path`` (never following a link there; readers see the old file or
+    the new one, never half of one), in a directory only this user may write in (made 0700 if
+    missing; else a PermissionError says why)."""
     data = {"format": tuning.FORMAT, "tensorcomm": __version__, "host": tuning.fingerprint(),
             "choices": choices, "measured": measured}
-    temporary = f"{path}.{os.getpid()}.tmp"
-    with open(temporary, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-    os.replace(temporary, path)  # readers see the old file or the new one, never half of one
+    dir_fd = private.trusted_dir(os.path.dirname(os.path.abspath(path)), create=True,
+                                 what="tuning file directory")
+    try:
+        private.write_replacing(dir_fd, os.path.basename(path),
+                                json.dumps(data, indent=1).encode(), 0o644)
+    finally:
+        os.close(dir_fd)
 
 
 def _tune(args: argparse.Namespace, path: str, work: list[tuple[str, int, str, list[str]]]) -> int:
@@ -318,7 +324,13 @@ def main(args: argparse.Namespace) -> int:
         _say("tune: nothing to choose between for these collectives and transports")
         return 0
     try:
+        if not args.check:  # refused before measuring, not after
+            os.close(private.trusted_dir(os.path.dirname(os.path.abspath(path)), create=True,
+                                         what="tuning file directory"))
         return _check(args, path, work) if args.check else _tune(args, path, work)
     except JobFailed as exc:
         _say(f"tune: a job failed: {exc}")
+        return 1
+    except private.Untrusted as exc:
+        _say(f"tune: {exc}")
         return 1

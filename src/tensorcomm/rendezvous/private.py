@@ -1,7 +1,9 @@
 """Files only this user can reach: the trust check for them, and generated job secrets kept in them.
 
 Owns :func:`unsafe` (what makes a file or directory someone else could have read, written or
-planted), :class:`SecretDir` (the directory generated secrets live in) and :class:`SecretFile`
+planted), the checked reads and writes of files that are not secret but must not be planted
+(:func:`trusted_dir`, :func:`read_trusted`, :func:`write_replacing`: flight records, timelines,
+the tuning file), :class:`SecretDir` (the directory generated secrets live in) and :class:`SecretFile`
 (one such secret, removed by its writer). Imports ``errors`` only.
 
 Why files: a job started without ``TENSORCOMM_SECRET`` on one host still needs a key strangers
@@ -44,19 +46,129 @@ _MAX_SECRET_BYTES = 4096
 _PROBE_BYTES = 64  # a secret file's size: what the probe writes
 
 
-def unsafe(info: os.stat_result, directory: bool) -> str | None:
-    """Why ``info`` (from ``fstat``) is not this user's private file or directory, or None if it is."""
+def unsafe(info: os.stat_result, directory: bool, shared_reading: bool = False) -> str | None:
+    """Why ``info`` (from ``fstat``) is not this user's private file or directory, or None if it is.
+
+    ``shared_reading``: others may read it, as long as only this user (or root, who can change
+    anything anyway) owns it and only its owner may write to it: for records and settings that
+    are not secret but must not be planted or changed by someone else.
+    """
     if directory and not stat.S_ISDIR(info.st_mode):
         return "is not a directory"
     if not directory and not stat.S_ISREG(info.st_mode):
         return "is not a regular file"
     euid = os.geteuid()
-    if info.st_uid != euid:
+    if info.st_uid != euid and not (shared_reading and info.st_uid == 0):
         return f"is owned by uid {info.st_uid}, not by this user (uid {euid})"
-    if info.st_mode & 0o077:
+    if info.st_mode & (0o022 if shared_reading else 0o077):
         return (f"has mode {stat.S_IMODE(info.st_mode):04o}: group or other users have "
-                f"permission bits on it")
+                f"{'write ' if shared_reading else ''}permission bits on it")
     return None
+
+
+class Untrusted(PermissionError):
+    """A file or directory another user could have planted, changed or linked: refused.
+    ``reason``: what is wrong with it and what follows, without its name."""
+
+    def __init__(self, what: str, path: str, reason: str) -> None:
+        super().__init__(f"{what} {path}: {reason}")
+        self.reason = reason
+
+
+def trusted_dir(path: str, create: bool = False, what: str = "directory") -> int:
+    """Open the directory ``path`` (made mode 0700, with its parents, if ``create`` and missing)
+    and return its descriptor, if it is this user's (or root's) and nobody else may write in it.
+
+    Raises:
+        Untrusted: it is a link, or someone else owns it or may write in it; the message names
+            ``what`` and ``path`` and says why.
+        OSError: it cannot be created or opened.
+    """
+    if create and not os.path.lexists(path):
+        with contextlib.suppress(FileExistsError):  # made by a rank beside us: checked next
+            os.makedirs(path, 0o700)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(path):
+            raise Untrusted(what, path, "is a symbolic link; refusing to follow it (another user "
+                            "may have planted it)") from None
+        raise
+    problem = unsafe(os.fstat(fd), directory=True, shared_reading=True)
+    if problem is not None:
+        os.close(fd)
+        raise Untrusted(what, path, f"{problem}; refusing to use it: it must be a directory that "
+                                    f"only this user (uid {os.geteuid()}) may write in")
+    return fd
+
+
+def read_trusted(path: str, what: str = "file", dir_fd: int | None = None, shown: str | None = None,
+                 follow: bool = False) -> bytes:
+    """The contents of the regular file ``path`` (relative to ``dir_fd`` if given; ``shown``: its
+    full path, for messages), if this user (or root) owns it and nobody else may write to it; a
+    link is refused unless ``follow`` (then what it leads to is checked).
+
+    Raises:
+        Untrusted: it is a link (not ``follow``), not a regular file, someone else's, or
+            writable by others; the message names ``what`` and the path and says why.
+        OSError: it cannot be opened or read (FileNotFoundError: there is none).
+    """
+    shown = path if shown is None else shown
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise Untrusted(what, shown, "is a symbolic link; refusing to follow it (another user "
+                            "may have planted it)") from None
+        raise
+    try:
+        problem = unsafe(os.fstat(fd), directory=False, shared_reading=True)
+        if problem is not None:
+            raise Untrusted(what, shown, f"{problem}; refusing to trust it (another user may have "
+                                         f"planted or changed it)")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def create_replacing(dir_fd: int, name: str, mode: int = 0o600) -> int:
+    """A new file, open for writing, that has just replaced ``name`` in the directory ``dir_fd``
+    (a link or a stranger's file of that name is replaced, never followed or written to)."""
+    temporary = f".{name}.{secrets.token_hex(8)}"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 mode, dir_fd=dir_fd)
+    try:
+        os.rename(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(temporary, dir_fd=dir_fd)
+        raise
+    return fd
+
+
+def write_replacing(dir_fd: int, name: str, data: bytes, mode: int = 0o600) -> None:
+    """Write ``data`` to ``name`` in the directory ``dir_fd`` all at once: it is written under a
+    temporary name and renamed into place, so a reader sees the old file or the new one."""
+    temporary = f".{name}.{secrets.token_hex(8)}"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 mode, dir_fd=dir_fd)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.rename(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary, dir_fd=dir_fd)
+        raise
 
 
 def default_dir() -> str:

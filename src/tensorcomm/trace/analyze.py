@@ -27,6 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..rendezvous import private
+
 RECORD = re.compile(r"rank(\d+)\.json$")
 
 
@@ -73,13 +75,20 @@ def load(directory: str | os.PathLike[str]) -> dict[int, dict[str, Any]]:
 
     Raises:
         FileNotFoundError: the directory holds no record.
+        private.Untrusted: the directory or a record is a link, or another user owns it or may
+            write to it (a planted record would blame the wrong rank).
     """
     records = {}
-    for name in sorted(os.listdir(directory)):
-        match = RECORD.match(name)
-        if match:
-            with open(os.path.join(directory, name)) as f:
-                records[int(match.group(1))] = json.load(f)
+    shown = os.fspath(directory)
+    dir_fd = private.trusted_dir(shown, what="flight record directory")
+    try:
+        for name in sorted(os.listdir(dir_fd)):
+            match = RECORD.match(name)
+            if match:
+                text = private.read_trusted(name, "flight record", dir_fd, os.path.join(shown, name))
+                records[int(match.group(1))] = json.loads(text)
+    finally:
+        os.close(dir_fd)
     if not records:
         raise FileNotFoundError(f"no flight record (rank<R>.json) in {os.fspath(directory)}")
     return records

@@ -82,8 +82,13 @@ def start(directory: str | os.PathLike[str]) -> str:
     it). It runs a few barriers on the world to measure the ranks' clock offsets. A timeline
     already being written is finished first.
 
+    The directory is made (mode 0700) if missing; one that is a link, or that another user owns
+    or may write in, is refused (docs/security.md). The file is new (mode 0600): a link or
+    another user's file at its name is replaced, never followed.
+
     Raises:
         RuntimeError: tensorcomm is not initialised.
+        PermissionError: the directory is not this user's alone to write in (the message says why).
     """
     barrier, rank, size = _world
     if barrier is None or rank is None:
@@ -94,14 +99,21 @@ def start(directory: str | os.PathLike[str]) -> str:
         barrier()
         stamps.append(time.time_ns())
     global _out, _rank
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(os.fspath(directory), f"rank{rank}.trace.json")
+    from ..rendezvous import private
+
+    file_name = f"rank{rank}.trace.json"
+    path = os.path.join(os.fspath(directory), file_name)
+    dir_fd = private.trusted_dir(os.fspath(directory), create=True, what="timeline directory")
+    try:  # a new file of ours: a link or a stranger's file at that name is replaced, not followed
+        fd = private.create_replacing(dir_fd, file_name)
+    finally:
+        os.close(dir_fd)
     header = {"format": FORMAT, "rank": rank, "world_size": size, "pid": os.getpid(),
               "clock_sync_ns": stamps}
     with _lock:
         _rank = rank
         _prefixes.clear()
-        _out = open(path, "w")  # noqa: SIM115 - closed by stop()
+        _out = os.fdopen(fd, "w")
         name = {"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}}
         _out.write('{"tensorcomm": ' + json.dumps(header) + ',\n"traceEvents": [\n')
         _out.write(json.dumps(name) + ",\n")

@@ -15,18 +15,23 @@ import re
 import statistics
 from typing import Any
 
+from ..rendezvous import private
+
 TIMELINE = re.compile(r"rank(\d+)\.trace\.json$")
 MERGED = "merged.trace.json"
 
 
-def read(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """One rank's timeline; a file cut short (the rank died) is closed and read as far as it goes.
+def read(path: str | os.PathLike[str], dir_fd: int | None = None) -> dict[str, Any]:
+    """One rank's timeline (``dir_fd``: the checked directory it is in); a file cut short (the
+    rank died) is closed and read as far as it goes.
 
     Raises:
         ValueError: the file is not a tensorcomm timeline.
+        private.Untrusted: it is a link, or another user owns it or may write to it.
     """
-    with open(path) as f:
-        text = f.read()
+    raw = private.read_trusted(os.path.basename(path), "timeline", dir_fd, os.fspath(path)) \
+        if dir_fd is not None else private.read_trusted(os.fspath(path), "timeline")
+    text = raw.decode("utf-8", errors="replace")
     try:
         data: dict[str, Any] = json.loads(text)
     except json.JSONDecodeError:
@@ -45,17 +50,37 @@ def merge(directory: str | os.PathLike[str],
     """Merge the ``rank<R>.trace.json`` files in ``directory`` into ``output`` (default
     ``<directory>/merged.trace.json``); return its path and each rank's clock offset in µs.
 
+    Only a directory and files this user owns and nobody else may write are read, and the
+    result replaces ``output`` (never follows a link there) in such a directory (docs/security.md).
+
     Raises:
         FileNotFoundError: no timeline in ``directory``.
         ValueError: a file is not a timeline.
+        private.Untrusted: a directory or file is a link, or another user owns it or may write it.
     """
     ranks = {}
-    for name in sorted(os.listdir(directory)):
-        match = TIMELINE.match(name)
-        if match:
-            ranks[int(match.group(1))] = read(os.path.join(directory, name))
+    dir_fd = private.trusted_dir(os.fspath(directory), what="timeline directory")
+    try:
+        for name in sorted(os.listdir(dir_fd)):
+            match = TIMELINE.match(name)
+            if match:
+                ranks[int(match.group(1))] = read(os.path.join(directory, name), dir_fd)
+    finally:
+        os.close(dir_fd)
     if not ranks:
         raise FileNotFoundError(f"no timeline (rank<R>.trace.json) in {os.fspath(directory)}")
+    merged, offsets = _combine(ranks)
+    path = os.fspath(output) if output is not None else os.path.join(directory, MERGED)
+    out_fd = private.trusted_dir(os.path.dirname(os.path.abspath(path)), what="output directory")
+    try:
+        private.write_replacing(out_fd, os.path.basename(path), json.dumps(merged).encode())
+    finally:
+        os.close(out_fd)
+    return path, offsets
+
+
+def _combine(ranks: dict[int, dict[str, Any]]) -> tuple[dict[str, Any], dict[int, float]]:
+    """The merged trace of the ranks' timelines, and each rank's clock offset in µs."""
     reference = ranks[min(ranks)]["tensorcomm"]["clock_sync_ns"]
     origin = reference[0] / 1000
     offsets: dict[int, float] = {}
@@ -69,9 +94,6 @@ def merge(directory: str | os.PathLike[str],
             if "ts" in event:
                 event = {**event, "ts": round(event["ts"] - shift, 3)}
             events.append(event)
-    path = os.fspath(output) if output is not None else os.path.join(directory, MERGED)
-    with open(path, "w") as out:
-        json.dump({"traceEvents": events, "displayTimeUnit": "ns",
-                   "otherData": {"clock_offsets_us": {str(r): o for r, o in offsets.items()},
-                                  "origin_us": origin}}, out)
-    return path, offsets
+    return {"traceEvents": events, "displayTimeUnit": "ns",
+            "otherData": {"clock_offsets_us": {str(r): o for r, o in offsets.items()},
+                          "origin_us": origin}}, offsets

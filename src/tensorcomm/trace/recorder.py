@@ -325,9 +325,12 @@ _world_size: int | None = None
 
 def dump(reason: str) -> str | None:
     """Write the recorded calls to ``<dump_dir()>/rank<R>.json`` (R: the global rank, else the
-    process id); return the path, or None if the recorder is off or writing failed (logged)."""
+    process id; mode 0600); return the path, or None if the recorder is off or writing failed
+    (logged; so is a directory another user owns or may write in: it is not written to)."""
     if not _size:
         return None
+    from ..rendezvous import private
+
     rank, size = _rank, _world_size
     with _lock:
         entries = [call.to_json() for call in calls()]
@@ -341,16 +344,12 @@ def dump(reason: str) -> str | None:
         directory = dump_dir()
         name = f"rank{rank}.json" if rank is not None else f"pid{os.getpid()}.json"
         path = os.path.join(directory, name)
-        try:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-            handle, temporary = tempfile.mkstemp(prefix=f".{name}.", dir=directory)  # never a link
+        try:  # only into a directory no one else may write in (private.py): never planted
+            dir_fd = private.trusted_dir(directory, create=True, what="flight record directory")
             try:
-                with os.fdopen(handle, "w") as out:
-                    json.dump(record, out, indent=1)
-                os.replace(temporary, path)
-            except BaseException:
-                os.unlink(temporary)
-                raise
+                private.write_replacing(dir_fd, name, json.dumps(record, indent=1).encode())
+            finally:
+                os.close(dir_fd)
         except OSError as exc:
             log.warning("tensorcomm: could not write the flight record to %s: %s", path, exc)
             return None
