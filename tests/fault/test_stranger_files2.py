@@ -1,0 +1,83 @@
+"""Another local user against the files the launcher, the benchmark and the flight recorder's
+default directory write (docs/security.md); the companion of test_stranger_files.py.
+
+The stranger is ``nobody`` (uid 65534, no groups), running plain shell commands: it makes
+directories and links first at predictable paths in a world-writable sticky directory like /tmp.
+Those tests need root to act as ``nobody``; they skip otherwise. The tests that plant a link in
+this user's own directory run as anyone.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from test_stranger_files import NOBODY, PRECIOUS, sticky, stranger, victim  # same directory
+
+from tensorcomm.launch import spawner
+
+__all__ = ["sticky"]  # a fixture: used by name
+
+pytestmark = [pytest.mark.fault, pytest.mark.timeout(120)]
+
+
+# --- tensorcomm run --log-dir ---
+
+def _run_logged(log_dir: Path, ran: Path) -> tuple[int, str]:
+    """One rank that prints a line and touches ``ran``, logged to ``log_dir``: (code, stderr)."""
+    code = f"open({str(ran)!r}, 'w').close(); print('rank output')"
+    specs = [spawner.RankSpec(0, [sys.executable, "-c", code], dict(os.environ))]
+    out, err = io.StringIO(), io.StringIO()
+    result = spawner.run_ranks(specs, timeout=20, stdout=out, stderr=err,
+                               output=spawner.Output(log_dir=str(log_dir)))
+    return result, err.getvalue()
+
+
+@pytest.mark.spawns
+@pytest.mark.parametrize("mode", ["0777", "0755"])
+def test_a_log_directory_another_user_owns_is_refused_before_any_rank_starts(
+        sticky: Path, tmp_path: Path, mode: str) -> None:
+    target = victim(sticky)
+    logs = sticky / "logs"
+    stranger("mkdir", "-m", mode, str(logs))  # 0755: the stranger reads every rank's output
+    stranger("ln", "-s", str(target), str(logs / "rank0.stdout"))
+    code, err = _run_logged(logs, tmp_path / "ran")
+    assert code == 1 and not (tmp_path / "ran").exists()
+    assert re.search(f"log directory {re.escape(str(logs))}: is owned by uid {NOBODY}", err), err
+    assert target.read_text() == PRECIOUS
+
+
+@pytest.mark.spawns
+def test_a_shared_log_directory_is_refused(sticky: Path, tmp_path: Path) -> None:
+    code, err = _run_logged(sticky, tmp_path / "ran")
+    assert code == 1 and not (tmp_path / "ran").exists()
+    assert f"log directory {sticky}: has mode 1777" in err
+    assert not any(name.startswith("rank") for name in os.listdir(sticky))
+
+
+@pytest.mark.spawns
+def test_a_log_file_replaces_a_link_at_its_name(tmp_path: Path) -> None:
+    target = victim(tmp_path)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "rank0.stdout").symlink_to(target)
+    code, err = _run_logged(logs, tmp_path / "ran")
+    assert code == 0, err
+    assert target.read_text() == PRECIOUS
+    assert not (logs / "rank0.stdout").is_symlink()
+    assert (logs / "rank0.stdout").read_text() == "rank output\n"
+    assert (logs / "rank0.stdout").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.spawns
+def test_a_missing_log_directory_is_made_private(tmp_path: Path) -> None:
+    logs = tmp_path / "a" / "logs"
+    code, err = _run_logged(logs, tmp_path / "ran")
+    assert code == 0, err
+    assert logs.stat().st_mode & 0o777 == 0o700
+    assert (logs / "rank0.stdout").read_text() == "rank output\n"
+    assert (logs / "rank0.stderr").read_text() == ""
