@@ -10,6 +10,7 @@ this user's own directory run as anyone.
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import sys
@@ -18,6 +19,9 @@ from pathlib import Path
 import pytest
 from test_stranger_files import NOBODY, PRECIOUS, sticky, stranger, victim  # same directory
 
+from tensorcomm import cli
+from tensorcomm.bench import cli as bench_cli
+from tensorcomm.bench import options, report
 from tensorcomm.launch import spawner
 
 __all__ = ["sticky"]  # a fixture: used by name
@@ -81,3 +85,46 @@ def test_a_missing_log_directory_is_made_private(tmp_path: Path) -> None:
     assert logs.stat().st_mode & 0o777 == 0o700
     assert (logs / "rank0.stdout").read_text() == "rank output\n"
     assert (logs / "rank0.stderr").read_text() == ""
+
+
+# --- tensorcomm bench --csv / --json ---
+
+def _options(*argv: str) -> options.BenchOptions:
+    return options.from_args(cli.build_parser().parse_args(["bench", *argv]))
+
+
+def _write_both(directory: Path) -> None:
+    report.write_csv(str(directory / "results.csv"), [])
+    report.write_json(str(directory / "results.json"), {}, _options(), [])
+
+
+def _written(directory: Path) -> None:
+    for name in ("results.csv", "results.json"):
+        assert not (directory / name).is_symlink()
+    assert (directory / "results.csv").read_text().startswith("collective,")
+    assert json.loads((directory / "results.json").read_text())["rows"] == []
+
+
+def test_bench_output_replaces_a_link_planted_in_a_shared_directory(sticky: Path) -> None:
+    target = victim(sticky)
+    for name in ("results.csv", "results.json"):
+        stranger("ln", "-s", str(target), str(sticky / name))
+    _write_both(sticky)  # /tmp is fine for results: the link is replaced, not followed
+    assert target.read_text() == PRECIOUS
+    _written(sticky)
+
+
+def test_bench_output_replaces_a_link_at_its_name(tmp_path: Path) -> None:
+    target = victim(tmp_path)
+    for name in ("results.csv", "results.json"):
+        (tmp_path / name).symlink_to(target)
+    _write_both(tmp_path)
+    assert target.read_text() == PRECIOUS
+    _written(tmp_path)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no leftovers
+
+
+def test_bench_says_which_output_it_cannot_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "no" / "results.json"
+    assert bench_cli._finish(_options("--json", str(missing)), [], {}, 2) == 1
+    assert f"cannot write {missing}: No such file or directory" in capsys.readouterr().err

@@ -3,8 +3,10 @@
 Owns :func:`unsafe` (what makes a file or directory someone else could have read, written or
 planted), the checked reads and writes of files that are not secret but must not be planted
 (:func:`trusted_dir`, :func:`read_trusted`, :func:`write_replacing`: flight records, timelines,
-the tuning file), :class:`SecretDir` (the directory generated secrets live in) and :class:`SecretFile`
-(one such secret, removed by its writer). Imports ``errors`` only.
+the tuning file, launcher logs), the link-proof write of output a user names anywhere
+(:func:`replace_file`: benchmark results), :class:`SecretDir` (the directory generated secrets
+live in) and :class:`SecretFile` (one such secret, removed by its writer). Imports ``errors``
+only.
 
 Why files: a job started without ``TENSORCOMM_SECRET`` on one host still needs a key strangers
 cannot know, and the ranks share no channel that is private to them (torch's store and a store
@@ -169,6 +171,28 @@ def write_replacing(dir_fd: int, name: str, data: bytes, mode: int = 0o600) -> N
         with contextlib.suppress(OSError):
             os.unlink(temporary, dir_fd=dir_fd)
         raise
+
+
+def replace_file(path: str, data: bytes, mode: int = 0o666) -> None:
+    """Write ``data`` to ``path`` by :func:`write_replacing` in its directory, whoever owns that
+    directory: for output a user names anywhere, ``/tmp`` included, and tensorcomm never reads
+    back (a link at ``path`` is replaced, not followed). ``mode`` is masked by the umask, as
+    ``open`` does.
+
+    Raises:
+        OSError: the directory cannot be opened or written in, or ``path`` cannot be replaced
+            (in a sticky directory like ``/tmp``: another user's file or link of that name);
+            its ``filename`` is ``path``.
+    """
+    try:
+        dir_fd = os.open(os.path.dirname(os.path.abspath(path)),
+                         os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            write_replacing(dir_fd, os.path.basename(path), data, mode)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror or str(exc), path) from None
 
 
 def default_dir() -> str:
