@@ -14,7 +14,9 @@ import json
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from test_stranger_files import NOBODY, PRECIOUS, sticky, stranger, victim  # same directory
@@ -23,6 +25,8 @@ from tensorcomm import cli
 from tensorcomm.bench import cli as bench_cli
 from tensorcomm.bench import options, report
 from tensorcomm.launch import spawner
+from tensorcomm.rendezvous import private
+from tensorcomm.trace import recorder
 
 __all__ = ["sticky"]  # a fixture: used by name
 
@@ -128,3 +132,40 @@ def test_bench_says_which_output_it_cannot_write(tmp_path: Path, capsys: pytest.
     missing = tmp_path / "no" / "results.json"
     assert bench_cli._finish(_options("--json", str(missing)), [], {}, 2) == 1
     assert f"cannot write {missing}: No such file or directory" in capsys.readouterr().err
+
+
+# --- the flight recorder's default directory ---
+
+def test_the_old_default_flight_directory_squatted_stops_no_record(
+        sticky: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(sticky))
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    squatted = sticky / f"tensorcomm-flight-{os.getuid()}"  # the default before: <tempdir>/...
+    stranger("mkdir", "-m", "0777", str(squatted))
+    recorder.configure(8)
+    try:
+        path = recorder.dump("test")
+    finally:
+        recorder.configure(0)
+    assert path == str(runtime / "tensorcomm" / "flight" / f"pid{os.getpid()}.json")
+    assert json.loads(Path(path).read_text())["format"] == "tensorcomm-flight-1"
+    assert os.listdir(squatted) == []
+
+
+def test_without_xdg_runtime_dir_flight_records_go_under_the_home(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setattr(private.pwd, "getpwuid", lambda uid: SimpleNamespace(pw_dir=str(home)))
+    recorder.configure(8)
+    try:
+        path = recorder.dump("test")
+    finally:
+        recorder.configure(0)
+    base = home / ".cache" / "tensorcomm"
+    assert path == str(base / "flight" / f"pid{os.getpid()}.json")
+    assert base.stat().st_mode & 0o777 == 0o700 and (base / "flight").stat().st_mode & 0o777 == 0o700
+    private.SecretDir(str(base))  # the secrets' default directory is still private enough for them
