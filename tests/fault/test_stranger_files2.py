@@ -13,6 +13,7 @@ import io
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -65,6 +66,17 @@ def test_a_shared_log_directory_is_refused(sticky: Path, tmp_path: Path) -> None
     assert code == 1 and not (tmp_path / "ran").exists()
     assert f"log directory {sticky}: has mode 1777" in err
     assert not any(name.startswith("rank") for name in os.listdir(sticky))
+
+
+@pytest.mark.spawns
+def test_tensorcomm_run_refuses_a_shared_log_directory(sticky: Path, tmp_path: Path) -> None:
+    ran = tmp_path / "ran"
+    script = tmp_path / "rank.py"
+    script.write_text(f"open({str(ran)!r}, 'w').close()\n")
+    result = subprocess.run([sys.executable, "-m", "tensorcomm", "run", "-n", "2", "--log-dir",
+                             str(sticky), str(script)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and not ran.exists()
+    assert f"tensorcomm: log directory {sticky}: has mode 1777" in result.stderr
 
 
 @pytest.mark.spawns
