@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -26,8 +27,10 @@ from tensorcomm.config import FLIGHT_CALLS
 from tensorcomm.trace import recorder
 
 
-def body() -> dict[str, tuple[float, float]]:
-    """One job's figures (run by every rank): per call, the median and the fastest batch, us."""
+def body(clock: Callable[[], float] = time.perf_counter,
+         waited: Callable[[], float] = lambda: 0.0) -> dict[str, tuple[float, float]]:
+    """One job's figures (run by every rank): per call, the median and the fastest batch, us,
+    timed by ``clock`` less what ``waited`` counts meanwhile (``own_cpu.py``'s variant)."""
     r = tc.get_rank()
     x, send, out = np.ones(2, np.float32), np.full(2, r, np.float32), np.empty(2, np.float32)
     small = np.empty(1, np.float32)
@@ -45,33 +48,32 @@ def body() -> dict[str, tuple[float, float]]:
         batches = np.zeros(15)
         for b in range(len(batches)):
             tc.barrier()
-            began = time.perf_counter()
+            before, began = waited(), clock()
             for _ in range(1000):
                 call()
-            batches[b] = (time.perf_counter() - began) / 1000 * 1e6
+            batches[b] = (clock() - began - (waited() - before)) / 1000 * 1e6
         tc.all_reduce(batches, op=tc.ReduceOp.MAX)
         found[name] = (statistics.median(batches.tolist()), float(batches.min()))
     recorder.configure(FLIGHT_CALLS)
     return found
 
 
-JOB = ("import json, sys; sys.path.insert(0, sys.argv[1]); import ab_small; "
-       "from tensorcomm.testing import run_ranks; "
-       "print(json.dumps(run_ranks(ab_small.body, 2, timeout=600)[0]))")
-
-
-def main() -> None:
+def main(module: str = "ab_small", title: str = "8 B call (us)") -> None:
+    """Run ``module.body`` as one 2-rank job per tree and round, A and B alternating; print."""
     rounds, trees = int(sys.argv[1]), sys.argv[2:]
     here = os.path.dirname(os.path.abspath(__file__))
+    job = (f"import json, sys; sys.path.insert(0, sys.argv[1]); import {module}; "
+           "from tensorcomm.testing import run_ranks; "
+           f"print(json.dumps(run_ranks({module}.body, 2, timeout=600)[0]))")
     found: dict[str, list[dict[str, list[float]]]] = {t: [] for t in trees}
     for _ in range(rounds):
         for tree in trees:
             env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
             env.pop("TENSORCOMM_FLIGHT_CALLS", None)
-            out = subprocess.run([sys.executable, "-c", JOB, here], env=env, capture_output=True, text=True,
+            out = subprocess.run([sys.executable, "-c", job, here], env=env, capture_output=True, text=True,
                                  check=True)
             found[tree].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"{'8 B call (us)':<26}" + "".join(f"{t[-16:]:>18}{'fastest':>9}" for t in trees) + f"{'A/B':>7}")
+    print(f"{title:<26}" + "".join(f"{t[-16:]:>18}{'fastest':>9}" for t in trees) + f"{'A/B':>7}")
     for k in found[trees[0]][0]:
         med = [statistics.median(run[k][0] for run in found[t]) for t in trees]
         fast = [min(run[k][1] for run in found[t]) for t in trees]

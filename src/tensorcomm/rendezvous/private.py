@@ -347,26 +347,11 @@ class SecretDir:
 
     def write(self, name: str, secret: bytes) -> SecretFile:
         """Write ``secret`` to ``name`` (mode 0600), replacing a stale file of that name."""
-        temporary = f".{name}.{secrets.token_hex(8)}"
         with self.opened() as dir_fd:
             try:
-                fd = open_nofollow(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd)
+                write_replacing(dir_fd, name, secret)
             except OSError as exc:
                 raise self._unwritable(exc) from None
-            try:
-                try:
-                    view = memoryview(secret)
-                    while view:
-                        view = view[os.write(fd, view):]
-                finally:
-                    os.close(fd)
-                os.rename(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            except BaseException as exc:
-                with contextlib.suppress(OSError):
-                    os.unlink(temporary, dir_fd=dir_fd)
-                if isinstance(exc, OSError):
-                    raise self._unwritable(exc) from None
-                raise
         return SecretFile(self, name, secret)
 
     def read(self, name: str) -> bytes | None:
