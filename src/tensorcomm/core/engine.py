@@ -74,9 +74,10 @@ class Engine:
         Raises:
             ConcurrentUseError: another thread's calls on this group are in flight.
         """
-        if not async_op and not self._queue and self._stopped is None and self._running.acquire(False):
-            if self._queue or self._stopped is not None:  # queued while we claimed: it goes first
-                self._running.release()
+        running = self._running
+        if not async_op and running.acquire(False):
+            if self._queue or self._stopped is not None:  # queued or stopped: that goes first
+                running.release()
             else:
                 self._inline = get_ident()
                 seq = self._seq
@@ -85,7 +86,7 @@ class Engine:
                     return call(seq, *args)
                 finally:
                     self._inline = None
-                    self._running.release()
+                    running.release()
         work = Work(description)
         work._run_here = self._run_here
         me = get_ident()
