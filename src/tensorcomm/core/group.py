@@ -322,8 +322,9 @@ class Group:
         return f"Group(name={self.name!r}, ranks={list(self.ranks)})"
 
 
-def _call(seq: int, group: Group, team: Team, plan: Plan, args: tuple[Any, ...], index: int) -> Any:
-    """Run call ``seq`` of ``group``: ``plan``'s algorithm on ``args``. The one place every
+def _call(seq: int, job: tuple[Group, Team, Plan, tuple[Any, ...], int]) -> Any:
+    """Run call ``seq`` of ``group``: ``plan``'s algorithm on ``args``, all in ``job`` (``group,
+    team, plan, args, index``, as ``Group._run`` hands it to the engine). The one place every
     collective call runs, inline or queued (the engine calls it in issue order); ``index`` is
     the call's trace record (``trace.recorder``; -1 when tracing is off, ``recorder.AT_START``
     for a blocking call, which ``recorder.run`` records and runs).
@@ -331,6 +332,7 @@ def _call(seq: int, group: Group, team: Team, plan: Plan, args: tuple[Any, ...],
     A call that fails ends the group on every member (``_failed``), then raises what explains
     the failure best (``_cause``).
     """
+    group, team, plan, args, index = job
     group._last_plan = plan
     ctx = _ctx_of(team, seq, plan)
     if index == AT_START:
