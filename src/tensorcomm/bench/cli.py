@@ -60,10 +60,14 @@ def _finish(opts: BenchOptions, rows: list[Row], machine: Mapping[str, Any],
     """Print the summary, write the requested files; return the exit code."""
     for line in report.ratio_summary(rows) + bound.summary(rows, ranks) + _footer(rows):
         print(line)
-    if opts.csv:
-        report.write_csv(opts.csv, rows)
-    if opts.json:
-        report.write_json(opts.json, machine, opts, rows)
+    try:
+        if opts.csv:
+            report.write_csv(opts.csv, rows)
+        if opts.json:
+            report.write_json(opts.json, machine, opts, rows)
+    except OSError as exc:  # private.replace_file's: names the file
+        _say(f"cannot write {exc.filename}: {exc.strerror}")
+        return 1
     if opts.plot:
         from .plot import PlotUnavailable, plot
         try:
@@ -76,6 +80,9 @@ def _finish(opts: BenchOptions, rows: list[Row], machine: Mapping[str, Any],
                                   + "; bands: fastest to slowest batch")
         except PlotUnavailable as exc:
             _say(str(exc))
+            return 1
+        except OSError as exc:
+            _say(f"cannot write {exc.filename}: {exc.strerror}")
             return 1
     return _exit_code(rows)
 

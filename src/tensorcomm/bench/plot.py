@@ -9,8 +9,11 @@ extra); it is imported only here, with the non-interactive Agg backend.
 
 from __future__ import annotations
 
+import io
+import os
 from collections.abc import Sequence
 
+from ..rendezvous import private
 from .results import Row
 
 
@@ -79,5 +82,7 @@ def plot(rows: Sequence[Row], path: str, title: str) -> None:
             axis.legend()
     figure.suptitle(title)
     figure.tight_layout(rect=(0, 0, 1, 0.97))  # keep the suptitle clear of the panels
-    figure.savefig(path, dpi=110)
+    image = io.BytesIO()  # written as report's files are: a link at ``path`` is replaced
+    figure.savefig(image, dpi=110, format=os.path.splitext(path)[1][1:].lower() or "png")
+    private.replace_file(path, image.getvalue())
     plt.close(figure)

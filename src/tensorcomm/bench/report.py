@@ -3,12 +3,17 @@
 The table follows nccl-tests' layout (size, count, type, redop, time, algbw, busbw, #wrong), with
 the median time and the min/max across batches, a library column, and on each peer's row the
 ratio of tensorcomm's speed to that peer's (busbw ratio; above 1: tensorcomm is faster).
+
+A file (``--csv``, ``--json``) is written under a fresh name in its directory and renamed over
+its name (``private.replace_file``), so a link planted at that name is replaced, never written
+through, even in a shared directory like /tmp (docs/security.md).
 """
 
 from __future__ import annotations
 
 import csv
 import datetime
+import io
 import json
 import os
 import platform
@@ -21,6 +26,7 @@ import numpy as np
 
 import tensorcomm
 
+from ..rendezvous import private
 from .formulas import COLLECTIVES
 from .options import BenchOptions
 from .results import TENSORCOMM, Row, ratios
@@ -221,12 +227,13 @@ def write_csv(path: str, rows: Sequence[Row]) -> None:
     """Write one CSV line per row, with tensorcomm's speed ratio on peer rows."""
     speed = ratios(rows)
     names = [f.name for f in fields(Row)] + ["tensorcomm_speedup"]
-    with open(path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=names)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({**asdict(row), "tensorcomm_speedup":
-                             speed.get((row.collective, row.size, row.library), "")})
+    handle = io.StringIO(newline="")
+    writer = csv.DictWriter(handle, fieldnames=names)
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({**asdict(row), "tensorcomm_speedup":
+                         speed.get((row.collective, row.size, row.library), "")})
+    private.replace_file(path, handle.getvalue().encode())
 
 
 def write_json(path: str, machine: Mapping[str, Any], options: BenchOptions,
@@ -239,6 +246,4 @@ def write_json(path: str, machine: Mapping[str, Any], options: BenchOptions,
         "ratios": [{"collective": c, "size": s, "peer": p, "tensorcomm_speedup": v}
                    for (c, s, p), v in ratios(rows).items()],
     }
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(document, handle, indent=1)
-        handle.write("\n")
+    private.replace_file(path, (json.dumps(document, indent=1) + "\n").encode())

@@ -27,7 +27,13 @@ The process rules, in one place:
   default); with ``log_dir`` also, unprefixed, to ``<log_dir>/rank<N>.stdout`` and ``.stderr``.
   A rank's output is read to its end whether shown or not, so no rank blocks on a full pipe.
 
-This module imports ``rendezvous`` lazily (only to host the store) and never ``core``.
+- Log files (``log_dir``): made before any rank starts, only in a directory this user owns and
+  nobody else may write in (``rendezvous.private``; else the job fails naming the directory
+  and why), each under a fresh name renamed into place, so a link planted at a log file's name
+  is replaced, never written through. Mode 0600: a rank's output may hold secrets.
+
+This module imports ``rendezvous`` lazily (to host the store, and ``private`` for the log
+directory) and never ``core``.
 """
 
 from __future__ import annotations
@@ -235,7 +241,13 @@ class _Job:
                 self._reap()
 
     def _start_all(self) -> int | None:
-        """Start every rank; on a command that cannot start, its shell-style code."""
+        """Start every rank; on a command that cannot start, its shell-style code (1: the log
+        directory cannot be used, and no rank was started)."""
+        try:
+            logs = self._open_logs()
+        except OSError as exc:
+            self.say(str(exc))
+            return 1
         preexec = _pdeathsig_preexec()
         for spec in self._specs:
             try:
@@ -244,6 +256,8 @@ class _Job:
                     stderr=subprocess.PIPE, start_new_session=True, preexec_fn=preexec)
             except OSError as exc:
                 self.say(f"cannot start rank {spec.rank} ({spec.argv[0]}): {exc.strerror}")
+                for log in logs.values():  # the log files of the ranks not started
+                    log.close()
                 return 127 if isinstance(exc, FileNotFoundError) else 126
             rank = _Rank(spec, process)
             self._ranks.append(rank)
@@ -253,15 +267,49 @@ class _Job:
             assert process.stdout is not None and process.stderr is not None
             for pipe, sink, name in ((process.stdout, self._out, "stdout"),
                                      (process.stderr, self._err, "stderr")):
-                copy = None
-                if out.log_dir is not None:
-                    path = os.path.join(out.log_dir, f"rank{spec.rank}.{name}")
-                    copy = open(path, "w", encoding="utf-8", errors="replace")  # noqa: SIM115 - closed by _relay
+                copy = logs.pop((spec.rank, name), None)
                 reader = threading.Thread(target=_relay, args=(pipe, prefix, sink if shown else None, copy),
                                           name=f"tensorcomm-relay-{spec.rank}", daemon=True)
                 reader.start()
                 rank.readers.append(reader)
         return None
+
+    def _open_logs(self) -> dict[tuple[int, str], TextIO]:
+        """Each rank's ``(rank, "stdout" | "stderr")`` log file, made afresh in ``log_dir``
+        (made mode 0700 if missing), or none without one. The directory must be this user's and
+        writable by nobody else (``private.trusted_dir``); a file's name is replaced, never
+        followed, and the file is mode 0600.
+
+        Raises:
+            OSError: the directory cannot be made or used (``private.Untrusted``: someone else
+                owns it or may write in it, or it is a link); the message names it and why.
+        """
+        directory = self._output.log_dir
+        if directory is None:
+            return {}
+        from tensorcomm.rendezvous import private
+
+        try:
+            dir_fd = private.trusted_dir(directory, create=True, what="log directory")
+        except private.Untrusted:
+            raise
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot use the log directory {directory}: "
+                                     f"{exc.strerror or exc}") from None
+        logs: dict[tuple[int, str], TextIO] = {}
+        try:
+            for spec in self._specs:
+                for name in ("stdout", "stderr"):
+                    fd = private.create_replacing(dir_fd, f"rank{spec.rank}.{name}")
+                    logs[spec.rank, name] = os.fdopen(fd, "w", encoding="utf-8", errors="replace")
+        except OSError as exc:
+            for log in logs.values():
+                log.close()
+            raise OSError(exc.errno, f"cannot write a log file in {directory}: "
+                                     f"{exc.strerror or exc}") from None
+        finally:
+            os.close(dir_fd)
+        return logs
 
     def _supervise(self, timeout: float | None) -> int:
         """Wait until all ranks end (or one fails, unless keep-going), a signal arrives or time
@@ -397,14 +445,9 @@ def launch(settings: launch_env.LaunchSettings, argv: list[str], *,
 
     Node 0's launcher hosts the store for the whole job and closes it after its ranks end (with
     ``keep_going`` and several nodes: once no rank of another node is connected to it either).
-    ``output.log_dir`` is made if missing.
+    ``output.log_dir`` is made (mode 0700) if missing, and refused before any rank starts if
+    someone else owns it or may write in it.
     """
-    if output.log_dir is not None:
-        try:
-            os.makedirs(output.log_dir, exist_ok=True)
-        except OSError as exc:
-            print(f"tensorcomm: cannot make the log directory {output.log_dir}: {exc}", file=sys.stderr)
-            return 1
     server: _StoreServer | None = None
     if settings.hosts_store:
         host, port = launch_env.store_bind_address(settings)

@@ -3,8 +3,11 @@
 Owns :func:`unsafe` (what makes a file or directory someone else could have read, written or
 planted), the checked reads and writes of files that are not secret but must not be planted
 (:func:`trusted_dir`, :func:`read_trusted`, :func:`write_replacing`: flight records, timelines,
-the tuning file), :class:`SecretDir` (the directory generated secrets live in) and :class:`SecretFile`
-(one such secret, removed by its writer). Imports ``errors`` only.
+the tuning file, launcher logs), the link-proof write of output a user names anywhere
+(:func:`replace_file`: benchmark results), where such files go by default (:func:`user_dir`),
+:class:`SecretDir` (the directory generated secrets
+live in) and :class:`SecretFile` (one such secret, removed by its writer). Imports ``errors``
+only.
 
 Why files: a job started without ``TENSORCOMM_SECRET`` on one host still needs a key strangers
 cannot know, and the ranks share no channel that is private to them (torch's store and a store
@@ -169,6 +172,49 @@ def write_replacing(dir_fd: int, name: str, data: bytes, mode: int = 0o600) -> N
         with contextlib.suppress(OSError):
             os.unlink(temporary, dir_fd=dir_fd)
         raise
+
+
+def replace_file(path: str, data: bytes, mode: int = 0o666) -> None:
+    """Write ``data`` to ``path`` by :func:`write_replacing` in its directory, whoever owns that
+    directory: for output a user names anywhere, ``/tmp`` included, and tensorcomm never reads
+    back (a link at ``path`` is replaced, not followed). ``mode`` is masked by the umask, as
+    ``open`` does.
+
+    Raises:
+        OSError: the directory cannot be opened or written in, or ``path`` cannot be replaced
+            (in a sticky directory like ``/tmp``: another user's file or link of that name);
+            its ``filename`` is ``path``.
+    """
+    try:
+        dir_fd = os.open(os.path.dirname(os.path.abspath(path)),
+                         os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            write_replacing(dir_fd, os.path.basename(path), data, mode)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror or str(exc), path) from None
+
+
+def user_dir(name: str) -> str:
+    """``<base>/<name>`` for files of this user's that are not secret (the flight recorder's
+    records), where ``<base>`` is the default private directory of generated secrets:
+    ``$XDG_RUNTIME_DIR/tensorcomm`` if ``XDG_RUNTIME_DIR`` is set, else :func:`default_dir`.
+    ``<base>`` is made mode 0700 if missing (as :class:`SecretDir` would), so a secret can still
+    be kept in it; ``<name>`` is left for its writer to make and check (:func:`trusted_dir`).
+    If ``<base>`` is a link or another user may write in it (the last resort
+    ``/tmp/tensorcomm-<uid>``, made first by someone else), or cannot be made, ``<base>`` itself
+    is returned: its writer's check then refuses it by name, rather than trusting ``<name>``
+    inside a directory someone else controls."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = os.path.join(runtime, HOME_DIR[-1]) if runtime else default_dir()
+    with contextlib.suppress(OSError):  # exists already, or cannot be made: checked next
+        os.mkdir(base, 0o700)
+    try:
+        problem = unsafe(os.lstat(base), directory=True, shared_reading=True)
+    except OSError:
+        return base
+    return base if problem is not None else os.path.join(base, name)
 
 
 def default_dir() -> str:

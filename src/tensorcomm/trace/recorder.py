@@ -20,7 +20,6 @@ import os
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -146,11 +145,14 @@ def configure(calls: int, directory: str | None = None, sites: bool = False) -> 
 
 
 def dump_dir() -> str:
-    """Where ``dump`` writes: the configured directory, else ``<tempdir>/tensorcomm-flight-<uid>``."""
+    """Where ``dump`` writes: the configured directory, else ``flight`` in this user's private
+    directory (``private.user_dir``: ``$XDG_RUNTIME_DIR/tensorcomm/flight``, else
+    ``~/.cache/tensorcomm/flight``; under /tmp only for a user without a private home)."""
     if _dir:
         return _dir
-    uid = os.getuid() if hasattr(os, "getuid") else 0
-    return os.path.join(tempfile.gettempdir(), f"tensorcomm-flight-{uid}")
+    from ..rendezvous import private
+
+    return private.user_dir("flight")
 
 
 def _is_internal(code: CodeType) -> bool:
