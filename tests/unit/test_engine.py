@@ -24,9 +24,9 @@ def test_blocking_calls_run_inline_with_consecutive_sequence_numbers() -> None:
     engine = Engine("inline")
     log: list[tuple[str, int]] = []
     me = threading.get_ident()
-    assert engine.submit("a", _record(log), False, ("a",)) == "a"
-    assert engine.submit("b", lambda seq: (seq, threading.get_ident()), False) == (1, me)
-    assert engine.submit("c", _record(log), False, ("c",)) == "c"
+    assert engine.submit("a", _record(log), False, "a") == "a"
+    assert engine.submit("b", lambda seq, _: (seq, threading.get_ident()), False) == (1, me)
+    assert engine.submit("c", _record(log), False, "c") == "c"
     assert log == [("a", 0), ("c", 2)]
     assert engine._worker is None  # nothing queued: no thread was started
     engine.stop(RuntimeError("done"))
@@ -38,25 +38,25 @@ def test_a_blocking_call_after_queued_ones_runs_once_in_order_with_the_next_numb
     log: list[tuple[str, int]] = []
     runs: list[int] = []
 
-    def counted(seq: int) -> int:
+    def counted(seq: int, _: object) -> int:
         runs.append(seq)
         return seq
 
-    first = engine.submit("first", _record(log), True, ("first",))
-    second = engine.submit("second", _record(log), True, ("second",))
+    first = engine.submit("first", _record(log), True, "first")
+    second = engine.submit("second", _record(log), True, "second")
     assert isinstance(first, Work) and not first.is_completed()
     assert engine.submit("blocking", counted, False) == 2  # queued behind both, run here
     assert runs == [2]  # once
     assert log == [("first", 0), ("second", 1)]
     assert first.result() == "first" and second.result() == "second"
-    assert engine.submit("inline", lambda seq: seq, False) == 3
+    assert engine.submit("inline", lambda seq, _: seq, False) == 3
     engine.stop(RuntimeError("done"))
 
 
 def test_async_calls_complete_their_work_in_order_on_the_worker() -> None:
     engine = Engine("async")
     log: list[tuple[str, int]] = []
-    works = [engine.submit(str(i), _record(log), True, (str(i),)) for i in range(5)]
+    works = [engine.submit(str(i), _record(log), True, str(i)) for i in range(5)]
     for work in works:
         assert work.wait(10)
     assert [w.result() for w in works] == [str(i) for i in range(5)]
@@ -67,7 +67,7 @@ def test_async_calls_complete_their_work_in_order_on_the_worker() -> None:
 def test_a_failing_call_raises_to_its_caller_and_the_engine_goes_on() -> None:
     engine = Engine("errors")
 
-    def fail(seq: int) -> None:
+    def fail(seq: int, _: object) -> None:
         raise ValueError(f"call {seq} failed")
 
     with pytest.raises(ValueError, match="call 0 failed"):
@@ -76,31 +76,31 @@ def test_a_failing_call_raises_to_its_caller_and_the_engine_goes_on() -> None:
     with pytest.raises(ValueError, match="call 1 failed"):
         work.wait(10)
     assert isinstance(work.exception(), ValueError)
-    assert engine.submit("next", lambda seq: seq, False) == 2
+    assert engine.submit("next", lambda seq, _: seq, False) == 2
     engine.stop(RuntimeError("done"))
 
 
 def test_stop_fails_queued_calls_and_refuses_new_ones() -> None:
     engine = Engine("stop")
     engine._ensure_worker = lambda: None  # type: ignore[method-assign]
-    queued = engine.submit("queued", lambda seq: seq, True)
+    queued = engine.submit("queued", lambda seq, _: seq, True)
     error = GroupAbortedError("stopped on purpose")
     engine.stop(error)
     assert queued.is_completed() and queued.exception() is error
     for async_op in (False, True):
         with pytest.raises(GroupAbortedError, match="stopped on purpose"):
-            engine.submit("later", lambda seq: seq, async_op)
+            engine.submit("later", lambda seq, _: seq, async_op)
 
 
 def test_a_call_from_another_thread_while_calls_are_in_flight_is_refused() -> None:
     engine = Engine("threads")
     engine._ensure_worker = lambda: None  # type: ignore[method-assign]  # the async call stays queued
-    engine.submit("queued", lambda seq: seq, True)
+    engine.submit("queued", lambda seq, _: seq, True)
     caught: list[BaseException] = []
 
     def other() -> None:
         try:
-            engine.submit("other", lambda seq: seq, False)
+            engine.submit("other", lambda seq, _: seq, False)
         except BaseException as exc:  # noqa: BLE001 - checked below
             caught.append(exc)
 

@@ -50,12 +50,45 @@ def test_the_ring_keeps_the_last_calls_and_ignores_stale_ones() -> None:
     assert all(c.state == "completed" for c in kept)
     assert kept[-1].to_json()["site"].split(" ")[0].endswith(f"test_trace_tools.py:{_line('indexes = [')}")
     recorder.configure(3)  # by default a call that starts at once records no site
-    recorder.done(recorder.start(TEAM, PLAN, 0))
+    assert recorder.run(_ctx(), (5,), _never) == 5
     assert recorder.calls()[-1].to_json()["site"] is None
+    assert recorder.calls()[-1].state == "completed"
     recorder.configure(3, sites=True)
-    recorder.done(recorder.start(TEAM, PLAN, 0))  # with sites
+    recorder.run(_ctx(), (5,), _never)  # with sites
     assert recorder.calls()[-1].to_json()["site"].split(" ")[0].endswith(
-        f"test_trace_tools.py:{_line('recorder.done(recorder.start(TEAM, PLAN, 0))  # with sites')}")
+        f"test_trace_tools.py:{_line('recorder.run(_ctx(), (5,), _never)  # with sites')}")
+
+
+def _ctx(run: Any = lambda ctx, value: value) -> SimpleNamespace:
+    """A blocking call's context as ``recorder.run`` reads it: its team, plan (``run``) and seq."""
+    return SimpleNamespace(team=TEAM, plan=SimpleNamespace(**vars(PLAN), run=run), seq=0)
+
+
+def _never(ctx: Any, error: BaseException) -> BaseException:
+    raise AssertionError(f"the call did not fail: {error!r}")
+
+
+def test_a_blocking_call_that_fails_is_recorded_with_what_it_raises(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    def run() -> None:  # stands for Group._run
+        recorder.run(_ctx(fail), (), failed)
+
+    def fail(ctx: Any) -> None:
+        raise OSError("the link broke")
+
+    def failed(ctx: Any, error: BaseException) -> BaseException:  # stands for core.group._failing
+        seen.append(error)
+        return RuntimeError("the peer left")
+
+    seen: list[BaseException] = []
+    recorder.configure(3, str(tmp_path))
+    monkeypatch.setattr(recorder, "_entries", (run.__code__, None))
+    with pytest.raises(RuntimeError, match="the peer left") as raised:
+        run()  # the failing call's caller
+    assert isinstance(raised.value.__cause__, OSError) and seen == [raised.value.__cause__]
+    entry = json.loads((tmp_path / "rank0.json").read_text())["calls"][-1]
+    assert entry["state"] == "failed" and entry["error"] == "RuntimeError: the peer left"
+    assert entry["site"].split(" ")[0].endswith(f"test_trace_tools.py:{_line('run()  # the failing call')}")
 
 
 def test_a_queued_call_goes_from_issued_to_started() -> None:
@@ -165,13 +198,13 @@ def _line(start: str) -> int:
 
 def test_a_sigusr1_dump_gives_the_call_in_flight_its_callers_site(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    def run() -> None:  # stands for Group._run
-        call(recorder.start(TEAM, PLAN, 0))
+    def run() -> None:  # stands for Group._run (and core.group._call, which calls recorder.run)
+        recorder.run(_ctx(algorithm), (), _never)
 
-    def call(index: int) -> None:  # stands for core.group._call, interrupted by SIGUSR1
+    def algorithm(ctx: Any) -> None:  # interrupted by SIGUSR1
         recorder._on_signal(signal.SIGUSR1, sys._getframe())
 
-    monkeypatch.setattr(recorder, "_entries", (run.__code__, call.__code__))
+    monkeypatch.setattr(recorder, "_entries", (run.__code__, None))
     run()  # the caller
     record = json.loads((tmp_path / "rank0.json").read_text())
     assert record["calls"][-1]["state"] == "started"

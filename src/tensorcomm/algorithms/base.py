@@ -223,22 +223,21 @@ class Ctx:
         team: what the group's calls share (the attributes below read through it).
         plan: what the call's shape shares with other calls of that shape.
         seq: the call's sequence number in the group.
-        name: the collective's name, for error messages (the plan's label).
+        name: the collective's name, for error messages (the plan's label; read through it).
         signature: what this call is (the plan's); peers compare it with theirs.
         deadline: ``time.monotonic()`` value the call must finish by.
 
-    Made by ``Ctx.of`` from the group's team and the call's plan, which costs a few attribute
-    stores.
+    Made by ``Ctx.of`` from the group's team and the call's plan, which costs five attribute
+    stores and a clock read: every call makes one, so whatever only some calls need (the
+    messages' tags, the name for errors) is worked out where it is used.
     """
 
-    __slots__ = ("team", "plan", "seq", "name", "signature", "deadline", "_tag")
+    __slots__ = ("team", "plan", "seq", "signature", "deadline")
     team: Team
     plan: Plan
     seq: int
-    name: str
     signature: Signature
     deadline: float
-    _tag: int  # the tag of the call's step 0 (``collective_tag``); step ``s`` is ``_tag | s``
 
     @classmethod
     def of(cls, team: Team, seq: int, plan: Plan) -> Ctx:
@@ -247,11 +246,11 @@ class Ctx:
         ctx.team = team
         ctx.plan = plan
         ctx.seq = seq
-        ctx.name = plan.label
         ctx.signature = plan.signature
         ctx.deadline = _monotonic() + team.timeout
-        ctx._tag = (team.group_id << _GROUP_SHIFT) | ((seq & _SEQ_MASK) << STEP_BITS)
         return ctx
+
+    name = property(attrgetter("plan.label"), doc="The collective's name, for messages.")
 
     transport = property(attrgetter("team.transport"), doc="Moves bytes between global ranks.")
     ranks = property(attrgetter("team.ranks"), doc="Global rank of each group rank.")
@@ -276,14 +275,16 @@ class Ctx:
         if step >> STEP_BITS or step < 0:
             raise ValueError(f"step {step} out of range")
         team = self.team
-        return team.transport.isend(team.ranks[peer], buf.view(_BYTE).data, self._tag | step, self.signature)
+        tag = (team.group_id << _GROUP_SHIFT) | ((self.seq & _SEQ_MASK) << STEP_BITS) | step  # collective_tag
+        return team.transport.isend(team.ranks[peer], buf.view(_BYTE).data, tag, self.signature)
 
     def irecv(self, peer: int, buf: np.ndarray, step: int = 0) -> Request:
         """Post a receive into ``buf`` (1-D, C-contiguous) from group rank ``peer``."""
         if step >> STEP_BITS or step < 0:
             raise ValueError(f"step {step} out of range")
         team = self.team
-        return team.transport.irecv(team.ranks[peer], buf.view(_BYTE).data, self._tag | step, self.signature)
+        tag = (team.group_id << _GROUP_SHIFT) | ((self.seq & _SEQ_MASK) << STEP_BITS) | step
+        return team.transport.irecv(team.ranks[peer], buf.view(_BYTE).data, tag, self.signature)
 
     def wait(self, request: Request) -> None:
         """Wait for ``request`` within the call's deadline.

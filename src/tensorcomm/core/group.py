@@ -322,26 +322,27 @@ class Group:
         return f"Group(name={self.name!r}, ranks={list(self.ranks)})"
 
 
-def _call(seq: int, group: Group, team: Team, plan: Plan, args: tuple[Any, ...], index: int) -> Any:
-    """Run call ``seq`` of ``group``: ``plan``'s algorithm on ``args``. The one place every
+def _call(seq: int, job: tuple[Group, Team, Plan, tuple[Any, ...], int]) -> Any:
+    """Run call ``seq`` of ``group``: ``plan``'s algorithm on ``args``, all in ``job`` (``group,
+    team, plan, args, index``, as ``Group._run`` hands it to the engine). The one place every
     collective call runs, inline or queued (the engine calls it in issue order); ``index`` is
     the call's trace record (``trace.recorder``; -1 when tracing is off, ``recorder.AT_START``
-    for a blocking call, recorded here).
+    for a blocking call, which ``recorder.run`` records and runs).
 
     A call that fails ends the group on every member (``_failed``), then raises what explains
     the failure best (``_cause``).
     """
+    group, team, plan, args, index = job
     group._last_plan = plan
-    ctx = Ctx.of(team, seq, plan)
+    ctx = _ctx_of(team, seq, plan)
     if index == AT_START:
-        index = recorder.start(team, plan, seq)
-    elif index >= 0:
+        return _run_recorded(ctx, args, _failing)
+    if index >= 0:
         recorder.started(index, seq)
     try:
         result = plan.run(ctx, *args)
     except BaseException as exc:
-        _failed(ctx, exc)  # the peers first, at once
-        cause = _cause(ctx, exc)
+        cause = _failing(ctx, exc)
         if index >= 0:
             recorder.end(index, cause)
         if cause is exc:
@@ -352,7 +353,16 @@ def _call(seq: int, group: Group, team: Team, plan: Plan, args: tuple[Any, ...],
     return result
 
 
+_ctx_of = Ctx.of
+_run_recorded = recorder.run
 recorder.entries(Group._run.__code__, _call.__code__)
+
+
+def _failing(ctx: Ctx, error: BaseException) -> BaseException:
+    """A call failed with ``error``: end the group on every member (``_failed``), the peers
+    first, at once; return what the call raises (``_cause``)."""
+    _failed(ctx, error)
+    return _cause(ctx, error)
 
 
 def _cause(ctx: Ctx, error: BaseException) -> BaseException:

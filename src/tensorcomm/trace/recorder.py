@@ -1,7 +1,7 @@
 """The flight recorder: each rank keeps its last calls and writes them to a file when one fails.
 
-Every call of every group passes ``start`` (a blocking call, as it starts) or ``issue`` then
-``started`` (a queued call), and ``done`` or ``end``. A call costs one tuple in a ring of
+Every call of every group passes ``run`` (a blocking call, recorded as it starts and ends) or
+``issue``, ``started`` and ``done`` or ``end`` (a queued call). A call costs one tuple in a ring of
 ``TENSORCOMM_FLIGHT_CALLS`` entries (default ``config.FLIGHT_CALLS``; 0 turns the recorder off)
 and one end time; its state is read from them when dumped. The caller's file and line (the first
 frame outside tensorcomm and torch.distributed) are found by walking the stack only where that
@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Any
 from ..config import FLIGHT_CALLS
 
 if TYPE_CHECKING:
-    from ..algorithms.base import Plan, Team
+    from ..algorithms.base import Ctx, Plan, Team
 
 log = logging.getLogger("tensorcomm.trace")
 
 ISSUED, STARTED, COMPLETED, FAILED = "issued", "started", "completed", "failed"
-AT_START = -2  # the index ``core.group`` passes for a call it records as it starts (``issue``)
+AT_START = -2  # the index ``core.group`` passes for a call recorded as it starts (``run``)
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _FOREIGN_INTERNAL = (os.sep + os.path.join("torch", "distributed") + os.sep,
                      os.sep + os.path.join("torch", "nn", "parallel") + os.sep)
@@ -205,14 +205,15 @@ _entries: tuple[CodeType | None, CodeType | None] = (None, None)
 
 
 def _running_call(frame: FrameType | None) -> tuple[int, CodeType, int] | None:
-    """From ``frame`` outward: the recorder index of the call ``core.group._call`` runs there,
-    and the code and instruction offset of the frame that called it (through ``Group._run``);
-    None if the stack shows no such call (a queued call on the worker thread, or none)."""
+    """From ``frame`` outward: the recorder index of the call ``core.group._call`` runs there
+    (a local of ``run`` for a blocking call, of ``_call`` for a queued one), and the code and
+    instruction offset of the frame that called it (through ``Group._run``); None if the stack
+    shows no such call (a queued call on the worker thread, or none)."""
     index = None
     entered = False
     while frame is not None:
         code = frame.f_code
-        if code is _entries[1]:
+        if index is None and (code is _RUN or code is _entries[1]):
             index = frame.f_locals.get("index")
         elif code is _entries[0]:
             entered = index is not None
@@ -223,17 +224,44 @@ def _running_call(frame: FrameType | None) -> tuple[int, CodeType, int] | None:
     return None
 
 
-def start(team: Team, plan: Plan, seq: int) -> int:
-    """Record a call that starts now as step ``seq`` (the hot path: one tuple, one store);
-    return its index for ``end`` (-1 when the recorder is off)."""
+def run(ctx: Ctx, args: tuple[Any, ...], failed: Callable[[Ctx, BaseException], BaseException]) -> Any:
+    """Run a blocking call, ``ctx.plan.run(ctx, *args)``, recorded as it starts and as it ends
+    (the hot path: one tuple and one end time, in this one function); return its result.
+
+    ``failed(ctx, error)``, for a call that raised ``error``: the core's answer to it (it tells
+    the peers) and what the call reports instead; the call is recorded as failed with that
+    (``end``), which is then raised.
+    """
+    plan = ctx.plan
     size = _size
     if not size:
-        return -1
-    if _sites:
-        return issue(team, plan, seq)
-    index = next(_counter)
-    _ring[index % size] = (index, seq, team, plan, _now())
-    return index
+        index = -1
+    elif _sites:
+        index = issue(ctx.team, plan, ctx.seq)
+    else:
+        index = next(_counter)
+        _ring[index % size] = (index, ctx.seq, ctx.team, plan, _now())
+    try:
+        result = plan.run(ctx, *args)
+    except BaseException as exc:
+        cause = failed(ctx, exc)
+        if index >= 0:
+            end(index, cause)
+        if cause is exc:
+            raise
+        raise cause from exc
+    ring = _ring
+    if index >= 0 and ring:  # ``done``, inline
+        slot = index % len(ring)
+        entry = ring[slot]
+        if entry[0] == index:
+            _ended[slot] = _now()
+            if sink is not None:
+                sink(Call(entry, _ended[slot], None))
+    return result
+
+
+_RUN = run.__code__
 
 
 def issue(team: Team, plan: Plan, seq: int | None = None) -> int:
