@@ -195,11 +195,21 @@ def test_stranger_cannot_join_the_mesh(intrusion, caplog):
             sock.close()
 
 
+def _await_handshake_threads(strangers: list[socket.socket], timeout: float) -> None:
+    """Wait until a listener's gate runs a handshake thread for each of ``strangers``."""
+    names = {f"tensorcomm-handshake-{host}:{port}" for host, port in (s.getsockname() for s in strangers)}
+    deadline = time.monotonic() + timeout
+    while not names <= {thread.name for thread in threading.enumerate()}:
+        assert time.monotonic() < deadline, f"the listener took no handshake of {sorted(names)}"
+        time.sleep(0.01)
+
+
 def test_ranks_retry_while_strangers_fill_the_listener(monkeypatch, caplog):
     # Two strangers that spoke and stalled take both pending-handshake slots of rank 0: each
     # real rank cuts off the oldest handshake and gets in without waiting for their deadline.
+    # That deadline is past the ranks' own 10 s, so only the cut-off lets them in.
     monkeypatch.setattr(config, "MAX_PENDING_HANDSHAKES", 2)
-    monkeypatch.setattr(mesh_module, "HANDSHAKE_TIMEOUT", 1.0)
+    monkeypatch.setattr(mesh_module, "HANDSHAKE_TIMEOUT", 60.0)
     caplog.set_level(logging.WARNING, logger="tensorcomm.tcp")
     store = HashStore()
     results: dict = {}
@@ -209,7 +219,8 @@ def test_ranks_retry_while_strangers_fill_the_listener(monkeypatch, caplog):
     for sock in strangers:
         sock.sendall(b"T")  # one byte of a handshake, then nothing
     try:
-        time.sleep(gate.GRACE + 0.3)  # rank 0 takes them first; they age past the grace
+        _await_handshake_threads(strangers, timeout=10)  # rank 0 holds both, however loaded
+        time.sleep(gate.GRACE + 0.05)  # they age past the grace, so a newcomer may cut one off
         threads += [_start_rank(r, 3, store, SECRET, results) for r in (1, 2)]
         for thread in threads:
             thread.join(30)
