@@ -82,6 +82,23 @@ def test_override_beats_the_predicates():
     assert select.pick("all_reduce", team_of(4), 0, override="ring").name == "ring"
 
 
+def test_an_override_that_cannot_run_the_call_says_why():
+    from test_shm_domain import close_all, open_domains  # same directory
+
+    domains = open_domains(2, 4096, 8192)
+    try:
+        team = Team(LoopbackHub(2).transport(0), range(2), 0, group_id=0, timeout=1.0, shm=domains[0])
+        for name in ("shm_direct", "shm_split"):
+            assert select.pick("all_reduce", team, 4096, override=name).name == name
+            assert select.pick("reduce", team, 4096, override=name).name == name
+            expected = f"{name}' cannot run a call of 4097 bytes per rank: it needs the call to fit one "
+            with pytest.raises(ValueError, match=expected + "shared-memory slot \\(4096 bytes\\)"):
+                select.pick("all_reduce", team, 4097, override=name)
+        assert select.pick("all_reduce", team, 1 << 20, override="shm_pipelined").name == "shm_pipelined"
+    finally:
+        close_all(domains)
+
+
 def test_unknown_override_lists_the_algorithms_of_the_collective():
     with pytest.raises(ValueError, match="recursive_doubling, halving_doubling, ring"):
         select.pick("all_reduce", team_of(4), 0, override="tree")

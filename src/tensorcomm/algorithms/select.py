@@ -235,12 +235,18 @@ def pick(collective: str, team: Team, nbytes: int, override: str | None = None) 
             predicates.
 
     Raises:
-        ValueError: ``collective`` is unknown, or ``override`` names no algorithm of it.
+        ValueError: ``collective`` is unknown, ``override`` names no algorithm of it, or one that
+            cannot run a call of ``nbytes`` on the group's shared memory (a one-slot row).
     """
     rows = _rows(collective)
     if override is not None:
         for row in rows:
             if row.name == override:
+                if team.shm is not None and not fits(collective, override, team, nbytes):
+                    raise ValueError(
+                        f"override: {collective} algorithm {override!r} cannot run a call of {nbytes} "
+                        f"bytes per rank: it needs the call to fit one shared-memory slot "
+                        f"({team.shm.slot_bytes} bytes); choose another or none (TENSORCOMM_ALGORITHMS)")
                 return row
         raise ValueError(f"override: unknown {collective} algorithm {override!r}; expected one of "
                          f"{', '.join(row.name for row in rows)}")
