@@ -59,14 +59,19 @@ def two_ranks(environ: dict[str, str]) -> list[Any]:
     """Rendezvous of a 2-rank job on loopback without TENSORCOMM_SECRET; each rank closes its end."""
     url = f"tcp://127.0.0.1:{free_port()}"
 
+    left = threading.Event()  # rank 1 has closed its store client
+
     def rank(i: int) -> str:
-        with rendezvous(url, i, 2, RENDEZVOUS_TIMEOUT, environ=environ) as meeting:
-            meeting.store.set(f"hello/{i}", b"1")
-            meeting.store.get(f"hello/{1 - i}", HARD_LIMIT)
-            meeting.store.set(f"bye/{i}", b"1")
-            if i == 0:  # the host waits until the other rank is done with its store
-                meeting.store.get("bye/1", HARD_LIMIT)
-            return "ok"
+        try:
+            with rendezvous(url, i, 2, RENDEZVOUS_TIMEOUT, environ=environ) as meeting:
+                meeting.store.set(f"hello/{i}", b"1")
+                meeting.store.get(f"hello/{1 - i}", HARD_LIMIT)
+                if i == 0:  # the host keeps its store until the other rank has left it (a "bye"
+                    left.wait(HARD_LIMIT)  # key read here could beat the server's reply to its set)
+        finally:
+            if i == 1:
+                left.set()
+        return "ok"
 
     return in_threads(2, rank)
 
