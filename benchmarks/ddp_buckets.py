@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
@@ -157,10 +156,10 @@ def main() -> None:
     if "LOCAL_RANK" in os.environ:  # started by torchrun
         _rank_main(args)
         return
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={args.ranks}", __file__, *sys.argv[1:]]
-    print("$", " ".join(command), flush=True)
-    subprocess.run(command, check=True)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from ddp_step_torchrun import under_torchrun
+
+    under_torchrun(__file__, args.ranks)
 
 
 if __name__ == "__main__":

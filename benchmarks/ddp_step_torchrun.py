@@ -164,10 +164,15 @@ def main() -> None:
         return
     print("command:", " ".join([sys.executable, *sys.argv]), flush=True)
     for ranks in args.ranks:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc-per-node={ranks}", __file__, *sys.argv[1:]]
-        print("$", " ".join(command), flush=True)
-        subprocess.run(command, check=True)
+        under_torchrun(__file__, ranks)
+
+
+def under_torchrun(script: str, ranks: int) -> None:
+    """Run ``script`` with this process's arguments under torchrun on ``ranks`` local ranks."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={ranks}", script, *sys.argv[1:]]
+    print("$", " ".join(command), flush=True)
+    subprocess.run(command, check=True)
 
 
 if __name__ == "__main__":
