@@ -34,6 +34,13 @@ def _plain(x: Any) -> bool:
     return type(x) is _ndarray and x.flags.carray and x.ndim != 0 and x.dtype in _SUPPORTED
 
 
+def _plain_blocks(whole: Any, block: Any, size: int) -> bool:
+    """Whether ``whole`` and ``block`` are ``_plain`` arrays of one dtype and ``whole`` holds
+    ``size`` blocks of ``block``'s size: the common call of the gather/scatter tensor forms."""
+    return _plain(whole) and _plain(block) and whole.dtype == block.dtype \
+        and whole.size == block.size * size
+
+
 def _root(value: Any, group_value: Any, argument: str, fn: str, g: Group) -> int:
     """``validate.root``, with the common case (a global rank as a plain int, a member) looked up
     without a call."""
@@ -222,9 +229,7 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
     """Concatenate every member's ``input_tensor`` (in rank order, along dim 0) into ``output_tensor``."""
     fn = "all_gather_into_tensor"
     g = _resolved(group, async_op, fn)
-    if async_op is False and _plain(output_tensor) and _plain(input_tensor) \
-            and output_tensor.dtype == input_tensor.dtype \
-            and output_tensor.size == input_tensor.size * len(g._ranks):  # the common call, unstaged
+    if async_op is False and _plain_blocks(output_tensor, input_tensor, len(g._ranks)):  # unstaged
         collectives.all_gather(g, _unaliased(input_tensor, output_tensor), output_tensor,
                                (input_tensor.size,) * len(g._ranks), False)
         return None
@@ -310,8 +315,7 @@ def reduce_scatter_tensor(output: Any, input: Any, op: ReduceOpLike = ReduceOp.S
     """Reduce ``input`` across members; member ``i`` gets the i-th of ``size`` equal dim-0 blocks."""
     fn = "reduce_scatter_tensor"
     g = _resolved(group, async_op, fn)
-    if async_op is False and _plain(output) and _plain(input) and input.dtype == output.dtype \
-            and input.size == output.size * len(g._ranks):  # the common call, unstaged
+    if async_op is False and _plain_blocks(input, output, len(g._ranks)):  # the common call, unstaged
         collectives.reduce_scatter(g, _unaliased(input, output), output,
                                    (output.size,) * len(g._ranks), op, False, fn)
         return None

@@ -61,6 +61,14 @@ class Matching(Generic[R, M]):
                 return request
         return None
 
+    def abort_group(self, group_id: int, error: BaseException) -> list[R] | None:
+        """Record that group ``group_id`` ended with ``error`` and take its posted receives (to
+        fail them); None if it had ended already. The caller holds the transport's lock."""
+        if group_id in self.aborted_groups:
+            return None
+        self.aborted_groups[group_id] = error
+        return self.take_posted(lambda source, tag: group_of_tag(tag) == group_id)
+
     def take_posted(self, which: Callable[[int, int], bool]) -> list[R]:
         """Remove and return every posted receive whose (peer, tag) ``which`` selects."""
         return [r for key in [key for key in self.posted if which(*key)] for r in self.posted.pop(key)]

@@ -365,10 +365,9 @@ class MpiTransport(Transport):
 
     def abort_group(self, group_id: int, error: BaseException, tell_peers: bool = True) -> None:
         with self._lock:
-            if group_id in self._match.aborted_groups:
+            failed = self._match.abort_group(group_id, error)
+            if failed is None:
                 return
-            self._match.aborted_groups[group_id] = error
-            failed = self._match.take_posted(lambda source, tag: group_of_tag(tag) == group_id)
             failed += [f.request for f in self._flights
                        if f.request is not None and group_of_tag(f.request.tag) == group_id]
             if tell_peers:

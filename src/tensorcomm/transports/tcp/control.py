@@ -115,10 +115,9 @@ class Control(TcpState):
         # Peers are told before local waiters wake: a waiter that goes on to destroy() must not
         # get its goodbye to a peer ahead of the abort that explains it.
         with self._lock:
-            if group_id in self._match.aborted_groups:
-                return
-            self._match.aborted_groups[group_id] = error
-            failed = self._match.take_posted(lambda source, tag: group_of_tag(tag) == group_id)
+            failed = self._match.abort_group(group_id, error)
+        if failed is None:
+            return
         if tell_peers:
             self._tell_peers(group_id, error)
         for request in failed:
