@@ -20,7 +20,6 @@ from .. import config
 from ..errors import CollectiveMismatchError, CommError, CommTimeoutError
 from ..signature import Signature
 from ..transports.base import (  # noqa: F401  (collective_tag, p2p_tag: re-exported for algorithms)
-    SEQ_BITS,
     STEP_BITS,
     Request,
     Transport,
@@ -41,8 +40,6 @@ STALL_PROBE_SECONDS = 2.0
 ACK_STEP = (1 << STEP_BITS) - 1  # the step of acknowledgements (see ``Ctx.acknowledge``)
 _NOTHING = np.empty(0, dtype=np.uint8)
 _BYTE = np.dtype(np.uint8)
-_GROUP_SHIFT = SEQ_BITS + STEP_BITS
-_SEQ_MASK = (1 << SEQ_BITS) - 1
 
 
 Predicate = Callable[["Team", int], bool]
@@ -272,18 +269,14 @@ class Ctx:
 
     def isend(self, peer: int, buf: np.ndarray, step: int = 0) -> Request:
         """Start sending ``buf`` (1-D, C-contiguous) to group rank ``peer``."""
-        if step >> STEP_BITS or step < 0:
-            raise ValueError(f"step {step} out of range")
         team = self.team
-        tag = (team.group_id << _GROUP_SHIFT) | ((self.seq & _SEQ_MASK) << STEP_BITS) | step  # collective_tag
+        tag = collective_tag(team.group_id, self.seq, step)  # raises ValueError for a bad step
         return team.transport.isend(team.ranks[peer], buf.view(_BYTE).data, tag, self.signature)
 
     def irecv(self, peer: int, buf: np.ndarray, step: int = 0) -> Request:
         """Post a receive into ``buf`` (1-D, C-contiguous) from group rank ``peer``."""
-        if step >> STEP_BITS or step < 0:
-            raise ValueError(f"step {step} out of range")
         team = self.team
-        tag = (team.group_id << _GROUP_SHIFT) | ((self.seq & _SEQ_MASK) << STEP_BITS) | step
+        tag = collective_tag(team.group_id, self.seq, step)  # raises ValueError for a bad step
         return team.transport.irecv(team.ranks[peer], buf.view(_BYTE).data, tag, self.signature)
 
     def wait(self, request: Request) -> None:
