@@ -1,5 +1,7 @@
 """A rank that dies makes every survivor fail with PeerLostError naming it within seconds; a rank
 that stops responding makes calls fail at the timeout with CommTimeoutError; no survivor hangs.
+Both hold whether or not failed calls keep arrays untouched or complete (``MODES``); that they do
+is checked with the switch on.
 
 The time bounds hold on a loaded machine: a job may take minutes there (``JOB_TIMEOUT`` only stops
 a hang), and each bound is far above what it takes on a quiet one (well under a second) yet far
@@ -24,10 +26,11 @@ DETECTION_BUDGET = 30.0  # seconds from a death to the survivors' PeerLostError
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(JOB_TIMEOUT + 60)]
 
 TRANSPORTS = {"tcp": {"TENSORCOMM_TRANSPORT": "tcp"}, "default": {}}
+MODES = {"keep_going": {"TENSORCOMM_KEEP_GOING": "1"}, "default": {}}  # arrays of a failed call
 VICTIM = 1
 
 
-def body_die_mid_all_reduce(how: str, stamp_dir: str) -> dict:
+def body_die_mid_all_reduce(how: str, stamp_dir: str, keep_going: bool = False) -> dict:
     """Everyone loops over large all_reduces; the victim dies part-way through one."""
     rank = tc.get_rank()
     x = np.ones(1 << 20, np.float32)
@@ -44,17 +47,19 @@ def body_die_mid_all_reduce(how: str, stamp_dir: str) -> dict:
             x[...] = 1
             tc.all_reduce(x)
     except tc.PeerLostError as exc:
-        # a failed in-place call leaves the array untouched (all 1) or complete (all size)
-        assert len(np.unique(x)) == 1 and x[0] in (1, tc.get_world_size()), np.unique(x)
+        if keep_going:  # a failed in-place call leaves the array untouched (all 1) or complete (all size)
+            assert len(np.unique(x)) == 1 and x[0] in (1, tc.get_world_size()), np.unique(x)
         return {"rank": exc.rank, "at": time.time(), "message": str(exc)}
     raise AssertionError("the loop ended without an error")
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("world_size", [2, 3, 5])
-def test_killed_rank_is_named_on_every_survivor(world_size, transport, tmp_path):
+def test_killed_rank_is_named_on_every_survivor(world_size, transport, mode, tmp_path):
     outcomes = spawn_ranks(body_die_mid_all_reduce, world_size, "sigkill", str(tmp_path),
-                           timeout=JOB_TIMEOUT, env=TRANSPORTS[transport])
+                           mode == "keep_going", timeout=JOB_TIMEOUT,
+                           env={**TRANSPORTS[transport], **MODES[mode]})
     death = float((tmp_path / "death").read_text())
     for outcome in outcomes:
         if outcome.rank == VICTIM:
@@ -65,10 +70,11 @@ def test_killed_rank_is_named_on_every_survivor(world_size, transport, tmp_path)
         assert outcome.result["at"] - death < DETECTION_BUDGET, outcome.result
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_exited_rank_is_named(transport, tmp_path):
-    outcomes = spawn_ranks(body_die_mid_all_reduce, 3, "exit", str(tmp_path), timeout=JOB_TIMEOUT,
-                           env=TRANSPORTS[transport])
+def test_exited_rank_is_named(transport, mode, tmp_path):
+    outcomes = spawn_ranks(body_die_mid_all_reduce, 3, "exit", str(tmp_path), mode == "keep_going",
+                           timeout=JOB_TIMEOUT, env={**TRANSPORTS[transport], **MODES[mode]})
     death = float((tmp_path / "death").read_text())
     assert outcomes[VICTIM].exitcode == 3
     for outcome in outcomes:
@@ -122,10 +128,11 @@ def body_stop_mid_all_reduce(stamp_dir: str) -> dict:
 STOP_TIMEOUT = 10.0  # the ranks' communication timeout: it bounds init too, so not too short
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_stopped_rank_times_out_naming_the_call(transport, tmp_path):
+def test_stopped_rank_times_out_naming_the_call(transport, mode, tmp_path):
     outcomes = spawn_ranks(body_stop_mid_all_reduce, 3, str(tmp_path), timeout=JOB_TIMEOUT,
-                           comm_timeout=STOP_TIMEOUT, env=TRANSPORTS[transport])
+                           comm_timeout=STOP_TIMEOUT, env={**TRANSPORTS[transport], **MODES[mode]})
     survivors = [o for o in outcomes if o.rank != VICTIM]
     for outcome in survivors:
         assert outcome.ok, outcome.output

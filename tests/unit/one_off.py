@@ -17,9 +17,10 @@ def _no_algorithm(ctx: Ctx, *args: Any) -> None:
 
 def one_off_ctx(transport: Any, ranks: Sequence[int], rank: int, group_id: int, seq: int,
                 timeout: float, name: str = "collective", signature: Signature = NO_SIGNATURE,
-                group_name: str = "", shm: Any = None) -> Ctx:
+                group_name: str = "", shm: Any = None, keep_going: bool = False) -> Ctx:
     """The context of call ``seq`` on a team of its own; its deadline starts now."""
-    team = Team(transport, ranks, rank, group_id, timeout, group_name=group_name, shm=shm)
+    team = Team(transport, ranks, rank, group_id, timeout, group_name=group_name, shm=shm,
+                keep_going=keep_going)
     return Ctx.of(team, seq, Plan(name, signature, "", _no_algorithm))
 
 

@@ -174,7 +174,7 @@ def test_shm_prefix_matches_numpy_cumulative_ops(size, inclusive):
 
 @pytest.mark.skipif(not slots.SUPPORTED, reason="shared memory needs x86-64")
 def test_a_failed_multi_round_shm_scan_leaves_the_array_untouched():
-    group = Group(2)
+    group = Group(2, keep_going=True)
     count = 4 * SLOT // 4  # four rounds of float32
     original = rank_data(1, count, np.float32)
     array = original.copy()

@@ -95,6 +95,9 @@ def test_an_override_that_cannot_run_the_call_says_why():
             with pytest.raises(ValueError, match=expected + "shared-memory slot \\(4096 bytes\\)"):
                 select.pick("all_reduce", team, 4097, override=name)
         assert select.pick("all_reduce", team, 1 << 20, override="shm_pipelined").name == "shm_pipelined"
+        assert not domains[0].cma  # never settled: as where the kernel refuses cross-memory reads
+        with pytest.raises(ValueError, match=r"'shm_cma' cannot run .* read each other's memory"):
+            select.pick("broadcast", team, 1 << 20, override="shm_cma")
     finally:
         close_all(domains)
 

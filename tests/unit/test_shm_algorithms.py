@@ -2,7 +2,8 @@
 
 Slots of a few hundred bytes make every algorithm take its multi-round / pipelined paths with small
 arrays: all-reduce staged in the OUT region and streamed through it under the journal, streams that
-span many rounds, uneven contributions. A failing peer must leave in-place arrays untouched.
+span many rounds, uneven contributions. A failing peer must leave in-place arrays untouched where
+the group keeps them untouched or complete (``keep_going``).
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ class Group:
     As in the core, a call's signature must describe it (algorithms key caches on it).
     """
 
-    def __init__(self, size: int, slot: int = SLOT, out: int = OUT) -> None:
+    def __init__(self, size: int, slot: int = SLOT, out: int = OUT, keep_going: bool = False) -> None:
         self.size = size
+        self.keep_going = keep_going
         self.domains = open_domains(size, slot, out)
         self.seq = 0
 
@@ -71,7 +73,7 @@ class Group:
         def body(rank: int) -> Any:
             d = self.domains[rank]
             ctx = one_off_ctx(None, range(self.size), rank, group_id=0, seq=seq, timeout=30, name="test",
-                              signature=sig, group_name="test", shm=d)
+                              signature=sig, group_name="test", shm=d, keep_going=self.keep_going)
             try:
                 return fn(ctx)
             except BaseException as exc:
@@ -414,7 +416,7 @@ def test_an_array_just_over_the_chunk_size_takes_one_chunk_through_the_out_regio
 # staged in OUT; through the OUT regions, a failure after a chunk was copied in; streamed
 @pytest.mark.parametrize("count, chunks_done", [(100, 1), (100, 2), (2000, 3)])
 def test_a_failed_all_reduce_leaves_the_array_untouched(count, chunks_done):
-    g = Group(2)
+    g = Group(2, keep_going=True)
     original = rank_data(0, count, np.float32)
     array = original.copy()
 
@@ -439,7 +441,7 @@ def test_a_failed_all_reduce_leaves_the_array_untouched(count, chunks_done):
 
 
 def test_a_failed_broadcast_leaves_the_receivers_untouched():
-    g = Group(2)
+    g = Group(2, keep_going=True)
     receiver = np.arange(1000, dtype=np.float64)
     before = receiver.copy()
 

@@ -138,7 +138,7 @@ def test_tuned_groups_are_shm_or_tcp_on_one_host() -> None:
 
 
 def test_candidates_per_transport() -> None:
-    assert tune.candidates("all_reduce", "shm") == ["shm_direct", "shm_split", "shm_pipelined"]
+    assert tune.candidates("all_reduce", "shm") == ["shm_cma", "shm_direct", "shm_split", "shm_pipelined"]
     assert tune.candidates("all_reduce", "tcp") == ["recursive_doubling", "halving_doubling", "ring"]
     assert tune.candidates("all_to_all", "tcp") == ["pairwise_exchange"]
 

@@ -185,7 +185,7 @@ def shm_prefix(inclusive: bool) -> Callable[[Ctx, np.ndarray, Op], None]:
             if count:
                 reduce_rows(red, s.rows[in_slot], x)
             return
-        journal = Journal(d, [x]) if count else None
+        journal = Journal(d, [x]) if count and ctx.team.keep_going else None
         base = d.posts
         try:
             for t in range(s.rounds):
@@ -197,8 +197,9 @@ def shm_prefix(inclusive: bool) -> Callable[[Ctx, np.ndarray, Op], None]:
                     d.wait(d.peers, base + t + 1, ctx)
                 else:
                     d.start(ctx)
-                if journal is not None:
-                    journal.save(0, lo * x.itemsize, hi * x.itemsize)
+                if count:
+                    if journal is not None:
+                        journal.save(0, lo * x.itemsize, hi * x.itemsize)
                     reduce_rows(red, d.stacked(in_slot, red.acc, hi - lo)[:count], x[lo:hi])
         except BaseException:
             if journal is not None:

@@ -47,6 +47,7 @@ from . import (
     shm_alltoall,
     shm_barrier,
     shm_broadcast,
+    shm_cma,
     shm_reduce_scatter,
     staging,
     tuning,
@@ -129,6 +130,32 @@ def _shm_one_slot(team: Team, nbytes: int) -> bool:
     return shm is not None and nbytes <= shm.slot_bytes
 
 
+# From these sizes up (``nbytes`` as ``pick`` counts them) members read each other's arrays where
+# they lie (``shm_cma``: cross-memory attach, or in place in shared arrays) instead of passing
+# them through the slots, where the kernel lets them (``ShmDomain.cma``). Below, two copies
+# through the caches beat one kernel copy: process_vm_readv moves 15 GB/s from memory in 4 KiB
+# pages here, a copy in the caches 40 GB/s. Measured on 2 cores, 2 members (``tensorcomm tune
+# -n 2 --transport shm -b 1M -e 64M -f 2``, every row in its own job, interleaved); ``tensorcomm
+# tune`` measures where the crossover lies on a host.
+CMA_BYTES = {"all_reduce": 8 << 20, "reduce_scatter": 4 << 20, "all_gather": 16 << 20,
+             "broadcast": 8 << 20, "all_to_all": 8 << 20}
+
+
+def _can_read(team: Team, nbytes: int) -> bool:
+    shm = team.shm
+    return shm is not None and shm.cma
+
+
+def _reads(collective: str) -> Predicate:
+    """The predicate of ``collective``'s ``shm_cma`` row: CMA allowed, the call large enough."""
+    threshold = CMA_BYTES[collective]
+
+    def predicate(team: Team, nbytes: int) -> bool:
+        return nbytes >= threshold and _can_read(team, nbytes)
+
+    return predicate
+
+
 # ``nbytes`` is the size of the largest buffer a rank passes: the buffer for all_reduce, broadcast
 # and reduce (in the accumulation dtype for reductions); the gathered output for all_gather and
 # gather; the input for reduce_scatter, scatter and all_to_all; 0 for barrier.
@@ -140,6 +167,7 @@ def _shm_one_slot(team: Team, nbytes: int) -> bool:
 # Hierarchical rows come next: a group that spans hosts with as many members on each (set up at
 # group creation, ``Team.hier``) runs shared memory inside hosts and the transport between them.
 ROWS: tuple[Row, ...] = (
+    Row("all_reduce", "shm_cma", _reads("all_reduce"), shm_cma.all_reduce, shm_cma.prepare_all_reduce),
     Row("all_reduce", "shm_direct", _shm_direct, shm_allreduce.direct, shm_allreduce.prepare_direct),
     Row("all_reduce", "shm_split", _shm_one_slot, shm_allreduce.split, shm_allreduce.prepare_split),
     Row("all_reduce", "shm_pipelined", _shm, shm_allreduce.pipelined, shm_allreduce.prepare_pipelined),
@@ -147,14 +175,18 @@ ROWS: tuple[Row, ...] = (
     Row("all_reduce", "recursive_doubling", _doubling, staging.all_reduce(allreduce.recursive_doubling)),
     Row("all_reduce", "halving_doubling", _halving_doubling, staging.all_reduce(allreduce.halving_doubling)),
     Row("all_reduce", "ring", _always, staging.all_reduce(allreduce.ring)),
+    Row("all_gather", "shm_cma", _reads("all_gather"), shm_cma.all_gather, shm_cma.prepare_all_gather),
     Row("all_gather", "shm_rounds", _shm, shm_allgather.all_gather, shm_allgather.prepare),
     Row("all_gather", "hierarchical", _hierarchical, hier.all_gather),
     Row("all_gather", "bruck", _small, staging.all_gather(allgather.bruck)),
     Row("all_gather", "ring", _always, staging.all_gather(allgather.ring)),
+    Row("reduce_scatter", "shm_cma", _reads("reduce_scatter"), shm_cma.reduce_scatter,
+        shm_cma.prepare_reduce_scatter),
     Row("reduce_scatter", "shm_rounds", _shm, shm_reduce_scatter.reduce_scatter,
         shm_reduce_scatter.prepare),
     Row("reduce_scatter", "hierarchical", _hierarchical, hier.reduce_scatter),
     Row("reduce_scatter", "ring", _always, staging.reduce_scatter(reduce_scatter.ring)),
+    Row("broadcast", "shm_cma", _reads("broadcast"), shm_cma.broadcast, shm_cma.prepare_broadcast),
     Row("broadcast", "shm_rounds", _shm, shm_broadcast.broadcast, shm_broadcast.prepare_broadcast),
     Row("broadcast", "hierarchical", _hierarchical, hier.broadcast),
     Row("broadcast", "scatter_allgather", _large_and_three_or_more,
@@ -168,6 +200,7 @@ ROWS: tuple[Row, ...] = (
     Row("gather", "linear", _always, staging.gather(gather_scatter.gather)),
     Row("scatter", "shm_rounds", _shm, shm_broadcast.scatter, shm_broadcast.prepare_scatter),
     Row("scatter", "linear", _always, staging.scatter(gather_scatter.scatter)),
+    Row("all_to_all", "shm_cma", _reads("all_to_all"), shm_cma.all_to_all, shm_cma.prepare_all_to_all),
     Row("all_to_all", "shm_rounds", _shm, shm_alltoall.all_to_all, shm_alltoall.prepare),
     Row("all_to_all", "pairwise_exchange", _always, staging.all_to_all(alltoall.pairwise_exchange)),
     Row("barrier", "shm_counters", _shm, shm_barrier.barrier),
@@ -191,7 +224,10 @@ _FITS: dict[tuple[str, str], Predicate] = {
     ("all_reduce", "shm_split"): _shm_one_slot,
     ("reduce", "shm_direct"): _shm_one_slot,
     ("reduce", "shm_split"): _shm_one_slot,
+    **{(collective, "shm_cma"): _can_read for collective in CMA_BYTES},
 }
+_CMA_NEED = ("members that may read each other's memory (cross-memory attach, which this group "
+             "could not use; see TENSORCOMM_CMA in docs/env.md)")
 
 
 def collectives() -> list[str]:
@@ -243,10 +279,11 @@ def pick(collective: str, team: Team, nbytes: int, override: str | None = None) 
         for row in rows:
             if row.name == override:
                 if team.shm is not None and not fits(collective, override, team, nbytes):
+                    need = _CMA_NEED if override == "shm_cma" else \
+                        f"the call to fit one shared-memory slot ({team.shm.slot_bytes} bytes)"
                     raise ValueError(
                         f"override: {collective} algorithm {override!r} cannot run a call of {nbytes} "
-                        f"bytes per rank: it needs the call to fit one shared-memory slot "
-                        f"({team.shm.slot_bytes} bytes); choose another or none (TENSORCOMM_ALGORITHMS)")
+                        f"bytes per rank: it needs {need}; choose another or none (TENSORCOMM_ALGORITHMS)")
                 return row
         raise ValueError(f"override: unknown {collective} algorithm {override!r}; expected one of "
                          f"{', '.join(row.name for row in rows)}")

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .base import Ctx, Plan, Team
-from .shm_common import Journal, Op, Reduction, load, no_domain, reduce_rows
+from .shm_common import Journal, Op, Reduction, load, no_domain, part_size, reduce_rows
 
 # Bytes of one pipelined chunk (at most one IN slot; through the OUT regions, chunks of one size
 # near it). Large enough that the two posts and waits per chunk cost little; the benchmark suite
@@ -43,14 +43,6 @@ CHUNK_BYTES = 1 << 20
 def _rows(stacked: np.ndarray) -> Any:
     """``stacked`` as ``reduce_rows`` takes it fastest: two members as a pair of rows."""
     return (stacked[0], stacked[1]) if len(stacked) == 2 else stacked
-
-
-def _part(count: int, size: int, itemsize: int) -> int:
-    """Elements of each member's part of ``count``: equal parts, each a whole number of cache
-    lines (the last members' parts may be short or empty)."""
-    align = max(1, 64 // itemsize)
-    each = -(-count // size)
-    return max(align, -(-each // align) * align)
 
 
 def _copy_parts(red: Reduction, out_rows: np.ndarray, part: int, x: np.ndarray) -> None:
@@ -200,7 +192,7 @@ def _reduce_pair(in_acc: Reduction, pair: Pair, in_slot: int, x: np.ndarray, out
 def prepare_split(team: Team, plan: Plan, x: np.ndarray, *rest: Any) -> Split:
     """``split``'s (and ``reduce_split``'s) state."""
     d, red = _domain(team, plan), _reduction(plan)
-    part = _part(x.size, d.size, red.acc.itemsize)
+    part = part_size(x.size, d.size, red.acc.itemsize)
     a, b = min(d.rank * part, x.size), min((d.rank + 1) * part, x.size)
     stacked = [d.stacked(p, red.acc, x.size) for p in (0, 1)]
     outs = d.stacked(0, red.acc, part, region="out")
@@ -272,7 +264,7 @@ def prepare_pipelined(team: Team, plan: Plan, x: np.ndarray, *rest: Any) -> Pipe
         chunk = max(align, -(-x.size // max(1, round(x.nbytes / target)) // align) * align)
     else:
         chunk = target // itemsize
-    part = _part(chunk, d.size, itemsize)
+    part = part_size(chunk, d.size, itemsize)
     chunks = max(1, -(-x.size // chunk))
     return Pipelined(d, red, red._replace(in_acc=True), chunk, part, chunks,
                      chunks * part * itemsize <= d.out_bytes, in_out)
@@ -287,7 +279,8 @@ def pipelined(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
     ``j % 2`` again only after all A(j+1), which peers post after reducing chunk ``j``; the same
     argument holds for the two OUT slots. When every member's reduced parts fit its OUT region
     they all stay there and are copied out at the end, after the last wait (nothing can fail
-    then); otherwise each chunk is copied out as soon as it is complete, under a ``Journal``.
+    then); otherwise each chunk is copied out as soon as it is complete, under a ``Journal`` where
+    the group keeps arrays untouched or complete (``Team.keep_going``).
     """
     s: Pipelined = ctx.plan.state
     if s.in_out:
@@ -297,7 +290,8 @@ def pipelined(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
     r = d.rank
     acc, itemsize = red.acc, red.acc.itemsize
     writes = root is None or root == r
-    journal = Journal(d, [x]) if writes and not staged else None
+    streamed = writes and not staged  # each chunk copied out as soon as it is complete
+    journal = Journal(d, [x]) if streamed and ctx.team.keep_going else None
     base, peers, mine = d.posts, d.peers, d.inbox[r]
     parities = []
 
@@ -344,7 +338,7 @@ def pipelined(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
             if j + 1 < chunks:
                 copy_in(j + 1)
                 d.post()  # A(j + 1)
-            if journal is not None:
+            if streamed:
                 d.wait(peers, base + 2 * j + 2, ctx)  # B(j)
                 copy_out(j)
         d.wait(peers, base + 2 * chunks, ctx)  # B(last): peers are done with this member's slots

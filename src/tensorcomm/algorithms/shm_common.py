@@ -6,13 +6,15 @@ caller's op (``PremulSum``, ``AVG``, half precision included) and write results 
 caller's arrays. What they work out once per call shape (views of the slots, bounds) they keep in
 the call's ``Plan`` (``ctx.plan.state``), which the group owns. They reduce every member's terms
 with one numpy call over a strided view of all the slots (``reduce_rows``), so their per-call Python
-work does not grow with the number of members. Arrays a collective updates in place (all-reduce,
-reduce's root, broadcast's receivers) are left untouched or complete by a failed call (see
-``Journal``); arrays that are outputs only (all-gather, gather, scatter, reduce-scatter, all-to-all)
-may be left partly written by a call that fails after its first round, as MPI and NCCL leave them:
-saving them would cost a copy of every output. A call that raises leaves the members' post counts
-out of step: whoever runs the algorithm must then call ``ShmDomain.fail`` (the core's ``Group._run``
-does), which refuses later calls and tells the peers. This module must not import ``core``.
+work does not grow with the number of members. Where the group keeps arrays untouched or
+complete (``Team.keep_going``), arrays a collective updates in place (all-reduce, reduce's root,
+broadcast's receivers) are left untouched or complete by a failed call (see ``Journal``);
+otherwise, and always for arrays that are outputs only (all-gather, gather, scatter,
+reduce-scatter, all-to-all), a call that fails after its first round may leave them partly
+written, as MPI and NCCL leave them: saving them would cost a copy of every output. A call that
+raises leaves the members' post counts out of step: whoever runs the algorithm must then call
+``ShmDomain.fail`` (the core's ``Group._run`` does), which refuses later calls and tells the peers.
+This module must not import ``core``.
 
 A *round*: every member writes its part of the round into its IN slot ``round & 1``, posts, waits
 for every peer's post of the round, then reads. Because every member waits for every peer in each
@@ -52,6 +54,14 @@ def domain(team: Team, plan: Plan) -> Any:
     if team.shm is None:
         raise no_domain(plan)
     return team.shm
+
+
+def part_size(count: int, size: int, itemsize: int) -> int:
+    """Elements of each member's part of ``count``: equal parts, each a whole number of cache
+    lines (the last members' parts may be short or empty)."""
+    align = max(1, 64 // itemsize)
+    each = -(-count // size)
+    return max(align, -(-each // align) * align)
 
 
 # -- reductions -----------------------------------------------------------------------------------
@@ -158,7 +168,8 @@ def run_rounds(ctx: Ctx, stream: Stream, read: Read, outputs: Sequence[np.ndarra
 
     Args:
         read: must ``journal.save`` what it is about to overwrite in ``outputs`` when ``journal``
-            is not None (the call spans several rounds, so a later round could still fail).
+            is not None (the call spans several rounds, so a later round could still fail, and
+            the group keeps arrays untouched or complete).
         outputs: the caller's arrays ``read`` writes into; restored if a later round fails.
         verify: called with the first round's IN slot and every member's extent once all
             have arrived, before anything is read (size checks).
@@ -184,7 +195,7 @@ def run_rounds(ctx: Ctx, stream: Stream, read: Read, outputs: Sequence[np.ndarra
     if verify is not None:
         verify(in_slot, extents)
     rounds = max(1, -(-max(extents) // size))
-    journal = Journal(d, outputs) if rounds > 1 and outputs else None
+    journal = Journal(d, outputs) if rounds > 1 and outputs and ctx.team.keep_going else None
     base = d.posts - 1
     peers = d.peers
     try:

@@ -3,12 +3,14 @@
 Every algorithm ``select`` offers for a collective takes the same arguments (see ``select``):
 the caller's flat arrays, and the caller's op for reductions. The shared-memory algorithms work
 on those directly. The transport algorithms (``allreduce``, ``broadcast``, ...) write buffers of
-their own instead: reductions read the caller's array (a converted copy when the accumulation
+their own instead, where a failed call must leave the caller's arrays untouched
+(``Team.keep_going``): reductions read the caller's array (a converted copy when the accumulation
 dtype or a premultiplied factor needs one: ``kernels.prepare``) and write scratch, as broadcast
-receivers and every output do. The wrappers here make those buffers and write the caller's arrays
-only once the algorithm has succeeded, so a failed call leaves them untouched. The scratch is
-memory the group's calls reuse (``wire.scratch``): fresh memory costs a page fault per page.
-Each wrapper is applied once, in ``select.ROWS``. Must not import ``core``.
+receivers and every output do, and the wrappers here write the caller's arrays only once the
+algorithm has succeeded. Otherwise (the default) results are received straight into the caller's
+arrays, as Gloo does, wherever their dtype allows: one copy less per call. The scratch is memory
+the group's calls reuse (``wire.scratch``): fresh memory costs a page fault per page. Each
+wrapper is applied once, in ``select.ROWS``. Must not import ``core``.
 """
 
 from __future__ import annotations
@@ -41,9 +43,15 @@ def _reduction(ctx: Ctx) -> kernels.Reduction:
     return red
 
 
+def _direct(ctx: Ctx) -> bool:
+    """Whether results may be received straight into the caller's arrays (see the docstring)."""
+    return not ctx.team.keep_going
+
+
 def all_reduce(algorithm: Algorithm) -> Algorithm:
     """``algorithm(ctx, work, base_op, source)``: reads ``x`` (or its converted copy in ``work``),
-    leaves the result in ``work``. Recursive doubling on two members with terms as they are runs
+    leaves the result in ``work``, which is ``x`` itself where the call may (``_direct``) and the
+    accumulation dtype is ``x``'s. Recursive doubling on two members with terms as they are runs
     as ``allreduce.pair_in_place`` instead: one exchange, no working copy."""
     pair = algorithm is allreduce.recursive_doubling
 
@@ -53,6 +61,13 @@ def all_reduce(algorithm: Algorithm) -> Algorithm:
         team = ctx.team
         if pair and team.size == 2 and red.raw and not red.average and team.transport.wire_dtype is None:
             allreduce.pair_in_place(ctx, x, red.ufunc)
+            return
+        if red.in_acc and _direct(ctx):
+            if not red.raw:
+                kernels.load(red, x, x)  # premultiplies in place
+            algorithm(ctx, x, red.op, None)
+            if red.average:
+                np.divide(x, team.size, out=x)
             return
         work = team.scratch.take("staged work", x.size, red.acc)
         algorithm(ctx, work, red.op, x if red.raw else kernels.prepare(red, x, work))
@@ -76,9 +91,9 @@ def reduce(algorithm: Algorithm) -> Algorithm:
 def broadcast(algorithm: Algorithm) -> Algorithm:
     """``algorithm(ctx, buf, root)``; receivers get scratch."""
     def run(ctx: Ctx, x: np.ndarray, root: int) -> None:
-        work = x if ctx.rank == root else scratch(ctx, "staged out", x.size, x.dtype)
+        work = x if ctx.rank == root or _direct(ctx) else scratch(ctx, "staged out", x.size, x.dtype)
         algorithm(ctx, work, root)
-        if ctx.rank != root:
+        if work is not x:
             x[...] = work
     return _named(run, algorithm)
 
@@ -86,18 +101,20 @@ def broadcast(algorithm: Algorithm) -> Algorithm:
 def all_gather(algorithm: Algorithm) -> Algorithm:
     """``algorithm(ctx, send, out, counts)`` with ``out`` scratch."""
     def run(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> None:
-        staged = scratch(ctx, "staged out", out.size, out.dtype)
+        staged = out if _direct(ctx) else scratch(ctx, "staged out", out.size, out.dtype)
         algorithm(ctx, send, staged, counts)
-        out[...] = staged
+        if staged is not out:
+            out[...] = staged
     return _named(run, algorithm)
 
 
 def gather(algorithm: Algorithm) -> Algorithm:
     """``algorithm(ctx, send, out, counts, root)`` with ``out`` scratch on the root."""
     def run(ctx: Ctx, send: np.ndarray, out: np.ndarray | None, counts: Sequence[int], root: int) -> None:
-        staged = None if out is None else scratch(ctx, "staged out", out.size, out.dtype)
+        staged = out if out is None or _direct(ctx) else scratch(ctx, "staged out", out.size, out.dtype)
         algorithm(ctx, send, staged, counts, root)
-        if out is not None:
+        if staged is not out:
+            assert out is not None
             out[...] = staged
     return _named(run, algorithm)
 
@@ -105,9 +122,10 @@ def gather(algorithm: Algorithm) -> Algorithm:
 def scatter(algorithm: Algorithm) -> Algorithm:
     """``algorithm(ctx, send, out, counts, root)`` with ``out`` scratch."""
     def run(ctx: Ctx, send: np.ndarray | None, out: np.ndarray, counts: Sequence[int], root: int) -> None:
-        staged = scratch(ctx, "staged out", out.size, out.dtype)
+        staged = out if _direct(ctx) else scratch(ctx, "staged out", out.size, out.dtype)
         algorithm(ctx, send, staged, counts, root)
-        out[...] = staged
+        if staged is not out:
+            out[...] = staged
     return _named(run, algorithm)
 
 
@@ -115,9 +133,10 @@ def all_to_all(algorithm: Algorithm) -> Algorithm:
     """``algorithm(ctx, send, send_counts, out, recv_counts)`` with ``out`` scratch."""
     def run(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
             recv_counts: Sequence[int]) -> None:
-        staged = scratch(ctx, "staged out", out.size, out.dtype)
+        staged = out if _direct(ctx) else scratch(ctx, "staged out", out.size, out.dtype)
         algorithm(ctx, send, send_counts, staged, recv_counts)
-        out[...] = staged
+        if staged is not out:
+            out[...] = staged
     return _named(run, algorithm)
 
 
@@ -127,7 +146,11 @@ def reduce_scatter(algorithm: Algorithm) -> Algorithm:
     def run(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence[int], op: Op) -> None:
         red = _reduction(ctx)
         source = kernels.prepare(red, send, scratch(ctx, "staged work", send.size, red.acc), copy=False)
-        reduced = scratch(ctx, "staged out", counts[ctx.rank], red.acc)
+        direct = red.in_acc and _direct(ctx)
+        reduced = out if direct else scratch(ctx, "staged out", counts[ctx.rank], red.acc)
         algorithm(ctx, source, reduced, counts, red.op)
-        kernels.finish(red, reduced, out, ctx.size)
+        if not direct:
+            kernels.finish(red, reduced, out, ctx.size)
+        elif red.average:
+            np.divide(out, ctx.size, out=out)
     return _named(run, algorithm)

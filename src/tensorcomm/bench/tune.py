@@ -28,6 +28,7 @@ from ..algorithms import select, tuning
 from ..algorithms.base import Team
 from ..launch.env import LaunchConfigError
 from ..rendezvous import private
+from ..transports.shm import cma
 from ..transports.shm.domain import SLOT_BYTES
 from . import check, runner
 from .control import JobFailed
@@ -46,10 +47,12 @@ DEFAULT_TIMEOUT = 120.0
 
 
 class _Slots:
-    """What the predicates read of a shared-memory domain (``select._shm_direct``)."""
+    """What the predicates read of a shared-memory domain (``select._shm_direct``,
+    ``select._can_read``): CMA is taken to work where libc offers it (the jobs tune runs find
+    out for sure)."""
 
     def __init__(self, size: int) -> None:
-        self.size, self.slot_bytes = size, SLOT_BYTES
+        self.size, self.slot_bytes, self.cma = size, SLOT_BYTES, cma.available()
 
 
 def model_team(members: int, transport: str) -> Team:

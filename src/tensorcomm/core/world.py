@@ -80,8 +80,11 @@ class World:
 
     def __init__(self, rdzv: Rendezvous, timeout: float, transport: str = "auto",
                  backend: str = "tensorcomm", hierarchy: bool = True,
-                 algorithms: Sequence[tuple[str, str]] = ()) -> None:
+                 algorithms: Sequence[tuple[str, str]] = (), keep_going: bool = False,
+                 cma: bool = True) -> None:
         self.hierarchy = hierarchy
+        self.keep_going = keep_going  # failed calls leave arrays untouched or complete
+        self.cma = cma  # ranks on this host may read each other's memory (TENSORCOMM_CMA)
         self.algorithms = _checked_algorithms(algorithms)
         self.rendezvous = rdzv
         self.rank = rdzv.rank
@@ -163,6 +166,8 @@ class World:
     def adopt(self, ranks: tuple[int, ...], group_id: int, label: str, shm: ShmDomain | None) -> Group:
         """Make and register the group a shrink agreed on (``core/elastic.py``): members, id and
         shared-memory domain are settled; a group that spans hosts gets its sub-teams here."""
+        if shm is not None:
+            shm.settle_cma(self.cma, self.timeout)
         group = Group(label, ranks, group_id, self, shm, *self._hierarchy(ranks, group_id, label))
         with self._lock:
             self._groups.append(group)
@@ -221,6 +226,8 @@ class World:
         keys = [prefix + f"ready/{q}" for q in range(len(ranks))]
         store.wait(keys, timeout=self.timeout)
         if all(store.get(key) == b"1" for key in keys):
+            assert domain is not None
+            domain.settle_cma(self.cma, self.timeout)
             return domain
         if domain is not None:
             domain.close()
@@ -428,7 +435,8 @@ def _meet(init_method: str | None, rank: int | None, world_size: int | None,
 
 def init(init_method: str | None = None, rank: int | None = None, world_size: int | None = None,
          timeout: float | datetime.timedelta | None = None, *, store: Store | None = None,
-         secret: str | bytes | None = None, backend: str | None = None) -> None:
+         secret: str | bytes | None = None, backend: str | None = None,
+         keep_going: bool | None = None) -> None:
     """Join the job: rendezvous, connect to every rank, create the world group.
 
     Args:
@@ -449,6 +457,10 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
             mpi4py; the ranks are MPI's, and without ``init_method`` or ``store`` rank 0 serves
             the store and MPI hands its address and the secret to the others); default
             ``TENSORCOMM_BACKEND``, else ``"tensorcomm"``. See docs/mpi.md.
+        keep_going: a failed call leaves each array untouched or complete (docs/semantics.md
+            says what that costs), for jobs that shrink and go on after a failure
+            (docs/elastic.md); default ``TENSORCOMM_KEEP_GOING``, which ``tensorcomm run
+            --keep-going`` sets, else False: the arrays of a failed call are unspecified.
 
     Raises:
         RuntimeError: already initialised.
@@ -465,6 +477,8 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
         info = discover()
         seconds = _seconds(timeout, info.timeout or config.DEFAULT_TIMEOUT)
         chosen = _backend(backend, info.backend)
+        if keep_going is not None and not isinstance(keep_going, bool):
+            raise TypeError(f"init: keep_going must be a bool or None, got {type(keep_going).__name__}")
         if store is not None:
             if init_method is not None:
                 raise ValueError("init: pass either init_method or store, not both")
@@ -480,7 +494,8 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
         else:
             rdzv = _meet(init_method, rank, world_size, seconds)
         try:
-            _current = World(rdzv, seconds, info.transport, chosen, info.hierarchy, info.algorithms)
+            _current = World(rdzv, seconds, info.transport, chosen, info.hierarchy, info.algorithms,
+                             info.keep_going if keep_going is None else keep_going, info.cma)
         except BaseException:
             rdzv.close()
             raise

@@ -248,8 +248,10 @@ def global_rank(settings: LaunchSettings, local_rank: int) -> int:
 
 
 def rank_env(base: Mapping[str, str], settings: LaunchSettings, store: StoreAddress,
-             local_rank: int) -> dict[str, str]:
-    """The full environment of one child: ``base`` plus the contract variables.
+             local_rank: int, keep_going: bool = False) -> dict[str, str]:
+    """The full environment of one child: ``base`` plus the contract variables; with
+    ``keep_going`` (``--keep-going``) also ``TENSORCOMM_KEEP_GOING=1``, so that a failed call
+    leaves the survivors' arrays untouched or complete.
 
     Raises:
         ValueError: ``local_rank`` outside ``0..nprocs-1``.
@@ -269,4 +271,6 @@ def rank_env(base: Mapping[str, str], settings: LaunchSettings, store: StoreAddr
         config.ENV_STORE_HOSTED: "1",
         ENV_PYTHONUNBUFFERED: "1",
     })
+    if keep_going:
+        env[config.ENV_KEEP_GOING] = "1"
     return env

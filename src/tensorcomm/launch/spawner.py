@@ -464,7 +464,7 @@ def launch(settings: launch_env.LaunchSettings, argv: list[str], *,
         if server is not None:
             print(f"tensorcomm: store at {store.host}:{store.port}", file=sys.stderr, flush=True)
         specs = [RankSpec(launch_env.global_rank(settings, local),
-                          argv, launch_env.rank_env(os.environ, settings, store, local))
+                          argv, launch_env.rank_env(os.environ, settings, store, local, keep_going))
                  for local in range(settings.nprocs)]
         users = server.clients if keep_going and server is not None and settings.nnodes > 1 else None
         return run_ranks(specs, timeout=settings.timeout, cleanup=cleanup, keep_going=keep_going,

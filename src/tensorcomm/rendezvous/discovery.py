@@ -41,6 +41,12 @@ Read whatever the source::
                                members each (docs/algorithms.md)
     TENSORCOMM_ALGORITHMS      "collective=algorithm,...", e.g. "all_reduce=ring": run these
                                algorithms (names in docs/algorithms.md) instead of choosing
+    TENSORCOMM_KEEP_GOING      "1": a failed call leaves each array untouched or complete, for
+                               jobs that shrink and go on (``tensorcomm run --keep-going`` sets
+                               it; init(keep_going=...) wins); "0" or unset: arrays of a failed
+                               call are unspecified
+    TENSORCOMM_CMA             "off": ranks on one host never read each other's memory directly
+                               (cross-memory attach); "auto" or unset: where the kernel allows
     TENSORCOMM_TUNING_FILE     the tuning file ``tensorcomm tune`` writes and selection reads, or
                                "off"; unset: one per host under $XDG_CACHE_HOME/tensorcomm, else
                                ~/.cache/tensorcomm (``tuning_location``)
@@ -79,10 +85,12 @@ from tensorcomm.config import (
     BACKENDS,
     ENV_ALGORITHMS,
     ENV_BACKEND,
+    ENV_CMA,
     ENV_FLIGHT_CALLS,
     ENV_FLIGHT_DIR,
     ENV_HIERARCHY,
     ENV_HOST_ID,
+    ENV_KEEP_GOING,
     ENV_LOCAL_RANK,
     ENV_LOCAL_WORLD_SIZE,
     ENV_MASTER_ADDR,
@@ -147,6 +155,8 @@ class JobInfo:
     mpi_launcher: str | None = None  # the MPI launcher's variable that is set (PMI_RANK...), else None
     slurm_nodelist: str | None = None  # under srun: the step's (else job's) node list, compressed
     slurm_job_id: int | None = None  # under srun
+    keep_going: bool = False  # failed calls leave arrays untouched or complete
+    cma: bool = True  # ranks on one host may read each other's memory directly
 
 
 @dataclass(frozen=True)
@@ -226,6 +236,8 @@ def discover(environ: Mapping[str, str] | None = None) -> JobInfo:
         slurm_nodelist=(next((env[n] for n in SLURM_NODELISTS if env.get(n, "").strip()), None)
                         if SLURM_RANK in env else None),
         slurm_job_id=_first_int(env, SLURM_JOB_IDS, minimum=0) if SLURM_RANK in env else None,
+        keep_going=_flag(env, ENV_KEEP_GOING),
+        cma=_cma(env),
     )
 
 
@@ -322,6 +334,15 @@ def _backend(env: Mapping[str, str]) -> str:
     if value not in BACKENDS:
         raise ValueError(f"{ENV_BACKEND}={raw!r}: expected one of {', '.join(map(repr, BACKENDS))}")
     return value
+
+
+def _cma(env: Mapping[str, str]) -> bool:
+    raw = env.get(ENV_CMA)
+    if raw is None or raw.strip().lower() == "auto":
+        return True
+    if raw.strip().lower() == "off":
+        return False
+    raise ValueError(f"{ENV_CMA}={raw!r}: expected 'auto' or 'off'")
 
 
 def _hierarchy(env: Mapping[str, str]) -> bool:

@@ -28,14 +28,19 @@ with an error of the same kind: the group has to be rebuilt.
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import mmap
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ...errors import CommError, PeerLostError
 from . import arena as arena_mod
+from . import cma
 from . import slots as slots_mod
 from .arena import Arena, ShmUnavailable
 from .slots import Slots
@@ -71,6 +76,7 @@ class ShmDomain:
         start, post, wait, extent, extents: the call protocol (``Slots``' methods).
         last_broadcast: after a broadcast through half the OUT region, the post count it ended
             at and the half it used, else None (``algorithms/shm_broadcast.staged`` reads it).
+        cma: the members read each other's memory directly (``settle_cma`` decided so).
     """
 
     def __init__(self, arena: Arena, rank: int, size: int, global_ranks: Sequence[int],
@@ -110,6 +116,10 @@ class ShmDomain:
         self.extents = slots.extents
         self._backup = np.empty(0, dtype=np.uint8)
         self.last_broadcast: tuple[int, int] | None = None
+        self.cma = False
+        self._pids = arena.pids
+        self._shared: list[tuple[int, int]] = []  # this member's block of each shared allocation
+        self._shared_blocks: list[tuple[np.ndarray, ...]] = []  # every member's block, per allocation
         self._closed = False
 
     # -- per call --------------------------------------------------------------------------------
@@ -144,11 +154,112 @@ class ShmDomain:
         return np.ndarray((self.size, count), dtype=dtype, buffer=self._raw, offset=start,
                           strides=(self._member, dtype.itemsize))
 
+    def place(self, array: np.ndarray) -> tuple[int, int, int]:
+        """Where ``array`` (C-contiguous) lies, as peers find it: its address in this process,
+        1 + the index of the group's shared allocation that holds it (0: none) and its byte
+        offset in this member's block there."""
+        address = array.__array_interface__["data"][0]
+        for index, (start, stop) in enumerate(self._shared):
+            if start <= address and address + array.nbytes <= stop:
+                return address, index + 1, address - start
+        return address, 0, 0
+
+    def shared_view(self, q: int, index: int) -> np.ndarray:
+        """Member ``q``'s block of the group's shared allocation ``index``, as bytes."""
+        return self._shared_blocks[index][q]
+
     def backup(self, nbytes: int) -> np.ndarray:
         """Private scratch of ``nbytes`` (kept between calls: it is as large as the largest need)."""
         if self._backup.size < nbytes:
             self._backup = np.empty(nbytes, dtype=np.uint8)
         return self._backup[:nbytes]
+
+    def read(self, q: int, local: int, remote: int, nbytes: int) -> None:
+        """Copy ``nbytes`` at address ``remote`` of member ``q``'s memory to address ``local``
+        (``cma.read``; the group must have ``cma``).
+
+        Raises:
+            PeerLostError: ``q``'s process exited (before or during the copy).
+            CommError: not every byte was copied, though ``q`` lives.
+        """
+        try:
+            cma.read(self._pids[q], local, remote, nbytes)
+        except cma.CmaError as exc:
+            raise self._cma_failure(q, exc, "read") from None
+
+    def write(self, q: int, local: int, remote: int, nbytes: int) -> None:
+        """Copy ``nbytes`` at address ``local`` into member ``q``'s memory at ``remote``
+        (``cma.write``); raises as ``read``."""
+        try:
+            cma.write(self._pids[q], local, remote, nbytes)
+        except cma.CmaError as exc:
+            raise self._cma_failure(q, exc, "write") from None
+
+    def _cma_failure(self, q: int, exc: cma.CmaError, verb: str) -> CommError:
+        """The error of a cross-memory copy with member ``q`` that failed with ``exc``: a lost
+        peer when its process is gone or going (it may take a moment to become a zombie)."""
+        me, them = self.global_ranks[self.rank], self.global_ranks[q]
+        settle = time.monotonic() + 1.0
+        while exc.errno != errno.ESRCH and not self.slots.exited(q) and time.monotonic() < settle:
+            time.sleep(0.01)
+        if exc.errno == errno.ESRCH or self.slots.exited(q):
+            return PeerLostError(them, f"its process exited while rank {me} was to {verb} its memory")
+        return CommError(f"rank {me} could not {verb} rank {them}'s memory in group "
+                         f"{self.group_name!r}: {exc}")
+
+    def settle_cma(self, allowed: bool, timeout: float) -> None:
+        """Decide with every member whether the group reads peers' memory directly (sets
+        ``cma``); every member calls this once, when the group starts, after every member has
+        its domain.
+
+        Each member grants its peers access (``cma.grant``), offers an address to probe and,
+        once every member has, reads 8 bytes there of each peer: the segment's magic number, as
+        that peer has it mapped. The group uses CMA only if every read on every member succeeded;
+        otherwise each member logs one INFO line saying why not. Two posts.
+
+        Args:
+            allowed: this member may use CMA (``TENSORCOMM_CMA`` is not ``off``).
+            timeout: seconds the two waits may take.
+
+        Raises:
+            CommError: a peer was lost or timed out meanwhile (the group cannot work either).
+        """
+        slots = self.slots
+        reason = None if allowed else "TENSORCOMM_CMA=off on this rank"
+        if reason is None:
+            reason = cma.grant(self._pids)
+        slots.note(slots_mod.R_PROBE, 0 if reason else slots.address)
+        setup = _Setup(f"the start of group {self.group_name!r}", -1, timeout,
+                       time.monotonic() + timeout, ())
+        slots.post()
+        slots.wait(self.peers, slots.posts, setup)
+        if reason is None:
+            reason = self._probe()
+        slots.note(slots_mod.R_VERDICT, 2 if reason else 1)
+        slots.post()
+        slots.wait(self.peers, slots.posts, setup)
+        refused = [self.global_ranks[q] for q in self.peers if slots.noted(q, slots_mod.R_VERDICT) != 1]
+        self.cma = reason is None and not refused
+        if not self.cma:
+            why = reason or f"rank(s) {', '.join(map(str, refused))} could not read their peers"
+            log.info("group %r: members do not read each other's memory directly (CMA), so large "
+                     "messages go through the shared slots: %s", self.group_name, why)
+
+    def _probe(self) -> str | None:
+        """Read each peer's offered address (``settle_cma``); None if all reads succeed, else why."""
+        word = np.zeros(1, dtype=np.int64)
+        for q in self.peers:
+            offered = self.slots.noted(q, slots_mod.R_PROBE)
+            if not offered:
+                return f"rank {self.global_ranks[q]} does not allow it"
+            try:
+                cma.read(self._pids[q], word.ctypes.data, offered, word.nbytes)
+            except cma.CmaError as exc:
+                return (f"process_vm_readv of rank {self.global_ranks[q]} (pid {self._pids[q]}) "
+                        f"failed: {cma.refusal(exc.errno or 0)}")
+            if int(word[0]) != slots_mod.MAGIC:
+                return f"a probing read of rank {self.global_ranks[q]} returned the wrong bytes"
+        return None
 
     def fail(self, error: BaseException, ctx: Any) -> None:
         """A call failed on this member: refuse later calls and tell the peers."""
@@ -179,6 +290,17 @@ class ShmDomain:
         self._raw = self._backup = None  # type: ignore[assignment]
         self.slots.close()
         self.arena.close()
+
+
+@dataclass
+class _Setup:
+    """The waits of ``settle_cma``, as a call (``slots.CallInfo``) describes them in errors."""
+
+    name: str
+    seq: int
+    timeout: float
+    deadline: float
+    signature: tuple[int, ...]
 
 
 def _write_header(mm: mmap.mmap, size: int, nbytes: int, slot_bytes: int, out_bytes: int) -> None:

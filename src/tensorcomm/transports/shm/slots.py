@@ -84,8 +84,11 @@ R_ENTRY = (1, 4)
 R_SIGNATURE = (8, 13)
 # Line 3: written rarely.
 R_SLEEPERS, R_STATE = 24, 25
-# Lines 4-5: this rank's fault record; then its text.
+# Line 4: this rank's fault record; its text from byte 512.
 R_FAULT_KIND, R_FAULT_SEQ, R_FAULT_PEER = 32, 33, 34
+# Line 5: written once, when the group starts (``ShmDomain.settle_cma``): the address this rank
+# offers for a probing cross-memory read (0: it will not be read), then its verdict on its peers.
+R_PROBE, R_VERDICT = 40, 41
 R_TEXT_BYTE = 512
 
 STATE_ACTIVE, STATE_LEFT = 0, 1
@@ -300,6 +303,18 @@ class Slots:
 
     def counter(self, rank: int) -> int:
         return self.words[self.counter_word[rank]]
+
+    def note(self, word: int, value: int) -> None:
+        """Write ``value`` at word ``word`` (``R_PROBE``, ``R_VERDICT``) of this rank's line."""
+        self.words[self._base[self.rank] + word] = value
+
+    def noted(self, rank: int, word: int) -> int:
+        """What ``rank`` wrote at word ``word`` of its line (``note``)."""
+        return self.words[self._base[rank] + word]
+
+    def exited(self, rank: int) -> bool:
+        """Whether the process of group rank ``rank`` has exited."""
+        return rank in self._liveness.dead()
 
     def _wake_sleepers(self) -> None:
         self.words[self._my_sleepers] = 0

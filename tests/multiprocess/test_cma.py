@@ -1,0 +1,185 @@
+"""The direct-read algorithms (``shm_cma``: members read each other's arrays with cross-memory
+attach) on real rank processes, against numpy: 2, 3 and 4 ranks, odd sizes, every dtype, uneven
+blocks, strided and read-only inputs, in both modes of a failed call's arrays.
+
+The rows are forced (``TENSORCOMM_ALGORITHMS``) so that small arrays take them too; a test that
+the built-in selection takes them for large arrays, and a mismatch test, close the file.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tensorcomm as tc
+from tensorcomm.testing import rank_data, reduce_reference, reduces, run_ranks
+from tensorcomm.transports.shm import cma, slots
+
+pytestmark = [pytest.mark.multiprocess,
+              pytest.mark.skipif(not (slots.SUPPORTED and cma.available()), reason="needs x86-64 Linux")]
+
+FORCED = {"TENSORCOMM_ALGORITHMS": "all_reduce=shm_cma,reduce_scatter=shm_cma,all_gather=shm_cma,"
+                                   "broadcast=shm_cma,all_to_all=shm_cma"}
+MODES = {"keep_going": {"TENSORCOMM_KEEP_GOING": "1"}, "default": {}}
+DTYPES = [np.bool_, np.int8, np.uint16, np.int32, np.int64, np.float16, ml_dtypes.bfloat16,
+          np.float32, np.float64, np.complex64, np.complex128]
+OPS = [tc.ReduceOp.SUM, tc.ReduceOp.PROD, tc.ReduceOp.MAX, tc.ReduceOp.AVG, tc.ReduceOp.BXOR,
+       tc.premul_sum(0.5)]
+COUNTS = [1, 7, 1000, 200_003]  # the last one in several chunks of the reductions (CHUNK_BYTES)
+
+
+def _assert_reduced(got: np.ndarray, expected: np.ndarray, op, what: str) -> None:
+    if op is tc.ReduceOp.AVG or isinstance(op, tc.PremulSum):
+        tolerance = 1e-2 if got.dtype in (np.float16, ml_dtypes.bfloat16) else 1e-6
+        np.testing.assert_allclose(got.astype(np.complex128), expected.astype(np.complex128),
+                                   rtol=tolerance, err_msg=what)
+    else:
+        np.testing.assert_array_equal(got, expected, err_msg=what)
+
+
+def _ran_cma(what: str) -> None:
+    ran = tc.WORLD.last_call
+    assert ran is not None and ran.algorithm == "shm_cma", (what, ran)
+
+
+def body_reductions() -> None:
+    rank, size = tc.get_rank(), tc.get_world_size()
+    for op in OPS:
+        for dtype in DTYPES:
+            if not reduces(op, dtype):
+                continue
+            for count in COUNTS:
+                what = f"{op} {np.dtype(dtype)} x{count}"
+                inputs = [rank_data(r, count * size, dtype, op=op) for r in range(size)]
+                expected = reduce_reference(op, inputs)
+                x = inputs[rank].copy()
+                tc.all_reduce(x, op=op)
+                _ran_cma(what)
+                _assert_reduced(x, expected, op, f"all_reduce {what}")
+                out = np.zeros(count, dtype)
+                tc.reduce_scatter_tensor(out, inputs[rank], op=op)
+                _ran_cma(what)
+                _assert_reduced(out, expected[rank * count:(rank + 1) * count], op, f"reduce_scatter {what}")
+
+
+def body_movement() -> None:
+    rank, size = tc.get_rank(), tc.get_world_size()
+    for dtype in DTYPES:
+        for count in COUNTS:
+            what = f"{np.dtype(dtype)} x{count}"
+            for src in range(size):
+                x = rank_data(rank, count, dtype, salt=src)
+                tc.broadcast(x, src=src)
+                _ran_cma(what)
+                np.testing.assert_array_equal(x, rank_data(src, count, dtype, salt=src), err_msg=what)
+            mine = rank_data(rank, count, dtype)
+            gathered = np.zeros(count * size, dtype)
+            tc.all_gather_into_tensor(gathered, mine)
+            _ran_cma(what)
+            np.testing.assert_array_equal(
+                gathered, np.concatenate([rank_data(r, count, dtype) for r in range(size)]), err_msg=what)
+            send = rank_data(rank, count * size, dtype, salt=7)
+            got = np.zeros(count * size, dtype)
+            tc.all_to_all_single(got, send)
+            _ran_cma(what)
+            mine = slice(rank * count, (rank + 1) * count)
+            expected = np.concatenate([rank_data(r, count * size, dtype, salt=7)[mine] for r in range(size)])
+            np.testing.assert_array_equal(got, expected, err_msg=what)
+
+
+def body_uneven_strided_read_only() -> None:
+    """Blocks of different sizes per member; inputs that are strided views or read-only."""
+    rank, size = tc.get_rank(), tc.get_world_size()
+    counts = [3 + 1001 * q for q in range(size)]  # what member q sends (all_gather)
+    mine = rank_data(rank, counts[rank], np.float32)
+    mine.flags.writeable = False
+    outs = [np.zeros(c, np.float32) for c in counts]
+    tc.all_gather(outs, mine)
+    _ran_cma("all_gather v")
+    for q in range(size):
+        np.testing.assert_array_equal(outs[q], rank_data(q, counts[q], np.float32))
+    # all_to_all_single with split sizes: member i sends (i + j + 1) * 37 elements to member j
+    send_rows = [(rank + j + 1) * 37 for j in range(size)]
+    recv_rows = [(i + rank + 1) * 37 for i in range(size)]
+    send = rank_data(rank, (sum(send_rows), 3), np.int64)[:, ::2]  # strided: every other column
+    got = np.zeros((sum(recv_rows), 2), np.int64)
+    tc.all_to_all_single(got, send, output_split_sizes=recv_rows, input_split_sizes=send_rows)
+    _ran_cma("all_to_all v")
+    pieces = []
+    for i in range(size):
+        theirs = rank_data(i, (sum((i + j + 1) * 37 for j in range(size)), 3), np.int64)[:, ::2]
+        start = sum((i + j + 1) * 37 for j in range(rank))
+        pieces.append(theirs[start:start + recv_rows[i]])
+    np.testing.assert_array_equal(got, np.concatenate(pieces))
+    # a strided, read-only all_reduce input is not allowed (in place); a strided broadcast is
+    x = rank_data(rank, (500, 4), np.float64)
+    view = x[:, 1]
+    tc.broadcast(view, src=size - 1)
+    _ran_cma("broadcast of a strided view")
+    np.testing.assert_array_equal(view, rank_data(size - 1, (500, 4), np.float64)[:, 1])
+    # every member's reduce_scatter input read-only
+    send = rank_data(rank, 999 * size, np.float32)
+    send.flags.writeable = False
+    out = np.zeros(999, np.float32)
+    tc.reduce_scatter_tensor(out, send)
+    _ran_cma("reduce_scatter of a read-only input")
+    expected = reduce_reference(tc.ReduceOp.SUM, [rank_data(r, 999 * size, np.float32) for r in range(size)])
+    np.testing.assert_array_equal(out, expected[rank * 999:(rank + 1) * 999])
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_reductions_match_numpy(world_size, mode):
+    run_ranks(body_reductions, world_size, timeout=300, env={**FORCED, **MODES[mode]})
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_data_movement_matches_numpy(world_size, mode):
+    run_ranks(body_movement, world_size, timeout=300, env={**FORCED, **MODES[mode]})
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_uneven_blocks_strided_and_read_only_inputs(world_size):
+    run_ranks(body_uneven_strided_read_only, world_size, timeout=120, env=FORCED)
+
+
+def body_selected_for_large_arrays() -> dict[str, str]:
+    size = tc.get_world_size()
+    x = np.ones(16 << 20, np.uint8)  # 16 MiB: above every built-in crossover
+    ran = {}
+    tc.all_reduce(x.view(np.float32))
+    ran["all_reduce"] = tc.WORLD.last_call.algorithm
+    tc.broadcast(x, src=0)
+    ran["broadcast"] = tc.WORLD.last_call.algorithm
+    out = np.empty(x.size * size, np.uint8)
+    tc.all_gather_into_tensor(out, x)
+    ran["all_gather"] = tc.WORLD.last_call.algorithm
+    return ran
+
+
+def test_large_arrays_are_read_directly_unless_switched_off():
+    for ran in run_ranks(body_selected_for_large_arrays, 2, timeout=120):
+        assert set(ran.values()) == {"shm_cma"}, ran
+    for ran in run_ranks(body_selected_for_large_arrays, 2, timeout=120, env={"TENSORCOMM_CMA": "off"}):
+        assert "shm_cma" not in ran.values(), ran
+
+
+def body_mismatched_sizes() -> str:
+    """Both ranks gather 201 elements (the signatures agree), but split differently."""
+    rank = tc.get_rank()
+    counts = [100, 101] if rank == 0 else [99, 102]
+    outs = [np.zeros(c, np.float32) for c in counts]
+    try:
+        tc.all_gather(outs, np.ones(counts[rank], np.float32))
+    except tc.CollectiveMismatchError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_a_size_mismatch_fails_on_every_rank():
+    results = run_ranks(body_mismatched_sizes, 2, timeout=60, env=FORCED)
+    assert "with 101 elements" in results[1] or "with 102 elements" in results[0], results
+    for text in results:
+        assert "all_gather" in text and "expecting" in text, results
