@@ -67,6 +67,7 @@ from .frontends.process_group import (
     new_group,
     new_subgroups_by_enumeration,
 )
+from .frontends.shared import empty, zeros
 from .frontends.sparse import sparse_all_reduce
 from .frontends.uneven import all_gather_v, all_to_all_v, gather_v, scatter_v
 from .types import PremulSum, ReduceOp, TransportKind
@@ -81,6 +82,8 @@ __all__ = [
     "get_rank", "get_world_size", "get_local_rank", "new_group", "create_group",
     "new_subgroups_by_enumeration", "get_group_rank", "get_global_rank", "Group", "CallInfo",
     "WORLD",
+    # shared arrays
+    "empty", "zeros",
     # collectives and point-to-point
     "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "gather",
     "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",

@@ -25,6 +25,7 @@ PUBLIC = {
     "get_rank", "get_world_size", "get_local_rank", "new_group", "create_group",
     "new_subgroups_by_enumeration", "get_group_rank", "get_global_rank", "Group", "CallInfo",
     "WORLD",
+    "empty", "zeros",
     "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "gather",
     "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
     "barrier", "scan", "exscan", "send", "recv", "isend", "irecv",

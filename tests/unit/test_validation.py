@@ -117,6 +117,12 @@ CASES: list[tuple[str, type[Exception], str, Callable[[], object]]] = [
     ("new_group-str-rank", TypeError, r"ranks\[0\] must be an int", lambda: tc.new_group(["a"])),
     ("all_to_all_single-splits", ValueError, "input_split_sizes must be non-negative and sum",
      lambda: tc.all_to_all_single(np.ones((1, 2)), np.ones((1, 2)), None, [2])),
+    ("zeros-negative", ValueError, "zeros: shape must not be negative", lambda: tc.zeros((2, -1))),
+    ("zeros-float-shape", TypeError, r"zeros: shape\[0\] must be an int", lambda: tc.zeros([2.0])),
+    ("empty-str-shape", TypeError, "empty: shape must be an int", lambda: tc.empty("4")),
+    ("empty-object-dtype", ValueError, "dtype object holds Python objects", lambda: tc.empty(3, object)),
+    ("zeros-bad-dtype", TypeError, "zeros: dtype must be a numpy dtype", lambda: tc.zeros(3, "float33")),
+    ("zeros-group-float", TypeError, "group must be", lambda: tc.zeros(3, group=3.5)),
 ]
 
 

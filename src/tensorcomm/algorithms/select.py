@@ -139,6 +139,9 @@ def _shm_one_slot(team: Team, nbytes: int) -> bool:
 # tune`` measures where the crossover lies on a host.
 CMA_BYTES = {"all_reduce": 8 << 20, "reduce_scatter": 4 << 20, "all_gather": 16 << 20,
              "broadcast": 8 << 20, "all_to_all": 8 << 20}
+# A group with shared arrays (``tensorcomm.empty``) reads from this size up: a shared array is
+# copied once, through the caches, straight from its owner's block.
+SHARED_BYTES = 64 << 10
 
 
 def _can_read(team: Team, nbytes: int) -> bool:
@@ -147,11 +150,13 @@ def _can_read(team: Team, nbytes: int) -> bool:
 
 
 def _reads(collective: str) -> Predicate:
-    """The predicate of ``collective``'s ``shm_cma`` row: CMA allowed, the call large enough."""
+    """The predicate of ``collective``'s ``shm_cma`` row: CMA allowed, the call large enough
+    (``SHARED_BYTES`` in a group with shared arrays, else ``CMA_BYTES``)."""
     threshold = CMA_BYTES[collective]
 
     def predicate(team: Team, nbytes: int) -> bool:
-        return nbytes >= threshold and _can_read(team, nbytes)
+        shm = team.shm
+        return shm is not None and shm.cma and nbytes >= (SHARED_BYTES if shm.shared else threshold)
 
     return predicate
 

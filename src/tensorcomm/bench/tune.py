@@ -52,7 +52,7 @@ class _Slots:
     out for sure)."""
 
     def __init__(self, size: int) -> None:
-        self.size, self.slot_bytes, self.cma = size, SLOT_BYTES, cma.available()
+        self.size, self.slot_bytes, self.cma, self.shared = size, SLOT_BYTES, cma.available(), False
 
 
 def model_team(members: int, transport: str) -> Team:

@@ -250,8 +250,23 @@ class World:
         """
         if not self._can_share_memory(ranks):
             return None
-        store = self.store
         prefix = f"shm/{group_id}/"
+        try:
+            return open_domain(ranks.index(self.rank), ranks, name, self.rendezvous.secret,
+                               *self.segment_exchange(prefix, abandon),
+                               self.timeout if timeout is None else timeout, _describe)
+        except ShmUnavailable as exc:
+            log.warning("group %r: rank %d cannot use shared memory (%s); the group uses TCP",
+                        name, self.rank, exc)
+            self.store.set(prefix + "failed", f"rank {self.rank}: {exc}".encode())
+            return None
+
+    def segment_exchange(self, prefix: str, abandon: Callable[[], str | None] | None = None) -> tuple[
+            Callable[[str], None], Callable[[float], str | None], Callable[[], str | None]]:
+        """How the members of a new shared segment find its leader through the store, under
+        ``prefix``: ``publish``, ``lookup`` and ``failed`` for ``arena.establish``. ``failed``
+        reads the ``failed`` key a member sets when it gives up, else asks ``abandon()``."""
+        store = self.store
 
         def publish(address: str) -> None:
             store.set(prefix + "address", address.encode())
@@ -267,14 +282,7 @@ class World:
                 return store.get(prefix + "failed").decode()
             return None if abandon is None else abandon()
 
-        try:
-            return open_domain(ranks.index(self.rank), ranks, name, self.rendezvous.secret, publish,
-                               lookup, failed, self.timeout if timeout is None else timeout, _describe)
-        except ShmUnavailable as exc:
-            log.warning("group %r: rank %d cannot use shared memory (%s); the group uses TCP",
-                        name, self.rank, exc)
-            store.set(prefix + "failed", f"rank {self.rank}: {exc}".encode())
-            return None
+        return publish, lookup, failed
 
     def named_group(self, name: str) -> Group:
         """The group registered under ``name``.

@@ -120,6 +120,8 @@ class ShmDomain:
         self._pids = arena.pids
         self._shared: list[tuple[int, int]] = []  # this member's block of each shared allocation
         self._shared_blocks: list[tuple[np.ndarray, ...]] = []  # every member's block, per allocation
+        self._arenas: list[Arena] = []  # the segments of the shared allocations
+        self.allocations = 0  # shared allocations asked for so far, made or not (names their keys)
         self._closed = False
 
     # -- per call --------------------------------------------------------------------------------
@@ -163,6 +165,23 @@ class ShmDomain:
             if start <= address and address + array.nbytes <= stop:
                 return address, index + 1, address - start
         return address, 0, 0
+
+    @property
+    def shared(self) -> bool:
+        """Whether the group has shared arrays (``add_shared``)."""
+        return bool(self._shared)
+
+    def add_shared(self, arena: Arena, block: int) -> np.ndarray:
+        """Take on a shared allocation: ``arena`` holds every member's block of ``block`` bytes,
+        in group-rank order; every member adds its allocations in the same order. Returns this
+        member's block (uint8); ``close`` lets go of it."""
+        raw = np.frombuffer(arena.mm, dtype=np.uint8)
+        blocks = tuple(raw[q * block:(q + 1) * block] for q in range(self.size))
+        start = blocks[self.rank].__array_interface__["data"][0]
+        self._shared.append((start, start + block))
+        self._shared_blocks.append(blocks)
+        self._arenas.append(arena)
+        return blocks[self.rank]
 
     def shared_view(self, q: int, index: int) -> np.ndarray:
         """Member ``q``'s block of the group's shared allocation ``index``, as bytes."""
@@ -288,6 +307,10 @@ class ShmDomain:
         self.slots.leave()
         self.inbox = self.outbox = ()
         self._raw = self._backup = None  # type: ignore[assignment]
+        self._shared, self._shared_blocks = [], []
+        for arena in self._arenas:  # an array the caller still holds keeps its segment mapped
+            arena.close()
+        self._arenas = []
         self.slots.close()
         self.arena.close()
 
