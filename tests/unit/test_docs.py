@@ -47,6 +47,17 @@ def test_every_page_is_in_the_nav() -> None:
     assert nav - pages == set(), "nav entries without a page"
 
 
+# An internal issue number ("issue 21", "(issue 14)"), a commit hash: history, which goes to
+# CHANGELOG.md (docs/changelog.md only includes it). Issues of other projects name the project.
+_HISTORY = re.compile(r"(?<!CPython )\bissues? \d+|\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
+
+
+def test_user_docs_carry_no_history() -> None:
+    found = [(page.name, hit.group()) for page in MARKDOWN if page.name != "changelog.md"
+             for hit in _HISTORY.finditer(page.read_text())]
+    assert found == []
+
+
 def test_nav_titles_are_the_page_titles() -> None:
     """A nav entry's title is its page's heading, up to a colon (Home excepted)."""
     text = (ROOT / "mkdocs.yml").read_text()
