@@ -7,15 +7,14 @@ Runs each collective at 2 ranks through the public API with the shared-memory wa
 (``Slots._block``, entered when a peer's counter is not there yet, and ``Slots._sleep``, a futex
 sleep), and prints per rank and call: the time per call, the part of it spent blocked in waits,
 the blocked waits, futex sleeps and (minor) page faults per call. Time not blocked is this rank's
-own work (copies, reductions, Python). Also prints the copy rate of a 2-process *cross-core*
-copy (one process writes a shared buffer, the other copies it out, as a collective's receiver
-does) beside the private copy ``bench.bound`` measures, at each size.
+own work (copies, reductions, Python). Also prints, at each size, the rates of the four kinds of
+copy ``bench.bound`` measures: private, *cross-core* (out of a buffer the other process has just
+written, as a collective's receiver copies), ``process_vm_readv``, and from memory.
 """
 
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import resource
 import time
@@ -80,42 +79,6 @@ def profile(names: list[str], sizes: list[int], calls: int, pin: bool) -> list[s
     return lines
 
 
-def _cross(size: int, rounds: int, conn: object, shared: object, writer: bool, result: object) -> None:
-    buf = np.frombuffer(shared, dtype=np.uint8)  # type: ignore[call-overload]
-    mine = np.ones(size, np.uint8)
-    best = float("inf")
-    for _ in range(rounds):
-        if writer:
-            buf[...] = mine
-            conn.send(1)  # type: ignore[attr-defined]
-            conn.recv()  # type: ignore[attr-defined]
-        else:
-            conn.recv()  # type: ignore[attr-defined]
-            t0 = time.perf_counter()
-            mine[...] = buf
-            best = min(best, time.perf_counter() - t0)
-            conn.send(1)  # type: ignore[attr-defined]
-    if not writer:
-        result.put(best)  # type: ignore[attr-defined]
-
-
-def cross_rate(size: int, rounds: int = 20) -> float:
-    """Bytes per second of copying ``size`` bytes out of a shared buffer another process (on the
-    other core, when the scheduler places it there) has just written: the fastest round."""
-    ctx = multiprocessing.get_context("fork")
-    shared = ctx.RawArray("B", size)
-    a, b = ctx.Pipe()
-    result = ctx.Queue()
-    procs = [ctx.Process(target=_cross, args=(size, rounds, end, shared, w, result))
-             for end, w in ((a, True), (b, False))]
-    for p in procs:
-        p.start()
-    best = result.get(timeout=120)
-    for p in procs:
-        p.join(30)
-    return size / best
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1M,4M")
@@ -130,10 +93,12 @@ def main() -> None:
         print("\n".join(lines))
     from tensorcomm.bench import bound
 
-    private = bound.measure(sizes, 2)
+    rates = bound.measure(sizes, 2)
     for size in sizes:
-        print(f"copy {size:>10} B: private (bench.bound, 2 at once) {private[size] / 1e9:6.2f} GB/s, "
-              f"out of the other process's fresh writes {cross_rate(size) / 1e9:6.2f} GB/s")
+        r = rates[size]
+        print(f"copy {size:>10} B, GB/s (bench.bound, 2 at once): private {r.private / 1e9:6.2f}, out of "
+              f"the other process's fresh writes {r.cross / 1e9:6.2f}, process_vm_readv {r.cma / 1e9:6.2f}, "
+              f"from memory {r.memory / 1e9:6.2f}")
 
 
 if __name__ == "__main__":

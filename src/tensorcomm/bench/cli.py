@@ -58,7 +58,7 @@ def _footer(rows: Sequence[Row]) -> list[str]:
 def _finish(opts: BenchOptions, rows: list[Row], machine: Mapping[str, Any],
             ranks: int) -> int:
     """Print the summary, write the requested files; return the exit code."""
-    for line in report.ratio_summary(rows) + bound.summary(rows, ranks) + _footer(rows):
+    for line in report.ratio_summary(rows) + bound.summary(rows, ranks, opts.shared) + _footer(rows):
         print(line)
     try:
         if opts.csv:

@@ -45,6 +45,7 @@ class BenchOptions:
     json: str | None
     plot: str | None
     compare_all: bool = False  # --compare all: the libraries missing here are skipped, not refused
+    shared: bool = False  # --shared-arrays: tensorcomm's buffers are tensorcomm.zeros arrays
 
     def plan(self) -> Plan:
         """How each size is timed (the same on every rank and library)."""
@@ -132,6 +133,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare", default="", metavar="LIBS",
                         help="also run these, interleaved with tensorcomm: "
                              f"{','.join(p for p in peers.PEERS if p != 'tensorcomm')} or all")
+    parser.add_argument("--shared-arrays", action="store_true",
+                        help="tensorcomm's buffers are shared arrays (tensorcomm.zeros, on a group "
+                             "made for each size); the other libraries keep plain arrays")
     parser.add_argument("--rounds", type=int, default=1, metavar="R",
                         help="measure every size R times per library, alternating the order")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
@@ -171,4 +175,4 @@ def from_args(args: argparse.Namespace) -> BenchOptions:
         collectives=collectives, ranks=args.ranks, sizes=sizes, dtype=args.dtype, op=args.op,
         check=bool(args.check), iters=args.iters, warmup=args.warmup, budget=args.time_budget,
         compare=compare, rounds=args.rounds, timeout=args.timeout, csv=args.csv, json=args.json,
-        plot=args.plot, compare_all=compare_text == "all")
+        plot=args.plot, compare_all=compare_text == "all", shared=args.shared_arrays)

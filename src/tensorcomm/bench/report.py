@@ -133,7 +133,8 @@ def header(options: BenchOptions, ranks: int, machine: Mapping[str, Any]) -> lis
               f"{options.budget:g} s of timed calls")
     return [
         (f"# tensorcomm bench: {', '.join(options.collectives)}; {ranks} ranks; {options.dtype}; "
-         f"op {options.op}; check {'on' if options.check else 'off'}"),
+         f"op {options.op}; check {'on' if options.check else 'off'}"
+         + ("; tensorcomm on shared arrays (tensorcomm.zeros)" if options.shared else "")),
         machine_line(machine),
         f"# software: Python {machine['python']}, numpy {machine['numpy']}; "
         + "; ".join(machine["libraries"].values())

@@ -125,7 +125,8 @@ def tasks(options: BenchOptions, ranks: int) -> list[Task]:
     for collective in options.collectives:
         counts = dict.fromkeys(element_count(collective, size, itemsize, ranks)
                                for size in options.sizes)
-        out += [Task(collective, count, options.dtype, options.op) for count in counts]
+        out += [Task(collective, count, options.dtype, options.op, options.shared)
+                for count in counts]
     return out
 
 

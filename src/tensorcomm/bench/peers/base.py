@@ -32,17 +32,18 @@ class Task:
     count: int  # elements of the whole buffer (formulas.element_count)
     dtype: str  # a key of check.DTYPES
     op: str  # one of check.OPS; ignored by collectives that do not reduce
+    shared: bool = False  # tensorcomm's buffers are shared arrays (--shared-arrays); others ignore it
 
     def to_json(self) -> dict[str, Any]:
         """The task as a JSON-ready dict."""
         return {"collective": self.collective, "count": self.count, "dtype": self.dtype,
-                "op": self.op}
+                "op": self.op, "shared": self.shared}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Task:
         """The task a ``to_json`` dict describes."""
         return cls(str(data["collective"]), int(data["count"]), str(data["dtype"]),
-                   str(data["op"]))
+                   str(data["op"]), bool(data.get("shared", False)))
 
 
 class ArrayCase(Case):
@@ -56,12 +57,13 @@ class ArrayCase(Case):
     run: Callable[[], object]
     algorithm = ""  # what runs the calls, where the library says (the table's algorithm column)
 
-    def __init__(self, task: Task, ranks: int, rank: int) -> None:
+    def __init__(self, task: Task, ranks: int, rank: int,
+                 zeros: Callable[[int, np.dtype], np.ndarray] = np.zeros) -> None:
         self.task, self.ranks, self.rank = task, ranks, rank
         self.dtype = check.DTYPES[task.dtype]
         inputs, outputs = check.layout(task.collective, task.count, ranks, rank)
-        self.input = np.zeros(inputs, self.dtype)
-        self.output = None if outputs is None else np.zeros(outputs, self.dtype)
+        self.input = zeros(inputs, self.dtype)
+        self.output = None if outputs is None else zeros(outputs, self.dtype)
 
     def reset(self) -> None:
         self.input[...] = check.fill_input(self.task.collective, self.task.op, self.dtype,

@@ -28,24 +28,24 @@ def commands(ranks: int, worker: list[str], env: dict[str, str]) -> list[Command
                      "-m", *worker[2:]], env)]
 
 
-def _call(task: Task, case: ArrayCase) -> Callable[[], Any]:
+def _call(task: Task, case: ArrayCase, group: tc.Group | None = None) -> Callable[[], Any]:
     op = tc.ReduceOp.parse(task.op)
     x, out, rank, size = case.input, case.output, case.rank, case.ranks
     if task.collective == "gather":
         pieces = list(out.reshape(size, -1)) if rank == ROOT and out is not None else None
-        return lambda: tc.gather(x, pieces, dst=ROOT)
+        return lambda: tc.gather(x, pieces, dst=ROOT, group=group)
     if task.collective == "scatter":
         pieces = list(x.reshape(size, -1)) if rank == ROOT else None
-        return lambda: tc.scatter(out, pieces, src=ROOT)
+        return lambda: tc.scatter(out, pieces, src=ROOT, group=group)
     if task.collective == "send_recv":
         return ping_pong(rank, size, lambda peer: tc.send(x, peer), lambda peer: tc.recv(x, peer))
     return {
-        "all_reduce": lambda: tc.all_reduce(x, op),
-        "broadcast": lambda: tc.broadcast(x, src=ROOT),
-        "reduce": lambda: tc.reduce(x, dst=ROOT, op=op),
-        "all_gather": lambda: tc.all_gather_into_tensor(out, x),
-        "reduce_scatter": lambda: tc.reduce_scatter_tensor(out, x, op),
-        "all_to_all": lambda: tc.all_to_all_single(out, x),
+        "all_reduce": lambda: tc.all_reduce(x, op, group=group),
+        "broadcast": lambda: tc.broadcast(x, src=ROOT, group=group),
+        "reduce": lambda: tc.reduce(x, dst=ROOT, op=op, group=group),
+        "all_gather": lambda: tc.all_gather_into_tensor(out, x, group=group),
+        "reduce_scatter": lambda: tc.reduce_scatter_tensor(out, x, op, group=group),
+        "all_to_all": lambda: tc.all_to_all_single(out, x, group=group),
     }[task.collective]
 
 
@@ -58,15 +58,25 @@ class TensorcommPeer(Peer):
         tc.init()
         self.version = f"tensorcomm {tc.__version__}"
         self.rank, self.size = tc.get_rank(), tc.get_world_size()
+        self._group: tc.Group | None = None  # the group of the latest --shared-arrays case
 
     def case(self, task: Task) -> Case:
         if COLLECTIVES[task.collective].reduces:
             _check_op(task)
-        case = ArrayCase(task, self.size, self.rank)
-        case.run = _call(task, case)
+        if self._group is not None:  # every rank makes its cases in one order: drop the last one's
+            self._group.destroy()
+            self._group = None
+        if task.shared and task.collective in ("gather", "scatter", "send_recv"):
+            raise Unsupported(f"--shared-arrays: {task.collective}'s buffers differ between ranks")
+        if task.shared:  # a group per case, so that its shared arrays go with it
+            self._group = group = tc.new_group()
+            case = ArrayCase(task, self.size, self.rank, lambda n, dtype: tc.zeros(n, dtype, group=group))
+        else:
+            case = ArrayCase(task, self.size, self.rank)
+        case.run = _call(task, case, self._group)
         if not COLLECTIVES[task.collective].round_trip:  # one call, on every rank, to learn what ran it
             case.run()
-            ran = tc.WORLD.last_call
+            ran = (self._group or tc.WORLD).last_call
             case.algorithm = "" if ran is None else f"{ran.algorithm}/{ran.transport}"
         return case
 
