@@ -74,6 +74,16 @@ def test_the_tests_the_docs_name_exist() -> None:
     assert missing == []
 
 
+def test_the_contributor_install_line_installs_what_ci_does() -> None:
+    """docs/contributing.md's install line names the extras .ci/run installs (mpi apart: it
+    needs MPICH, and has a line of its own)."""
+    ci = set(re.search(r'^extras="([^"]+)"', (ROOT / ".ci" / "run").read_text(), flags=re.MULTILINE)
+             .group(1).split(","))
+    guide = (DOCS / "contributing.md").read_text()
+    assert {frozenset(m.split(",")) for m in re.findall(r'pip install -e "\.\[([^\]]+)\]"', guide)
+            } >= {frozenset(ci)}
+
+
 def test_nav_titles_are_the_page_titles() -> None:
     """A nav entry's title is its page's heading, up to a colon (Home excepted)."""
     text = (ROOT / "mkdocs.yml").read_text()
