@@ -1,6 +1,6 @@
 """MindSpore ``ops`` style, uneven exchanges: ``AlltoAllV`` and ``NeighborExchange``.
 
-Operators with per-peer sizes, on the same base as ``objects.py`` (new arrays out, the input
+Operators with per-peer sizes, on the same base as ``operators.py`` (new arrays out, the input
 untouched, group as a name or ``Group``, global ranks). Both run as one all-to-all with element
 counts per member; a member that exchanges nothing with another sends an empty block.
 """
@@ -16,7 +16,7 @@ from ..core import collectives
 from ..core.group import Group
 from ..core.world import WORLD
 from . import uneven, validate
-from .objects import _Operator
+from .operators import _Operator
 
 
 def _counts(value: Any, argument: str, fn: str, length: int) -> list[int]:
