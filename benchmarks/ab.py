@@ -1,6 +1,7 @@
 """Interleaved A/B: one benchmark command run over two source trees, in alternating rounds.
 
-Usage: python benchmarks/ab.py A B [--rounds 5] [--record NAME] -- COMMAND [ARG ...]
+Usage: python benchmarks/ab.py A B [--rounds 5] [--env-a VAR=VALUE] [--env-b VAR=VALUE]
+           [--record NAME] -- COMMAND [ARG ...]
 
 A and B are source trees (a directory holding ``src/tensorcomm``: a checkout, a worktree) or git
 revisions (``main``, a commit), which are checked out with ``git worktree add --detach`` in a
@@ -15,6 +16,9 @@ affects both trees alike: compare the A/B column, not tables of different runs; 
     python benchmarks/ab.py main . -- python -m tensorcomm bench all_reduce -n 2 -b 8 -e 1M -f 8 \\
         --compare mpi --json {json}
     python benchmarks/ab.py main . --rounds 7 -- python benchmarks/small_calls.py --json {json}
+
+``--env-a`` / ``--env-b`` (repeatable) set variables for one side's runs only, so one tree can
+be compared with itself under two settings (``. . --env-b TENSORCOMM_KEEP_GOING=1``).
 
 Printed per figure: the median over the rounds for A and for B and A / B (above 1: B's figure is
 smaller), and the load average before each run. ``--record NAME`` also keeps that table as
@@ -56,9 +60,11 @@ def figures(document: Any) -> dict[str, float]:
     return {str(name): float(value) for name, value in document.items()}
 
 
-def run_once(command: list[str], tree: str, path: str) -> dict[str, float]:
-    """Run ``command`` with ``tree``'s tensorcomm; the figures it wrote to ``path``."""
-    env = dict(os.environ, PYTHONPATH=os.path.join(tree, "src"))
+def run_once(command: list[str], tree: str, path: str,
+             settings: dict[str, str] | None = None) -> dict[str, float]:
+    """Run ``command`` with ``tree``'s tensorcomm (and the variables ``settings``); the figures
+    it wrote to ``path``."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(tree, "src"), **(settings or {}))
     subprocess.run([arg.replace("{json}", path) for arg in command], env=env, check=True)
     with open(path, encoding="utf-8") as file:
         return figures(json.load(file))
@@ -85,24 +91,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("b", metavar="B", help="source tree or git revision")
     parser.add_argument("--rounds", type=int, default=5, help="runs per tree, alternating")
     parser.add_argument("--record", metavar="NAME", help="also write benchmarks/results/NAME.txt")
+    for side in "ab":
+        parser.add_argument(f"--env-{side}", action="append", default=[], metavar="VAR=VALUE",
+                            help=f"a variable for {side.upper()}'s runs only (repeatable)")
     options, command = split_command(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(options)
     if not any("{json}" in arg for arg in command):
         parser.error("the command must write its figures to {json}, e.g. ... --json {json}")
-    names = (args.a, args.b)
+    settings = [dict(item.split("=", 1) for item in items) for items in (args.env_a, args.env_b)]
+    names = (" ".join([args.a, *args.env_a]), " ".join([args.b, *args.env_b]))
+    if names[0] == names[1]:
+        parser.error("A and B are the same tree with the same settings")
     found: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     loads = []
     with contextlib.ExitStack() as cleanup:
-        trees = {name: checkout(name, cleanup) for name in names}
+        trees = {name: checkout(spec, cleanup) for name, spec in zip(names, (args.a, args.b), strict=True)}
         commits = "; ".join(f"{label} = {name}: {report.source_revision(os.path.join(tree, 'src'))}"
                             for label, (name, tree) in zip("AB", trees.items(), strict=True))
         lines = header(command, commits)
         work = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="tensorcomm-ab-json-"))
         for round_ in range(args.rounds):
-            for name, tree in trees.items():
+            for (name, tree), env in zip(trees.items(), settings, strict=True):
                 loads.append(f"# round {round_ + 1}, {name}: load {os.getloadavg()[0]:.2f}")
                 print(loads[-1], flush=True)
-                found[name].append(run_once(command, tree, os.path.join(work, "figures.json")))
+                found[name].append(run_once(command, tree, os.path.join(work, "figures.json"), env))
     lines += [*loads, f"# {args.rounds} rounds, A and B alternating; medians over the rounds",
               *table(names, found), footer()]
     print("\n".join(lines))

@@ -205,6 +205,8 @@ def test_rank_env_for_second_node() -> None:
     assert base == {"PATH": "/bin", "RANK": "stale"}
     with pytest.raises(ValueError, match="local_rank"):
         env.rank_env(base, settings, store, 3)
+    assert "TENSORCOMM_KEEP_GOING" not in envs[0]
+    assert env.rank_env(base, settings, store, 0, keep_going=True)["TENSORCOMM_KEEP_GOING"] == "1"
 
 
 def test_store_address_is_the_bound_port() -> None:

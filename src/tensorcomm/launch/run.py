@@ -74,8 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(env {launch_env.ENV_JOB_TIMEOUT}; default none)")
     parser.add_argument("--keep-going", action="store_true",
                         help="a rank that fails does not stop the others (for jobs whose "
-                             "survivors go on: Group.shrink, docs/elastic.md); the job succeeds "
-                             "if any rank succeeds")
+                             "survivors go on: Group.shrink, docs/elastic.md), and the ranks' "
+                             "failed calls leave in-place arrays untouched or complete "
+                             "(TENSORCOMM_KEEP_GOING=1); the job succeeds if any rank succeeds")
     parser.add_argument("--no-prefix", dest="prefix", action="store_false",
                         help="relay the ranks' lines as they are, without '[rank N] '")
     parser.add_argument("--local-ranks-filter", "--local_ranks_filter", type=_local_ranks,
