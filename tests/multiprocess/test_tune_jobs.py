@@ -124,7 +124,9 @@ def test_a_short_tune_writes_a_file_that_selection_accepts_and_check_reads_it(tm
     assert f"wrote {path}" in done.stdout
     data = json.loads(path.read_text())
     table = tuning.load(str(path), {c: select.names(c) for c in select.collectives()})
-    assert set(table) == {("shm", "all_reduce"), ("tcp", "all_reduce"), ("tcp", "broadcast")}
+    # broadcast has two shared-memory rows: the slots and direct reads (shm_cma)
+    assert set(table) == {("shm", "all_reduce"), ("shm", "broadcast"), ("tcp", "all_reduce"),
+                          ("tcp", "broadcast")}
     assert all(list(by_members) == [2] for by_members in table.values())
     assert {m["collective"] for m in data["measured"]} == {"all_reduce", "broadcast"}
     assert set(data["measured"][0]["times_us"]) == {"1024", "4096"}

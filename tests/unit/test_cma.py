@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import mmap
 import os
 
 import numpy as np
@@ -48,3 +50,20 @@ def test_a_read_of_memory_that_is_not_there_fails_instead_of_coming_up_short():
     assert (here == there).all()
     assert cma.refusal(errno.EPERM).startswith(os.strerror(errno.EPERM))
     assert cma.refusal(0) == "it copied fewer bytes than asked"
+
+
+def test_a_read_that_runs_into_an_unreadable_page_is_a_short_read_and_fails():
+    page = mmap.PAGESIZE
+    here = np.zeros(3 * page, np.uint8)
+    with mmap.mmap(-1, 3 * page) as there:
+        anchor = ctypes.c_char.from_buffer(there)
+        address = ctypes.addressof(anchor)
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.mprotect(ctypes.c_void_p(address + 2 * page), page, 0) == 0  # PROT_NONE
+        try:
+            with pytest.raises(cma.CmaError) as caught:
+                cma.read(os.getpid(), here.ctypes.data, address, here.nbytes)
+        finally:
+            libc.mprotect(ctypes.c_void_p(address + 2 * page), page, mmap.PROT_READ | mmap.PROT_WRITE)
+            del anchor
+    assert caught.value.moved == 2 * page and "moved 8192 of 12288" in str(caught.value)
