@@ -133,12 +133,16 @@ def _shm_one_slot(team: Team, nbytes: int) -> bool:
 # From these sizes up (``nbytes`` as ``pick`` counts them) members read each other's arrays where
 # they lie (``shm_cma``: cross-memory attach, or in place in shared arrays) instead of passing
 # them through the slots, where the kernel lets them (``ShmDomain.cma``). Below, two copies
-# through the caches beat one kernel copy: process_vm_readv moves 15 GB/s from memory in 4 KiB
-# pages here, a copy in the caches 40 GB/s. Measured on 2 cores, 2 members (``tensorcomm tune
-# -n 2 --transport shm -b 1M -e 64M -f 2``, every row in its own job, interleaved); ``tensorcomm
-# tune`` measures where the crossover lies on a host.
-CMA_BYTES = {"all_reduce": 8 << 20, "reduce_scatter": 4 << 20, "all_gather": 16 << 20,
-             "broadcast": 8 << 20, "all_to_all": 8 << 20}
+# through the caches beat one kernel copy: process_vm_readv moves 10-15 GB/s from arrays in 4 KiB
+# pages here, 35-55 GB/s from arrays numpy backs with 2 MiB pages (from 4 MiB up), a copy in the
+# caches 40-60 GB/s; above, the slots' two copies cost as much memory traffic as one direct read,
+# and a broadcast's root and receivers copy at once instead of in turn. Measured on 2 cores, 2
+# members: each rank's own work per call (time not blocked on the peer), interleaved, slots /
+# direct reads, us: all_reduce 4 MiB 490 / 270, broadcast 4 MiB 347 (root) / 100, all_to_all 4 MiB
+# 156 / 147, all_gather 16 MiB 1050 / 900, reduce_scatter 16 MiB 720 / 840 (wall times were too
+# loaded to use); ``tensorcomm tune`` measures where the crossover lies on a host.
+CMA_BYTES = {"all_reduce": 8 << 20, "reduce_scatter": 16 << 20, "all_gather": 16 << 20,
+             "broadcast": 4 << 20, "all_to_all": 8 << 20}
 # A group with shared arrays (``tensorcomm.empty``) reads from this size up: a shared array is
 # copied once, through the caches, straight from its owner's block.
 SHARED_BYTES = 64 << 10
