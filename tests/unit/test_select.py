@@ -126,3 +126,34 @@ def test_transport_algorithms_are_wrapped_once_for_scratch_copies():
     for row in select.ROWS:
         if not row.name.startswith("shm_") and row.name != "hierarchical" and row.collective != "barrier":
             assert row.fn.__name__.startswith("staged_"), row
+
+
+class _Domain:
+    """What the predicates read of a shared-memory domain."""
+
+    def __init__(self, cma: bool, shared: bool = False) -> None:
+        self.size, self.slot_bytes, self.cma, self.shared = 2, 1 << 20, cma, shared
+
+
+def _shm_team(cma: bool, shared: bool = False, keep_going: bool = False) -> Team:
+    return Team(LoopbackHub(2).transport(0), range(2), 0, group_id=0, timeout=1.0,
+                shm=_Domain(cma, shared), keep_going=keep_going)
+
+
+@pytest.mark.parametrize("collective", sorted(select.CMA_BYTES))
+def test_direct_reads_from_their_size_where_members_may_read_each_other(collective):
+    at = select.CMA_BYTES[collective]
+    assert select.pick(collective, _shm_team(True), at).name == "shm_cma"
+    assert select.pick(collective, _shm_team(True), at - 1).name != "shm_cma"
+    assert select.pick(collective, _shm_team(False), at).name != "shm_cma"
+    # a group with shared arrays reads directly from SHARED_BYTES
+    assert select.pick(collective, _shm_team(True, shared=True), select.SHARED_BYTES).name == "shm_cma"
+    assert select.pick(collective, _shm_team(True, shared=True), select.SHARED_BYTES - 1).name != "shm_cma"
+
+
+def test_all_reduce_keeps_to_the_slots_where_failed_calls_keep_arrays():
+    kept = _shm_team(True, keep_going=True)
+    assert select.pick("all_reduce", kept, 64 << 20).name == "shm_pipelined"
+    assert select.pick("broadcast", kept, 64 << 20).name == "shm_cma"  # builds its result in scratch
+    with pytest.raises(ValueError, match="keep_going"):
+        select.pick("all_reduce", kept, 64 << 20, override="shm_cma")

@@ -14,15 +14,16 @@ still reads (or writes) its arrays. Two waits per call; all-reduce has three.
 - ``reduce_scatter``: member ``r`` reads block ``r`` of every peer's input, chunk by chunk (so
   the terms stay in the caches), and reduces them with its own into its output.
 - ``all_reduce``: a reduce-scatter of parts (as ``reduce_scatter``, into part ``r`` of the
-  result), a post, then an all-gather of the reduced parts from the peers' results.
+  array), a post, then an all-gather of the reduced parts from the peers' arrays.
 - ``broadcast``: the root's array in ``n`` parts; receiver ``q`` reads every part but ``q``,
   which the root writes into it (``process_vm_writev``) at the same time; a shared root array is
   read whole, in place.
 
 The results land in the caller's arrays as they come, so a failed call may leave them partly
-written, unless the group keeps arrays untouched or complete (``Team.keep_going``): then
-all-reduce and broadcast build their result in scratch memory and copy it into the array after
-the last wait, when nothing can fail any more (one more pass over the array). Outputs-only
+written. Where the group keeps in-place arrays untouched or complete (``Team.keep_going``), a
+broadcast's receivers build the result in scratch memory and copy it into the array after the
+last wait, when nothing can fail any more (one more pass over the array); all-reduce does not
+run here then (``select``: the slots' pipeline keeps the guarantee for less). Outputs-only
 arrays (all-gather, all-to-all, reduce-scatter) are unspecified after a failed call either way.
 Reductions follow ``kernels``' accumulation rule, each part reduced by one member in member
 order, so every member ends with the same bits. This module must not import ``core``.
@@ -249,29 +250,23 @@ def reduce_scatter(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence
 
 def prepare_all_reduce(team: Team, plan: Plan, x: np.ndarray, op: Op) -> Reads:
     """``all_reduce``'s state (its ``offsets`` are the members' parts)."""
-    return _prepare(team, plan, 2 * WORDS, _parts(x.size, team.size, x.itemsize))
+    return _prepare(team, plan, WORDS, _parts(x.size, team.size, x.itemsize))
 
 
 def all_reduce(ctx: Ctx, x: np.ndarray, op: Op) -> None:
     """Reduce ``x`` across the members, in place: member ``r`` reduces part ``r`` of every
-    member's ``x`` into its result, then copies the peers' reduced parts from theirs.
-
-    The result is ``x`` itself, or, where a failed call must leave ``x`` untouched
-    (``Team.keep_going``), scratch memory copied into ``x`` after the last wait.
-    """
+    member's ``x`` into its own ``x``, then copies the peers' reduced parts from theirs (a
+    failed call may leave ``x`` partly written: ``select`` runs it only where that is allowed)."""
     s: Reads = ctx.plan.state
     d, parts = s.d, s.offsets
     r = d.rank
-    result = ctx.team.scratch.take("cma.result", x.size, x.dtype) if ctx.team.keep_going else x
-    table = _publish(ctx, s, x, result)
+    table = _publish(ctx, s, x)
     lo, hi = parts[r], parts[r + 1]
-    _reduce_part(ctx, s, table, x, lo, hi, result[lo:hi])
-    _done(ctx, d)  # every part is reduced, and nobody reads an ``x`` any more
+    _reduce_part(ctx, s, table, x, lo, hi, x[lo:hi])
+    _done(ctx, d)  # every part is reduced, and nobody reads the terms of an ``x`` any more
     for q in d.peers:
-        _take(d, table, q, 1, parts[q] * x.itemsize, result[parts[q]:parts[q + 1]])
+        _take(d, table, q, 0, parts[q] * x.itemsize, x[parts[q]:parts[q + 1]])
     _done(ctx, d)
-    if result is not x:
-        x[...] = result
 
 
 # -- broadcast -----------------------------------------------------------------------------------
