@@ -6,7 +6,9 @@ spawns rank processes is the public ``tensorcomm.testing.run_ranks``.
 
 - A call's context without a group: ``one_off_ctx``, and ``run_algorithm`` to run a row's algorithm
   in it as the core would.
-- Prefix reductions' expected results: ``expected_prefixes``, ``assert_prefix``.
+- Reductions: ``reduction_cases`` (every op x dtype that reduces, x count), ``assert_reduced``
+  (exact, or within rounding for AVG and PREMUL_SUM); prefix reductions' expected results:
+  ``expected_prefixes``, ``assert_prefix``.
 - Thread ranks: ``run_each_rank`` (``fn(rank)``), ``run_calls_on_threads`` (``body(next_ctx)``
   over a loopback transport that records every message and checks no two of a call share a
   tag); both on ``tensorcomm.testing.run_threads`` (``fn(transport)``).
@@ -88,6 +90,27 @@ PREFIX_DTYPES = [np.dtype(d) for d in (np.bool_, np.int32, np.uint8, np.float16,
 CUMULATIVE = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum,
               ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and, ReduceOp.BOR: np.bitwise_or,
               ReduceOp.BXOR: np.bitwise_xor}
+
+
+def reduction_cases(ops: Sequence[Any], dtypes: Sequence[Any],
+                    counts: Sequence[int]) -> Iterator[tuple[Any, Any, int]]:
+    """``(op, dtype, count)`` for every op and dtype that reduce together, and every count."""
+    from tensorcomm.testing import reduces
+
+    for op, dtype in itertools.product(ops, dtypes):
+        if reduces(op, dtype):
+            yield from ((op, dtype, count) for count in counts)
+
+
+def assert_reduced(got: np.ndarray, expected: np.ndarray, op: Any, what: str) -> None:
+    """``got`` is the reduction ``expected``: bit for bit, or within rounding where the op divides
+    or multiplies (AVG, PREMUL_SUM; half precision rounds to 1e-2)."""
+    if op is ReduceOp.AVG or isinstance(op, PremulSum):
+        tolerance = 1e-2 if got.dtype in (np.float16, ml_dtypes.bfloat16) else 1e-6
+        np.testing.assert_allclose(got.astype(np.complex128), expected.astype(np.complex128),
+                                   rtol=tolerance, err_msg=what)
+    else:
+        np.testing.assert_array_equal(got, expected, err_msg=what)
 
 
 def expected_prefixes(op: Any, inputs: list[np.ndarray], inclusive: bool) -> list[np.ndarray | None]:

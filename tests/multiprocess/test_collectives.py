@@ -9,7 +9,7 @@ import pytest
 import tensorcomm as tc
 from tensorcomm.testing import rank_data, reduce_reference, reduces, run_ranks
 
-from helpers import assert_prefix, expected_prefixes
+from helpers import assert_prefix, assert_reduced, expected_prefixes, reduction_cases
 
 pytestmark = pytest.mark.multiprocess
 
@@ -22,27 +22,13 @@ COUNTS = [1, 13, 40_000]  # the last one crosses into the bandwidth (ring) algor
 
 
 
-def _assert_reduced(got: np.ndarray, expected: np.ndarray, op, what: str) -> None:
-    if op is tc.ReduceOp.AVG or isinstance(op, tc.PremulSum):
-        tolerance = 1e-2 if got.dtype in (np.float16, ml_dtypes.bfloat16) else 1e-6
-        np.testing.assert_allclose(got.astype(np.float64) if got.dtype.kind != "c" else got,
-                                   expected.astype(np.float64) if got.dtype.kind != "c" else expected,
-                                   rtol=tolerance, err_msg=what)
-    else:
-        np.testing.assert_array_equal(got, expected, err_msg=what)
-
-
 def body_all_reduce() -> None:
     rank, size = tc.get_rank(), tc.get_world_size()
-    for op in OPS:
-        for dtype in DTYPES:
-            if not reduces(op, dtype):
-                continue
-            for count in COUNTS:
-                x = rank_data(rank, count, dtype, op=op)
-                expected = reduce_reference(op, [rank_data(r, count, dtype, op=op) for r in range(size)])
-                tc.all_reduce(x, op=op)
-                _assert_reduced(x, expected, op, f"all_reduce {op} {np.dtype(dtype)} x{count}")
+    for op, dtype, count in reduction_cases(OPS, DTYPES, COUNTS):
+        x = rank_data(rank, count, dtype, op=op)
+        expected = reduce_reference(op, [rank_data(r, count, dtype, op=op) for r in range(size)])
+        tc.all_reduce(x, op=op)
+        assert_reduced(x, expected, op, f"all_reduce {op} {np.dtype(dtype)} x{count}")
 
 
 def body_reduce() -> None:
@@ -59,7 +45,7 @@ def body_reduce() -> None:
                     if rank == dst:
                         expected = reduce_reference(op, [rank_data(r, count, dtype, op=op)
                                                          for r in range(size)])
-                        _assert_reduced(x, expected, op, f"reduce {op} to {dst}")
+                        assert_reduced(x, expected, op, f"reduce {op} to {dst}")
                     else:
                         np.testing.assert_array_equal(x, before)
 
@@ -124,11 +110,11 @@ def body_reduce_scatter() -> None:
                 tc.reduce_scatter(out, inputs, op=op)
                 expected = reduce_reference(op, [rank_data(r, count, dtype, salt=rank, op=op)
                                                  for r in range(size)])
-                _assert_reduced(out, expected, op, f"reduce_scatter {op} {np.dtype(dtype)}")
+                assert_reduced(out, expected, op, f"reduce_scatter {op} {np.dtype(dtype)}")
                 whole = np.concatenate(inputs)
                 out2 = np.zeros(count, dtype)
                 tc.reduce_scatter_tensor(out2, whole, op=op)
-                _assert_reduced(out2, expected, op, "reduce_scatter_tensor")
+                assert_reduced(out2, expected, op, "reduce_scatter_tensor")
 
 
 def body_all_to_all() -> None:

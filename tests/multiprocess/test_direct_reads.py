@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 
 import tensorcomm as tc
-from tensorcomm.testing import rank_data, reduce_reference, reduces, run_ranks
+from tensorcomm.testing import rank_data, reduce_reference, run_ranks
 from tensorcomm.transports.shm import cma, slots
+
+from helpers import assert_reduced, reduction_cases
 
 pytestmark = [pytest.mark.multiprocess,
               pytest.mark.skipif(not (slots.SUPPORTED and cma.available()), reason="needs x86-64 Linux")]
@@ -33,15 +35,6 @@ OPS = [tc.ReduceOp.SUM, tc.ReduceOp.PROD, tc.ReduceOp.MAX, tc.ReduceOp.AVG, tc.R
 COUNTS = [1, 7, 1000, 200_003]  # the last one in several chunks of the reductions (CHUNK_BYTES)
 
 
-def _assert_reduced(got: np.ndarray, expected: np.ndarray, op, what: str) -> None:
-    if op is tc.ReduceOp.AVG or isinstance(op, tc.PremulSum):
-        tolerance = 1e-2 if got.dtype in (np.float16, ml_dtypes.bfloat16) else 1e-6
-        np.testing.assert_allclose(got.astype(np.complex128), expected.astype(np.complex128),
-                                   rtol=tolerance, err_msg=what)
-    else:
-        np.testing.assert_array_equal(got, expected, err_msg=what)
-
-
 def _ran_cma(what: str, in_place: bool = False) -> None:
     """The call ran the direct reads (an in-place one: unless failed calls keep arrays)."""
     ran = tc.WORLD.last_call
@@ -51,22 +44,18 @@ def _ran_cma(what: str, in_place: bool = False) -> None:
 
 def body_reductions() -> None:
     rank, size = tc.get_rank(), tc.get_world_size()
-    for op in OPS:
-        for dtype in DTYPES:
-            if not reduces(op, dtype):
-                continue
-            for count in COUNTS:
-                what = f"{op} {np.dtype(dtype)} x{count}"
-                inputs = [rank_data(r, count * size, dtype, op=op) for r in range(size)]
-                expected = reduce_reference(op, inputs)
-                x = inputs[rank].copy()
-                tc.all_reduce(x, op=op)
-                _ran_cma(what, in_place=True)
-                _assert_reduced(x, expected, op, f"all_reduce {what}")
-                out = np.zeros(count, dtype)
-                tc.reduce_scatter_tensor(out, inputs[rank], op=op)
-                _ran_cma(what)
-                _assert_reduced(out, expected[rank * count:(rank + 1) * count], op, f"reduce_scatter {what}")
+    for op, dtype, count in reduction_cases(OPS, DTYPES, COUNTS):
+        what = f"{op} {np.dtype(dtype)} x{count}"
+        inputs = [rank_data(r, count * size, dtype, op=op) for r in range(size)]
+        expected = reduce_reference(op, inputs)
+        x = inputs[rank].copy()
+        tc.all_reduce(x, op=op)
+        _ran_cma(what, in_place=True)
+        assert_reduced(x, expected, op, f"all_reduce {what}")
+        out = np.zeros(count, dtype)
+        tc.reduce_scatter_tensor(out, inputs[rank], op=op)
+        _ran_cma(what)
+        assert_reduced(out, expected[rank * count:(rank + 1) * count], op, f"reduce_scatter {what}")
 
 
 def body_movement() -> None:

@@ -230,14 +230,14 @@ def discover(environ: Mapping[str, str] | None = None) -> JobInfo:
         restart_count=_int(env, TORCH_RESTART_COUNT, minimum=0) or 0,
         secret_dir=_text(env, ENV_SECRET_DIR) or _runtime_dir(env),
         backend=_backend(env),
-        hierarchy=_hierarchy(env),
+        hierarchy=_auto_or_off(env, ENV_HIERARCHY),
         algorithms=_algorithms(env),
         mpi_launcher=next((name for name in MPI_LAUNCHER_VARS if name in env), None),
         slurm_nodelist=(next((env[n] for n in SLURM_NODELISTS if env.get(n, "").strip()), None)
                         if SLURM_RANK in env else None),
         slurm_job_id=_first_int(env, SLURM_JOB_IDS, minimum=0) if SLURM_RANK in env else None,
         keep_going=_flag(env, ENV_KEEP_GOING),
-        cma=_cma(env),
+        cma=_auto_or_off(env, ENV_CMA),
     )
 
 
@@ -336,22 +336,14 @@ def _backend(env: Mapping[str, str]) -> str:
     return value
 
 
-def _cma(env: Mapping[str, str]) -> bool:
-    raw = env.get(ENV_CMA)
+def _auto_or_off(env: Mapping[str, str], name: str) -> bool:
+    """A variable that is ``auto`` (or unset: True) or ``off`` (False)."""
+    raw = env.get(name)
     if raw is None or raw.strip().lower() == "auto":
         return True
     if raw.strip().lower() == "off":
         return False
-    raise ValueError(f"{ENV_CMA}={raw!r}: expected 'auto' or 'off'")
-
-
-def _hierarchy(env: Mapping[str, str]) -> bool:
-    raw = env.get(ENV_HIERARCHY)
-    if raw is None or raw.strip().lower() == "auto":
-        return True
-    if raw.strip().lower() == "off":
-        return False
-    raise ValueError(f"{ENV_HIERARCHY}={raw!r}: expected 'auto' or 'off'")
+    raise ValueError(f"{name}={raw!r}: expected 'auto' or 'off'")
 
 
 def _algorithms(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
