@@ -178,3 +178,33 @@ def test_a_size_mismatch_fails_on_every_rank():
     assert "with 101 elements" in results[1] or "with 102 elements" in results[0], results
     for text in results:
         assert "all_gather" in text and "expecting" in text, results
+
+
+def body_switched_off_on_one_rank() -> tuple[list[str], str]:
+    """Rank 1 runs with TENSORCOMM_CMA=off: no member reads directly, and each says why once."""
+    import logging
+
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    logging.getLogger("tensorcomm.shm").addHandler(Keep(logging.INFO))
+    logging.getLogger("tensorcomm.shm").setLevel(logging.INFO)
+    if os.environ["RANK"] == "1":
+        os.environ["TENSORCOMM_CMA"] = "off"
+    tc.init()
+    try:
+        x = np.ones(16 << 20, np.uint8)
+        tc.broadcast(x, src=0)
+        return [r for r in records if "directly" in r], tc.WORLD.last_call.algorithm
+    finally:
+        tc.destroy()
+
+
+def test_switched_off_on_one_rank_every_rank_keeps_the_slots_and_says_why():
+    said_0, said_1 = run_ranks(body_switched_off_on_one_rank, 2, timeout=60, init=False)
+    assert said_0[1] == said_1[1] == "shm_rounds"
+    assert len(said_0[0]) == 1 and "rank 1 does not allow it" in said_0[0][0], said_0
+    assert len(said_1[0]) == 1 and "TENSORCOMM_CMA=off on this rank" in said_1[0][0], said_1
