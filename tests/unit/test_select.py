@@ -147,8 +147,10 @@ def test_direct_reads_from_their_size_where_members_may_read_each_other(collecti
     assert select.pick(collective, _shm_team(True), at - 1).name != "shm_cma"
     assert select.pick(collective, _shm_team(False), at).name != "shm_cma"
     # a group with shared arrays reads directly from SHARED_BYTES
-    assert select.pick(collective, _shm_team(True, shared=True), select.SHARED_BYTES).name == "shm_cma"
-    assert select.pick(collective, _shm_team(True, shared=True), select.SHARED_BYTES - 1).name != "shm_cma"
+    shared = select.SHARED_BYTES[collective]
+    assert shared <= at
+    assert select.pick(collective, _shm_team(True, shared=True), shared).name == "shm_cma"
+    assert select.pick(collective, _shm_team(True, shared=True), shared - 1).name != "shm_cma"
 
 
 def test_all_reduce_keeps_to_the_slots_where_failed_calls_keep_arrays():
