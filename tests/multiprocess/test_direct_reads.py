@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import tensorcomm as tc
+from tensorcomm.algorithms import select
 from tensorcomm.testing import rank_data, reduce_reference, run_ranks
 from tensorcomm.transports.shm import cma, slots
 
@@ -142,7 +143,7 @@ def test_uneven_blocks_strided_and_read_only_inputs(world_size):
 
 def body_selected_for_large_arrays() -> dict[str, str]:
     size = tc.get_world_size()
-    x = np.ones(16 << 20, np.uint8)  # 16 MiB: above every built-in crossover
+    x = np.ones(max(select.CMA_BYTES.values()), np.uint8)  # at every built-in crossover
     ran = {}
     tc.all_reduce(x.view(np.float32))
     ran["all_reduce"] = tc.WORLD.last_call.algorithm

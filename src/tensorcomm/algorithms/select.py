@@ -136,22 +136,22 @@ def _shm_one_slot(team: Team, nbytes: int) -> bool:
 # through the caches beat one kernel copy: process_vm_readv moves 10-15 GB/s from arrays in 4 KiB
 # pages here, 35-55 GB/s from arrays numpy backs with 2 MiB pages (from 4 MiB up), a copy in the
 # caches 40-60 GB/s; above, the slots' two copies cost as much memory traffic as one direct read,
-# and a broadcast's root and receivers copy at once instead of in turn. Measured on 2 cores, 2
-# members, every row in its own job, interleaved (``tensorcomm tune -n 2 --transport shm``, twice,
-# load 4-5, benchmarks/results/tune_2ranks.txt), slots / direct reads, us per call: all_reduce
-# 8 MiB 1450 / 943, 16 MiB 3745 / 2745; broadcast 4 MiB 193 / 314 and 175 / 314, 16 MiB 2429 /
-# 1060; all_to_all 4 MiB 341 / 462, 8 MiB 876 / 822; all_gather ties from 8 MiB (754 / 802,
-# 1682 / 1834); reduce_scatter's slots won up to 32 MiB. The work each rank does per call favours
-# direct reads earlier (all_reduce 4 MiB 490 / 270 us, broadcast 4 MiB root 347 / 100): on a
-# quiet host the crossovers may be lower, which ``tensorcomm tune`` measures.
-CMA_BYTES = {"all_reduce": 8 << 20, "reduce_scatter": 32 << 20, "all_gather": 16 << 20,
-             "broadcast": 8 << 20, "all_to_all": 8 << 20}
+# and a broadcast's root and receivers copy at once instead of in turn. Where the crossover lies
+# moves from run to run with where the arrays land (huge pages or not: process_vm_readv of a 4 MiB
+# array ran at 16 GB/s in one run, 49 in the next). Measured on 2 cores, 2 members, the rows
+# alternating batch by batch in the same ranks, slots / direct reads, us per call (load 2.5-3.5):
+# broadcast 4 MiB 508 / 106, all_to_all 4 MiB 276 / 204, all_gather 4 MiB 369 / 207, all_reduce
+# 16 MiB 1921 / 2875, 32 MiB 4036 / 3447, 64 MiB 14936 / 9101; reduce_scatter's slots reduce in
+# the caches (111 us at 4 MiB, 753 at 16 in the bench beside MPICH), so it reads directly only
+# where its input outgrows them. ``tensorcomm tune`` measures where the crossover lies on a host.
+CMA_BYTES = {"all_reduce": 32 << 20, "reduce_scatter": 32 << 20, "all_gather": 4 << 20,
+             "broadcast": 4 << 20, "all_to_all": 4 << 20}
 # A group with shared arrays (``tensorcomm.empty``) reads from these sizes up: a shared array is
 # copied once, through the caches, straight from its owner's block, which beats the slots' two
 # copies from 1 MiB (2 members, us per call on shared / plain arrays, load 3-4.5: all_gather
 # 26 / 39, all_to_all 26 / 78, broadcast 24 / 132, reduce_scatter 24 / 32 at 1 MiB; at 256 KiB
-# the slots' single wait won or tied). All-reduce's three waits cost more than the copy saved up
-# to its direct-read size (256 KiB: 58 / 16, 16 MiB: 2180 / 1441): shared arrays leave it there.
+# the slots' single wait won or tied). All-reduce's three waits cost more than the copy saved up to
+# its direct-read size (256 KiB: 58 / 16, 16 MiB: 2180 / 1441): shared arrays leave it there.
 SHARED_BYTES = {**dict.fromkeys(("reduce_scatter", "all_gather", "broadcast", "all_to_all"), 1 << 20),
                 "all_reduce": CMA_BYTES["all_reduce"]}
 
