@@ -30,7 +30,7 @@ ENV_TUNING_FILE = "TENSORCOMM_TUNING_FILE"  # the tuning file's path, or "off" (
 ENV_TRACE = "TENSORCOMM_TRACE"  # a directory: every rank writes a timeline of its calls there
 ENV_FLIGHT_CALLS = "TENSORCOMM_FLIGHT_CALLS"  # calls the flight recorder keeps; 0: off
 ENV_FLIGHT_DIR = "TENSORCOMM_FLIGHT_DIR"  # where the flight recorder dumps
-ENV_KEEP_GOING = "TENSORCOMM_KEEP_GOING"  # "1": a failed call leaves arrays untouched or complete
+ENV_KEEP_GOING = "TENSORCOMM_KEEP_GOING"  # "1": failed calls leave in-place arrays untouched or complete
 ENV_CMA = "TENSORCOMM_CMA"  # "off": ranks on one host never read each other's memory directly
 
 # Every TENSORCOMM_* variable tensorcomm reads or writes, the launcher's and the benchmark's too;

@@ -148,8 +148,9 @@ class Team:
             member shares this host and shared memory could be set up; else None.
         hier: the group's ``Hierarchy`` when it spans hosts that hold as many members each
             (``algorithms/hier.py``); else None.
-        keep_going: a failed call must leave the caller's arrays untouched or complete (the
-            job goes on after failures: ``init(keep_going=True)``); else they are unspecified.
+        keep_going: a failed call must leave the caller's in-place arrays untouched or complete
+            (the job goes on after failures: ``init(keep_going=True)``); else they are
+            unspecified.
         size: the number of members (``len(ranks)``; derived, not passed).
         scratch: the group's reused working memory (``Scratch``), freed with the group.
     """

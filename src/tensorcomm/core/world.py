@@ -83,7 +83,7 @@ class World:
                  algorithms: Sequence[tuple[str, str]] = (), keep_going: bool = False,
                  cma: bool = True) -> None:
         self.hierarchy = hierarchy
-        self.keep_going = keep_going  # failed calls leave arrays untouched or complete
+        self.keep_going = keep_going  # failed calls leave in-place arrays untouched or complete
         self.cma = cma  # ranks on this host may read each other's memory (TENSORCOMM_CMA)
         self.algorithms = _checked_algorithms(algorithms)
         self.rendezvous = rdzv
@@ -465,8 +465,8 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
             mpi4py; the ranks are MPI's, and without ``init_method`` or ``store`` rank 0 serves
             the store and MPI hands its address and the secret to the others); default
             ``TENSORCOMM_BACKEND``, else ``"tensorcomm"``. See docs/mpi.md.
-        keep_going: a failed call leaves each array untouched or complete (docs/semantics.md
-            says what that costs), for jobs that shrink and go on after a failure
+        keep_going: a failed call leaves each in-place array untouched or complete
+            (docs/semantics.md says what that costs), for jobs that shrink and go on after a failure
             (docs/elastic.md); default ``TENSORCOMM_KEEP_GOING``, which ``tensorcomm run
             --keep-going`` sets, else False: the arrays of a failed call are unspecified.
 

@@ -41,8 +41,8 @@ Read whatever the source::
                                members each (docs/algorithms.md)
     TENSORCOMM_ALGORITHMS      "collective=algorithm,...", e.g. "all_reduce=ring": run these
                                algorithms (names in docs/algorithms.md) instead of choosing
-    TENSORCOMM_KEEP_GOING      "1": a failed call leaves each array untouched or complete, for
-                               jobs that shrink and go on (``tensorcomm run --keep-going`` sets
+    TENSORCOMM_KEEP_GOING      "1": a failed call leaves each in-place array untouched or
+                               complete, for jobs that shrink and go on (``tensorcomm run --keep-going`` sets
                                it; init(keep_going=...) wins); "0" or unset: arrays of a failed
                                call are unspecified
     TENSORCOMM_CMA             "off": ranks on one host never read each other's memory directly
@@ -155,7 +155,7 @@ class JobInfo:
     mpi_launcher: str | None = None  # the MPI launcher's variable that is set (PMI_RANK...), else None
     slurm_nodelist: str | None = None  # under srun: the step's (else job's) node list, compressed
     slurm_job_id: int | None = None  # under srun
-    keep_going: bool = False  # failed calls leave arrays untouched or complete
+    keep_going: bool = False  # failed calls leave in-place arrays untouched or complete
     cma: bool = True  # ranks on one host may read each other's memory directly
 
 
