@@ -149,11 +149,12 @@ CMA_BYTES = {"all_reduce": 32 << 20, "reduce_scatter": 32 << 20, "all_gather": 4
 # A group with shared arrays (``tensorcomm.empty``) reads from these sizes up: a shared array is
 # copied once, through the caches, straight from its owner's block, which beats the slots' two
 # copies from 1 MiB (2 members, us per call on shared / plain arrays, load 3-4.5: all_gather
-# 26 / 39, all_to_all 26 / 78, broadcast 24 / 132, reduce_scatter 24 / 32 at 1 MiB; at 256 KiB
-# the slots' single wait won or tied). All-reduce's three waits cost more than the copy saved up to
+# 26 / 39, all_to_all 26 / 78, broadcast 24 / 132, reduce_scatter 24 / 32 at 1 MiB), all_to_all
+# from 256 KiB (9.7 / 33.4; there the slots' single wait won for the others: all_gather 45.8 /
+# 9.0, reduce_scatter 23.5 / 12.7). All-reduce's three waits cost more than the copy saved up to
 # its direct-read size (256 KiB: 58 / 16, 16 MiB: 2180 / 1441): shared arrays leave it there.
-SHARED_BYTES = {**dict.fromkeys(("reduce_scatter", "all_gather", "broadcast", "all_to_all"), 1 << 20),
-                "all_reduce": CMA_BYTES["all_reduce"]}
+SHARED_BYTES = {"reduce_scatter": 1 << 20, "all_gather": 1 << 20, "broadcast": 1 << 20,
+                "all_to_all": 256 << 10, "all_reduce": CMA_BYTES["all_reduce"]}
 
 
 def _can_read(team: Team, nbytes: int) -> bool:

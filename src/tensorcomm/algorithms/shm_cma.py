@@ -16,8 +16,8 @@ still reads (or writes) its arrays. Two waits per call; all-reduce has three.
 - ``all_reduce``: a reduce-scatter of parts (as ``reduce_scatter``, into part ``r`` of the
   array), a post, then an all-gather of the reduced parts from the peers' arrays.
 - ``broadcast``: the root's array in ``n`` parts; receiver ``q`` reads every part but ``q``,
-  which the root writes into it (``process_vm_writev``) at the same time; a shared root array is
-  read whole, in place.
+  which the root writes into it at the same time (``process_vm_writev``, or a numpy copy into a
+  shared array).
 
 The results land in the caller's arrays as they come, so a failed call may leave them partly
 written. Where the group keeps in-place arrays untouched or complete (``Team.keep_going``), a
@@ -281,7 +281,7 @@ def broadcast(ctx: Ctx, x: np.ndarray, root: int) -> None:
 
     A receiver publishes where its part (``Team.keep_going``: scratch, copied into ``x`` after
     the last wait) should go; the root writes part ``q`` into receiver ``q`` while the receiver
-    reads the others, unless the root's array is shared: then every receiver reads it whole.
+    reads the others, so root and receivers copy at once.
     """
     s: Reads = ctx.plan.state
     d, parts = s.d, s.offsets
@@ -289,13 +289,9 @@ def broadcast(ctx: Ctx, x: np.ndarray, root: int) -> None:
     target = ctx.team.scratch.take("cma.broadcast", x.size, x.dtype) \
         if ctx.team.keep_going and r != root else x
     table = _publish(ctx, s, target)
-    shared = table[root][1] != 0
     if r == root:
-        if not shared:
-            for q in d.peers:
-                _give(d, table, q, 0, parts[q] * itemsize, x[parts[q]:parts[q + 1]])
-    elif shared:
-        _take(d, table, root, 0, 0, target)
+        for q in d.peers:
+            _give(d, table, q, 0, parts[q] * itemsize, x[parts[q]:parts[q + 1]])
     else:
         for q in range(d.size):
             if q != r:
