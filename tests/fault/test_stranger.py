@@ -150,7 +150,7 @@ def test_a_bumped_count_of_inits_is_named_when_the_start_times_out(nobody_python
     def join(rank: int) -> None:
         client = dist.TCPStore("127.0.0.1", port, 1, is_master=False, timeout=datetime.timedelta(seconds=30))
         try:
-            from_store(TorchStore(client, 3, discover({})), rank, 2, 3, secret="s").close()
+            from_store(TorchStore(client, 3, discover({})), rank, 2, 3, secret="a-secret-for-tests").close()
         except CommError as exc:
             errors[rank] = exc
 

@@ -12,8 +12,8 @@ Variables the launcher *reads*; each is the fallback of a ``tensorcomm run`` fla
   address without a port means a free port (one node only).
 - ``TENSORCOMM_JOB_TIMEOUT`` (``--timeout``): wall-clock limit of the job in seconds; on expiry
   all ranks are stopped and the launcher exits 124. Default: none.
-- ``TENSORCOMM_SECRET`` (no flag): the job secret. Unset on one node: a fresh
-  ``secrets.token_hex(32)``. For nnodes > 1 it is required, the same on every node.
+- ``TENSORCOMM_SECRET`` (no flag): the job secret, at least 16 bytes. Unset on one node: a fresh
+  one (``rendezvous.auth.generate_secret``). For nnodes > 1 it is required, the same on every node.
 
 Variables the launcher *writes*, for each child only (the launcher's own ``os.environ`` is never
 modified); every other variable of the launcher's environment is inherited unchanged:
@@ -35,7 +35,6 @@ module adds the launcher's own.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -51,7 +50,6 @@ ENV_JOB_TIMEOUT = "TENSORCOMM_JOB_TIMEOUT"
 ENV_PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
 
 LOCAL_STORE_HOST = "127.0.0.1"  # one node: the store is reachable on loopback only
-SECRET_BYTES = 32  # 256-bit HMAC key, written as 64 hex digits
 
 
 class LaunchConfigError(ValueError):
@@ -164,8 +162,11 @@ def resolve_secret(environ: Mapping[str, str], nnodes: int) -> str:
     Several nodes cannot agree on a generated secret, so then it must come from the environment.
 
     Raises:
-        LaunchConfigError: missing with ``nnodes > 1``.
+        LaunchConfigError: missing with ``nnodes > 1``, or too short to be safe.
     """
+    # Imported here: the rest of the launcher's contract needs nothing of the rendezvous layer.
+    from tensorcomm.rendezvous.auth import check_secret, generate_secret
+
     secret = environ.get(config.ENV_SECRET, "")
     if not secret:
         if nnodes > 1:
@@ -173,7 +174,11 @@ def resolve_secret(environ: Mapping[str, str], nnodes: int) -> str:
                 f"--nnodes {nnodes} needs {config.ENV_SECRET} set to the same value on "
                 "every node, e.g. export "
                 f"{config.ENV_SECRET}=$(python -c 'import secrets; print(secrets.token_hex(32))')")
-        return secrets.token_hex(SECRET_BYTES)
+        return generate_secret()
+    try:
+        check_secret(secret, config.ENV_SECRET)
+    except ValueError as exc:
+        raise LaunchConfigError(str(exc)) from None
     return secret
 
 

@@ -430,12 +430,11 @@ class _StoreServer(Protocol):
     def close(self) -> None: ...
 
 
-def _host_store(host: str, port: int, secret_hex: str) -> _StoreServer:
+def _host_store(host: str, port: int, secret: str) -> _StoreServer:
     """Start the job's store server; imported lazily so ``launch`` loads without ``rendezvous``."""
-    from tensorcomm.rendezvous.auth import secret_bytes
     from tensorcomm.rendezvous.tcp_store import TCPStoreServer
 
-    return TCPStoreServer(host, port, secret_bytes(secret_hex))
+    return TCPStoreServer(host, port, secret)
 
 
 def launch(settings: launch_env.LaunchSettings, argv: list[str], *,
