@@ -214,8 +214,9 @@ def test_reflected_server_proof_is_not_a_client_answer() -> None:
     (b"GET / HTTP/1.1\r\n", "does not speak"),
     (b"TCAU\x09H" + bytes(32), "version"),
     (b"TCAU\x01H" + bytes(46), "version"),  # the first handshake version: no binding, no key
-    (b"TCAU\x02A" + bytes(32), "unexpected handshake message"),
-    (b"TCAU\x02H" + bytes(8), "handshake with the client failed"),  # short, then EOF
+    (b"TCAU\x02H" + bytes(46), "version"),  # the second: the secret itself was the key
+    (b"TCAU\x03A" + bytes(32), "unexpected handshake message"),
+    (b"TCAU\x03H" + bytes(8), "handshake with the client failed"),  # short, then EOF
 ])
 def test_malformed_hello_is_rejected_promptly(payload: bytes, match: str) -> None:
     attacker, b = socket.socketpair()
