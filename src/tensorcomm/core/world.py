@@ -46,12 +46,13 @@ from typing import TYPE_CHECKING
 from .. import config, trace
 from ..algorithms import select
 from ..algorithms.base import Hierarchy, Plan
-from ..errors import AuthenticationError, CommTimeoutError, GroupAbortedError, RendezvousError
+from ..errors import AuthenticationError, CommTimeoutError, GroupAbortedError, PeerLostError, RendezvousError
 from ..rendezvous.init_method import Rendezvous, from_store, meets_through_mpi, rendezvous
 from ..rendezvous.own_store import address_of, reachable_address
 from ..rendezvous.store import PrefixStore, Store
 from ..signature import Signature
 from ..transports.shm import slots as shm_slots
+from ..transports.shm.arena import OutOfDescriptors
 from ..transports.shm.domain import ShmDomain, ShmUnavailable, open_domain
 from ..transports.tcp.mesh import connect_mesh
 from ..transports.tcp.transport import TcpTransport
@@ -69,6 +70,7 @@ MAX_GROUP_ID = (1 << 15) - 1
 ARRIVALS_KEY = "tensorcomm/arrivals"  # counts inits, across generations
 SERVER_KEY = "tensorcomm/server"  # on a store rank 0 hosts: the generation it was made for
 DESTROY_LINGER = 2.0  # seconds destroy() waits for the peers' goodbyes (see TcpTransport.close)
+POLL_FIRST, POLL_MAX = 0.001, 0.02  # seconds a set-up waits on the store between liveness checks
 
 _current: World | None = None
 _current_lock = threading.Lock()
@@ -147,7 +149,38 @@ class World:
         store = self.store
         if self.rank == ranks[0]:
             store.set(key, str(self.take_group_id()).encode())
-        return int(store.get(key, timeout=self.timeout))
+        else:
+            self._await_members({key: ranks[0]}, name or f"of ranks {list(ranks)}", "its id")
+        return int(store.get(key))
+
+    def _await_members(self, keys: dict[str, int], label: str, what: str) -> None:
+        """Wait until the store holds ``keys``, each set by the global rank it maps to, while
+        group ``label`` is made, as a shrink's agreement waits: a member whose link closes
+        (dead, or gone) is named at once, not at the timeout.
+
+        Raises:
+            PeerLostError: a member the keys wait for is lost (the lowest such rank).
+            CommTimeoutError: the world's timeout passed; names the ranks still missing.
+        """
+        members = frozenset(keys.values())
+        deadline = time.monotonic() + self.timeout
+        pause = POLL_FIRST
+        while True:
+            try:
+                self.store.wait(list(keys), timeout=pause)
+                return
+            except CommTimeoutError:
+                pass
+            gone = self.transport.lost_peers() & members
+            if gone:
+                raise PeerLostError(min(gone), f"its connection closed while group {label!r} was being "
+                                               f"made (setting up {what}): it died or left the job")
+            if time.monotonic() >= deadline:
+                missing = sorted({rank for key, rank in keys.items() if not self.store.check([key])})
+                raise CommTimeoutError(f"group {label!r}: ranks {missing} did not finish setting up "
+                                       f"{what} within {self.timeout:g} s (alive as far as this rank "
+                                       f"can tell: stopped, hung, or not calling this)")
+            pause = min(2 * pause, POLL_MAX)
 
     def take_group_id(self) -> int:
         """A group id nobody in this world has had (counted in the store).
@@ -189,8 +222,13 @@ class World:
         # All members must agree: some running hierarchical calls and others flat ones would hang.
         prefix = f"hier/{group_id}/"
         self.store.set(prefix + str(self.rank), b"1" if host._shm is not None else b"0")
-        keys = [prefix + str(r) for r in ranks]
-        self.store.wait(keys, timeout=self.timeout)
+        keys = {prefix + str(r): r for r in ranks}
+        try:
+            self._await_members(keys, label, "its host and cross-host parts")
+        except BaseException as exc:
+            for part in (host, cross):
+                part._stop(GroupAbortedError(f"group {label!r} was not made: {exc}"))
+            raise
         if not all(self.store.get(key) == b"1" for key in keys):
             for part in (host, cross):
                 part._stop(GroupAbortedError(f"group {label!r} runs flat"))
@@ -210,6 +248,11 @@ class World:
         Every member calls this together. A group gets a domain when it has two or more members,
         all on this host and all allowed shared memory; if setting up fails on any member, every
         member gets None (the group uses TCP) and the failing one logs why.
+
+        Raises:
+            RendezvousError: a member ran out of file descriptors (on every member, naming the
+                descriptor limit and how to raise it).
+            PeerLostError: a member was lost meanwhile (named on every member).
         """
         if not self._can_share_memory(ranks):
             return None
@@ -218,10 +261,18 @@ class World:
         prefix = f"shm/{group_id}/"
         rank = ranks.index(self.rank)
         store.set(prefix + f"ready/{rank}", b"1" if domain is not None else b"0")
-        keys = [prefix + f"ready/{q}" for q in range(len(ranks))]
-        store.wait(keys, timeout=self.timeout)
-        if all(store.get(key) == b"1" for key in keys):
-            return domain
+        keys = {prefix + f"ready/{q}": r for q, r in enumerate(ranks)}
+        try:
+            self._await_members(keys, name, "its shared memory")
+            if store.check([prefix + "fatal"]):
+                why = store.get(prefix + "fatal").decode()
+                raise RendezvousError(f"group {name!r} cannot be made: {why}")
+            if all(store.get(key) == b"1" for key in keys):
+                return domain
+        except BaseException:
+            if domain is not None:
+                domain.close()
+            raise
         if domain is not None:
             domain.close()
         return None
@@ -239,7 +290,9 @@ class World:
         Every member calls this together; members may end up differently, so they must agree
         afterwards and all drop their domains unless all have one (``_shared_memory``, or the
         acknowledgements of ``core/elastic.py``). ``abandon()``, polled while waiting for the
-        others, says why to give up (or None); ``timeout`` defaults to the world's.
+        others, says why to give up (or None; by default: a member was lost); ``timeout``
+        defaults to the world's. A member out of file descriptors says so under
+        ``shm/<group id>/fatal`` before it gives up (``_shared_memory`` then fails the group).
         """
         if not self._can_share_memory(ranks):
             return None
@@ -258,14 +311,18 @@ class World:
         def failed() -> str | None:
             if store.check([prefix + "failed"]):
                 return store.get(prefix + "failed").decode()
-            return None if abandon is None else abandon()
+            if abandon is not None:
+                return abandon()
+            gone = self.transport.lost_peers() & frozenset(ranks)
+            return f"ranks {sorted(gone)} were lost" if gone else None
 
         try:
             return open_domain(ranks.index(self.rank), ranks, name, self.rendezvous.secret, publish,
                                lookup, failed, self.timeout if timeout is None else timeout, _describe)
         except ShmUnavailable as exc:
-            log.warning("group %r: rank %d cannot use shared memory (%s); the group uses TCP",
-                        name, self.rank, exc)
+            log.warning("group %r: rank %d cannot use shared memory (%s)", name, self.rank, exc)
+            if isinstance(exc, OutOfDescriptors):  # before "failed": whoever sees that sees this
+                store.set(prefix + "fatal", f"rank {self.rank}: {exc}".encode())
             store.set(prefix + "failed", f"rank {self.rank}: {exc}".encode())
             return None
 
