@@ -172,15 +172,22 @@ class World:
             except CommTimeoutError:
                 pass
             gone = self.transport.lost_peers() & members
-            if gone:
-                raise PeerLostError(min(gone), f"its connection closed while group {label!r} was being "
-                                               f"made (setting up {what}): it died or left the job")
-            if time.monotonic() >= deadline:
-                missing = sorted({rank for key, rank in keys.items() if not self.store.check([key])})
+            late = time.monotonic() >= deadline
+            if not gone and not late:
+                pause = min(2 * pause, POLL_MAX)
+                continue
+            # A member that posted its key and then left is not what this waits for.
+            missing = sorted({rank for key, rank in keys.items() if not self.store.check([key])})
+            dead = [rank for rank in missing if rank in gone]
+            if dead:
+                raise PeerLostError(dead[0], f"its connection closed while group {label!r} was being "
+                                             f"made (setting up {what}): it died or left the job")
+            if not missing:
+                return
+            if late:
                 raise CommTimeoutError(f"group {label!r}: ranks {missing} did not finish setting up "
                                        f"{what} within {self.timeout:g} s (alive as far as this rank "
                                        f"can tell: stopped, hung, or not calling this)")
-            pause = min(2 * pause, POLL_MAX)
 
     def take_group_id(self) -> int:
         """A group id nobody in this world has had (counted in the store).
