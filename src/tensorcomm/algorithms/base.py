@@ -148,6 +148,8 @@ class Team:
             member shares this host and shared memory could be set up; else None.
         hier: the group's ``Hierarchy`` when it spans hosts that hold as many members each
             (``algorithms/hier.py``); else None.
+        whole: for a host or cross team of a hierarchical group, the global ranks of the whole
+            group (a timeout asks them too where they are); else empty.
         size: the number of members (``len(ranks)``; derived, not passed).
         scratch: the group's reused working memory (``Scratch``), freed with the group.
     """
@@ -161,6 +163,7 @@ class Team:
     group_name: str = ""
     shm: Any = None
     hier: Hierarchy | None = None
+    whole: Sequence[int] = ()
     size: int = field(init=False)
     scratch: Scratch = field(init=False, default_factory=Scratch)
 
@@ -338,17 +341,25 @@ class Ctx:
                     f"(found when the wait stalled)")
 
     def _who_is_missing(self) -> str:
-        """Ask the peers how far they got, to name the ranks that did not arrive at this call."""
-        me = self.ranks[self.rank]
-        reached = self.transport.progress(self.group_id, [r for r in self.ranks if r != me],
-                                          PROGRESS_PROBE_SECONDS)
-        silent = [rank for rank, answer in reached.items() if answer is None]
-        behind = [rank for rank, answer in reached.items() if answer is not None and answer[0] < self.seq]
+        """Ask the peers how far they got, to name the ranks that did not arrive at this call.
+
+        A host or cross team of a hierarchical group asks the whole group's members too: one
+        stopped on another host holds up its host-mates, who would otherwise look merely late
+        here. Ranks that do not answer are named first; those behind may be waiting for them.
+        """
+        team = self.team
+        me = team.ranks[team.rank]
+        asked = [rank for rank in dict.fromkeys((*team.ranks, *team.whole)) if rank != me]
+        reached = self.transport.progress(self.group_id, asked, PROGRESS_PROBE_SECONDS)
+        silent = [rank for rank in asked if reached.get(rank, ()) is None]
+        behind = [rank for rank in team.ranks if rank != me and (answer := reached.get(rank)) is not None
+                  and answer[0] < self.seq]
         parts = []
-        if behind:
-            parts.append(f"{_names(behind)} had not reached this call")
         if silent:
             parts.append(f"{_names(silent)} did not answer (stopped, hung or unreachable)")
+        if behind:
+            waiting = " (waiting for them, perhaps)" if silent else ""
+            parts.append(f"{_names(behind)} had not reached this call{waiting}")
         return "; ".join(parts)
 
     def send(self, peer: int, buf: np.ndarray, step: int = 0) -> None:

@@ -224,8 +224,9 @@ class World:
             return None, []
         mine = members[self._hosts[self.rank]]
         local = mine.index(self.rank)
-        host = self._part(tuple(mine), f"{label}.host", f"{group_id}.host")
-        cross = self._part(tuple(members[h][local] for h in order), f"{label}.cross", f"{group_id}.cross")
+        host = self._part(tuple(mine), f"{label}.host", f"{group_id}.host", ranks)
+        cross = self._part(tuple(members[h][local] for h in order), f"{label}.cross", f"{group_id}.cross",
+                           ranks)
         # All members must agree: some running hierarchical calls and others flat ones would hang.
         prefix = f"hier/{group_id}/"
         self.store.set(prefix + str(self.rank), b"1" if host._shm is not None else b"0")
@@ -244,10 +245,12 @@ class World:
                 for r, where in zip(ranks, hosts, strict=True)]
         return Hierarchy(host._member_team(), cross._member_team(), grid, select.pick), [host, cross]
 
-    def _part(self, ranks: tuple[int, ...], label: str, key: str) -> Group:
-        """An internal group of a hierarchical group (not registered, used by its calls only)."""
+    def _part(self, ranks: tuple[int, ...], label: str, key: str, whole: tuple[int, ...]) -> Group:
+        """An internal group of the hierarchical group of ``whole`` (not registered, used by its
+        calls only)."""
         group_id = self._agree_group_id(ranks, 0, key)
-        return Group(label, ranks, group_id, self, self._shared_memory(ranks, group_id, label))
+        return Group(label, ranks, group_id, self, self._shared_memory(ranks, group_id, label),
+                     whole=whole)
 
     def _shared_memory(self, ranks: tuple[int, ...], group_id: int, name: str) -> ShmDomain | None:
         """Set up the shared-memory domain of a group this rank belongs to, if it can have one.
