@@ -41,7 +41,7 @@ def _memory_bytes() -> int:
 MAX_FRAME_BYTES = min(1 << 40, _memory_bytes())
 
 
-class ProtocolError(ConnectionError):
+class BadFrame(ConnectionError):
     """The peer sent bytes that are not a valid frame."""
 
 

@@ -33,7 +33,7 @@ class Reading(TcpState):
         """Read what ``link`` has (up to a budget), completing frames as they end (driver only).
 
         Raises:
-            OSError, ProtocolError: the link is broken; the caller fails it.
+            OSError, framing.BadFrame: the link is broken; the caller fails it.
         """
         budget = _READ_BUDGET
         sock = link.sock
@@ -104,7 +104,7 @@ class Reading(TcpState):
                 try:
                     spare = self._take_spare(nbytes)
                 except MemoryError:  # the link fails, with why
-                    raise framing.ProtocolError(
+                    raise framing.BadFrame(
                         f"cannot allocate {nbytes} bytes for a message it sent before its receive was "
                         f"posted (out of memory)") from None
                 entry = Unexpected(memoryview(spare).cast("B"), signature, False, spare)  # type: ignore[arg-type]
