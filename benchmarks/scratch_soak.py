@@ -16,16 +16,18 @@ group's ``Scratch`` holds and its resident memory:
 - ``sawtooth``: a 64 MiB all_reduce once in every 100 calls of 256 KiB: ms per 64 MiB call, and
   per 256 KiB call.
 
-Usage, from a checkout (``PYTHONPATH=src``)::
+Usage: python benchmarks/scratch_soak.py [--json FILE]
 
-    uptime; python benchmarks/scratch_soak.py
+``--json`` writes rank 0's figures (held and resident MiB after the soak and after the quiet
+spell, ms of each timed call) for ``ab.py``, which compares two trees in alternating rounds::
 
-Compare two checkouts by running it in each, one after the other, and print ``uptime`` beside
-every figure: only ratios from one quiet run mean anything.
+    python benchmarks/ab.py b978ca1 . --rounds 2 -- python benchmarks/scratch_soak.py --json {json}
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import resource
 import time
 
@@ -113,6 +115,9 @@ def body() -> dict:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", metavar="FILE", help="also write rank 0's figures as JSON (ab.py)")
+    args = parser.parse_args()
     results = run_ranks(body, 2, timeout=1200, env={"TENSORCOMM_TRANSPORT": "tcp"})
     for rank, result in enumerate(results):
         print(f"rank {rank}: scratch held (MiB) / resident (MiB) after n calls of the soak:")
@@ -125,6 +130,16 @@ def main() -> None:
         print(f"  steady 16 MiB all_reduce: {result['steady_ms']:.2f} ms/call")
         print(f"  sawtooth: 64 MiB call {result['saw_large_ms']:.2f} ms, 256 KiB call "
               f"{result['saw_small_ms']:.3f} ms; held at the end {result['held_after']:.1f} MiB")
+    if args.json:
+        first = results[0]
+        _, held, rss = first["soak"][-1]
+        figures = {"held after soak MiB": held, "resident after soak MiB": rss,
+                   "held after quiet MiB": first["quiet"][0], "resident after quiet MiB": first["quiet"][1],
+                   "first 64 MiB after quiet ms": first["cold_ms"], "next 64 MiB ms": first["warm_ms"],
+                   "steady 16 MiB ms": first["steady_ms"], "sawtooth 64 MiB ms": first["saw_large_ms"],
+                   "sawtooth 256 KiB ms": first["saw_small_ms"]}
+        with open(args.json, "w") as file:
+            json.dump(figures, file)
 
 
 if __name__ == "__main__":

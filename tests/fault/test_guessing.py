@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 import pytest
-from torch_store_client import CLIENT  # same directory
 
 from tensorcomm import config
 from tensorcomm.rendezvous import auth
@@ -34,6 +33,8 @@ from tensorcomm.rendezvous.own_store import PURPOSE
 from tensorcomm.rendezvous.store import HashStore
 from tensorcomm.rendezvous.tcp_store import TCPStoreServer
 from tensorcomm.testing import free_port
+
+from torch_store_client import CLIENT  # same directory
 
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(180)]
 

@@ -39,8 +39,8 @@ PROGRESS_PROBE_SECONDS = 1.0  # how long a stalled rank waits for peers to say w
 STALL_PROBE_SECONDS = 2.0
 ACK_STEP = (1 << STEP_BITS) - 1  # the step of acknowledgements (see ``Ctx.acknowledge``)
 # A scratch buffer no call needed whole for this long is given back (Scratch): a shape that
-# recurs less often pays for fresh pages once per recurrence (benchmarks/scratch_soak.py: a 64 MiB
-# TCP all_reduce's first call after took 0.05-0.3 s more, under 2 % of this period).
+# recurs less often pays for fresh pages once per recurrence (a 64 MiB TCP all_reduce took about
+# 24 ms more: benchmarks/results/scratch_soak_ab.txt).
 SCRATCH_IDLE = 30.0
 _NOTHING = np.empty(0, dtype=np.uint8)
 _BYTE = np.dtype(np.uint8)
