@@ -28,7 +28,7 @@ PUBLIC = {
     "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "gather",
     "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
     "barrier", "scan", "exscan", "send", "recv", "isend", "irecv",
-    "all_to_all_v", "all_gather_v", "gather_v", "scatter_v", "sparse_all_reduce",
+    "all_to_all_v", "all_gather_v", "gather_v", "scatter_v", "reduce_scatter_v", "sparse_all_reduce",
     "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
     "ReduceOp", "PremulSum", "premul_sum", "TransportKind", "Work",
     "CommError", "CommTimeoutError", "PeerLostError", "CollectiveMismatchError",

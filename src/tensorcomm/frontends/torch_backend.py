@@ -287,42 +287,8 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         output = _one(output_tensors, "reduce_scatter")
         inputs = input_tensors if isinstance(output_tensors, torch.Tensor) else \
             _single(input_tensors, "reduce_scatter")
-        reduce_op = _op_of(opts, op)
-        if all(t.shape == output.shape for t in inputs):
-            work = F.reduce_scatter(output, list(inputs), reduce_op, self._group, run_async)
-            return self._work(work, [output])
-        return self._work(self._reduce_scatter_uneven(output, list(inputs), reduce_op, run_async), [output])
-
-    def _reduce_scatter_uneven(self, output: torch.Tensor, inputs: list[torch.Tensor],
-                               op: ReduceOpLike, run_async: bool) -> Any:
-        # The functional API's blocks are all of one size; blocks of different sizes are
-        # reduced as one all_reduce of all of them (n times the data of a reduce-scatter: this
-        # form is rare) and this rank's block is copied out.
-        group = self._group
-        if len(inputs) != group.size:
-            raise ValueError(f"reduce_scatter: input_list must hold {group.size} tensors (one per "
-                             f"group member), got {len(inputs)}")
-        dtypes = {t.dtype for t in inputs} | {output.dtype}
-        if len(dtypes) != 1:
-            raise ValueError(f"reduce_scatter: output and input_list must have one dtype, got "
-                             f"{sorted(str(d) for d in dtypes)}")
-        mine = inputs[group.rank]
-        if mine.numel() != output.numel():
-            raise ValueError(f"reduce_scatter: input_list[{group.rank}] ({list(mine.shape)}) must hold "
-                             f"as many elements as this rank's output ({list(output.shape)})")
-        flat = torch.cat([t.detach().reshape(-1) for t in inputs])
-        start = sum(t.numel() for t in inputs[:group.rank])
-
-        def unpack() -> None:
-            with torch.no_grad():
-                output.copy_(flat[start:start + output.numel()].view_as(output))
-
-        work = F.all_reduce(flat, op, group, run_async)
-        if work is None:
-            unpack()
-        else:
-            work._after(unpack)
-        return work
+        work = F.reduce_scatter(output, list(inputs), _op_of(opts, op), self._group, run_async)
+        return self._work(work, [output])
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                               opts: Any = None) -> TensorcommWork:
