@@ -67,6 +67,7 @@ from .frontends.process_group import (
     new_group,
     new_subgroups_by_enumeration,
 )
+from .frontends.object_p2p import irecv_object, isend_object, recv_object, send_object
 from .frontends.sparse import sparse_all_reduce
 from .frontends.uneven import all_gather_v, all_to_all_v, gather_v, reduce_scatter_v, scatter_v
 from .types import PremulSum, ReduceOp, TransportKind
@@ -89,6 +90,7 @@ __all__ = [
     "all_to_all_v", "all_gather_v", "gather_v", "scatter_v", "reduce_scatter_v",
     "sparse_all_reduce",
     "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+    "send_object", "recv_object", "isend_object", "irecv_object",
     # values and handles
     "ReduceOp", "PremulSum", "premul_sum", "TransportKind", "Work",
     # errors

@@ -30,6 +30,7 @@ PUBLIC = {
     "barrier", "scan", "exscan", "send", "recv", "isend", "irecv",
     "all_to_all_v", "all_gather_v", "gather_v", "scatter_v", "reduce_scatter_v", "sparse_all_reduce",
     "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+    "send_object", "recv_object", "isend_object", "irecv_object",
     "ReduceOp", "PremulSum", "premul_sum", "TransportKind", "Work",
     "CommError", "CommTimeoutError", "PeerLostError", "CollectiveMismatchError",
     "GroupAbortedError", "ExcludedError", "ConcurrentUseError", "RendezvousError",
