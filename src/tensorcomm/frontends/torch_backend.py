@@ -24,7 +24,6 @@ Imports torch; only ``tensorcomm.torch`` imports this module.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -36,7 +35,7 @@ from . import functional as F
 from .torch_c10d import BACKEND_NAME, register_cpu_backend
 from .torch_monitored import monitored_barrier
 from .torch_sparse import is_sparse, sparse_allreduce
-from .torch_work import TensorcommWork, timeout_seconds
+from .torch_work import TensorcommWork, Value, timeout_seconds
 
 _OPS = {
     dist.ReduceOp.SUM: ReduceOp.SUM, dist.ReduceOp.AVG: ReduceOp.AVG,
@@ -210,7 +209,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
                                f"serves CPU tensors")
         return self._backend or _BackendFacts()
 
-    def _work(self, work: Any, outputs: Sequence[torch.Tensor]) -> TensorcommWork:
+    def _work(self, work: Any, outputs: Value) -> TensorcommWork:
         return TensorcommWork(work, outputs)
 
     # -- reductions -------------------------------------------------------------------------
@@ -259,12 +258,23 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         work = F.all_reduce(flat, _op_of(options, None), self._group, run_async)
         return self._finish(work, unpack, tensors)
 
-    def _finish(self, work: Any, unpack: Any, outputs: Sequence[torch.Tensor]) -> TensorcommWork:
-        """Copy a flat result out now (inline call) or when the call succeeds (queued call)."""
+    def _finish(self, work: Any, unpack: Any, outputs: Value) -> TensorcommWork:
+        """Copy a flat result out now (inline call) or when the call succeeds (queued call).
+
+        The copies run in the caller's inference mode, whichever thread runs them: outputs made
+        under ``torch.inference_mode()`` take in-place writes only inside it, and the group's
+        worker thread is outside it.
+        """
+        inference = torch.is_inference_mode_enabled()
+
+        def copy_out() -> None:
+            with torch.inference_mode(inference):
+                unpack()
+
         if work is None:
-            unpack()
+            copy_out()
         else:
-            work._after(unpack)
+            work._after(copy_out)
         return self._work(work, outputs)
 
     def reduce(self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None, *,
@@ -378,14 +388,15 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
                     for output, part in zip(outputs, joined, strict=True):
                         output.copy_(part)
 
-        return self._finish(work, unpack, [t for outputs in output_lists for t in outputs])
+        return self._finish(work, unpack, output_lists)  # Gloo's future yields the lists
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                           opts: Any = None) -> TensorcommWork:
-        """Concatenate everyone's tensor along dim 0 into ``output``."""
+        """Concatenate everyone's tensor along dim 0 into ``output``; the future yields its
+        per-member blocks, as Gloo's."""
         _, run_async = _options(opts)
         work = F.all_gather_into_tensor(output, input, self._group, run_async)
-        return self._work(work, [output])
+        return self._work(work, list(output.chunk(self._group.size)))
 
     _allgather_base = all_gather_single
 
@@ -412,16 +423,19 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
                         output.copy_(part.view_as(output))
 
         work = F.all_gather_into_tensor(joined, flat, self._group, run_async)
-        return self._finish(work, unpack, [t for outputs in output_lists for t in outputs])
+        return self._finish(work, unpack, output_lists)  # Gloo's future yields the lists
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                     opts: Any = None) -> TensorcommWork:
-        """``all_gather_single`` of several output/input pairs."""
+        """``all_gather_single`` of several output/input pairs; the future yields, as Gloo's, one
+        list per member of its block of every output."""
         _, run_async = _options(opts)
         work = None
         for output, tensor in _pairs(outputs, inputs, "allgather_into_tensor_coalesced"):
             work = F.all_gather_into_tensor(output, tensor, self._group, run_async)
-        return self._work(work, outputs)  # calls run in order: the last ends after the others
+        blocks = [output.chunk(self._group.size) for output in outputs]
+        # the calls run in order: the last ends after the others
+        return self._work(work, [[b[r] for b in blocks] for r in range(self._group.size)])
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]  # torch's stub: other names
 
