@@ -203,6 +203,9 @@ def test_rank_env_for_second_node() -> None:
     assert {(e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["MASTER_ADDR"], e["MASTER_PORT"],
              e["TENSORCOMM_SECRET"], e["TENSORCOMM_STORE_HOSTED"], e["PYTHONUNBUFFERED"],
              e["PATH"]) for e in envs} == {("6", "3", "node0", "29500", "s3", "1", "1", "/bin")}
+    # msrun's names, which MindSpore programs read
+    assert [(e["RANK_ID"], e["RANK_SIZE"], e["DEVICE_ID"]) for e in envs] == \
+        [("3", "6", "0"), ("4", "6", "1"), ("5", "6", "2")]
     assert base == {"PATH": "/bin", "RANK": "stale"}
     with pytest.raises(ValueError, match="local_rank"):
         env.rank_env(base, settings, store, 3)
