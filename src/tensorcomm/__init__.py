@@ -52,6 +52,7 @@ from .frontends.object_collectives import (
     gather_object,
     scatter_object_list,
 )
+from .frontends.object_p2p import irecv_object, isend_object, recv_object, send_object
 from .frontends.process_group import (
     create_group,
     destroy,
@@ -67,7 +68,6 @@ from .frontends.process_group import (
     new_group,
     new_subgroups_by_enumeration,
 )
-from .frontends.object_p2p import irecv_object, isend_object, recv_object, send_object
 from .frontends.sparse import sparse_all_reduce
 from .frontends.uneven import all_gather_v, all_to_all_v, gather_v, reduce_scatter_v, scatter_v
 from .types import PremulSum, ReduceOp, TransportKind

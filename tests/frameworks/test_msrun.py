@@ -67,7 +67,7 @@ def test_init_ends_msruns_scheduler_process(tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("script", ["tensorcomm only", "MindSpore's init first"])
 def test_msrun_job_exits_0(script: str, tmp_path: Path) -> None:
-    pytest.importorskip("mindspore", reason="MindSpore is not installed (it brings msrun; docs/frameworks.md)")
+    pytest.importorskip("mindspore", reason="MindSpore is not installed (docs/frameworks.md)")
     msrun = Path(sys.executable).parent / "msrun"
     if not msrun.exists():
         pytest.skip(f"no msrun beside {sys.executable}")
@@ -107,4 +107,5 @@ def test_mindspore_program_reads_msruns_variables_under_tensorcomm_run(tmp_path:
     result = subprocess.run([sys.executable, "-m", "tensorcomm", "run", "-n", "2", "--no-prefix", path],
                             capture_output=True, text=True, timeout=100, env=_env(GLOG_v="3"))
     assert result.returncode == 0, result.stderr
-    assert sorted(result.stdout.splitlines()) == [f"rank_id {r} of 2: Tensor [3.0, 3.0, 3.0]" for r in range(2)]
+    assert sorted(result.stdout.splitlines()) == [f"rank_id {r} of 2: Tensor [3.0, 3.0, 3.0]"
+                                                  for r in range(2)]
