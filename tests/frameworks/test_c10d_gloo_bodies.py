@@ -578,11 +578,8 @@ def _skipped(body: Callable[[Any, int, int], None], backend: str) -> str:
     if body in (monitored_barrier_passes, monitored_barrier_names_missing_rank) \
             and release < (2, 14) and backend != "gloo":
         return "torch 2.13 runs monitored_barrier on Gloo only"
-    if body is split_group_collectives:
-        if release < (2, 15):
-            return "torch before 2.15 splits only a group bound to a device (device_id=), Gloo's too"
-        if backend == "gloo":
-            return "Gloo's split clones the store, and tensorcomm run's store (a Python store) has no clone"
+    if body is split_group_collectives and release < (2, 15):
+        return "torch before 2.15 splits only a group bound to a device (device_id=), Gloo's too"
     return ""
 
 
