@@ -208,3 +208,33 @@ def test_a_failed_monitored_barrier_leaves_nothing_for_the_next() -> None:
     assert run_ranks(_late_monitored_barrier, 2, timeout=90, init=False) == [
         ["monitored_barrier: rank 1 of group 'world' did not arrive", "passed", "2.0"],
         ["monitored_barrier: rank 1 was not released by rank 0", "passed", "2.0"]]
+
+
+def _sparse_async() -> list[float]:
+    import datetime
+
+    import torch.distributed as dist
+
+    import tensorcomm.torch  # noqa: F401
+
+    dist.init_process_group(backend="tensorcomm", timeout=datetime.timedelta(seconds=30))
+    rank = dist.get_rank()
+    rows = torch.sparse_coo_tensor([[rank, 3]], torch.ones(2, 2) * (rank + 1), (4, 2))
+    go = torch.zeros(1)
+    if rank == 0:
+        # returns before rank 1 has even issued its call: it waits for the message below
+        work = dist.all_reduce(rows, async_op=True)
+        assert not work.is_completed()
+        dist.send(go, dst=1)
+        work.wait()
+    else:
+        dist.recv(go, src=0)
+        dist.all_reduce(rows)  # a blocking sparse call waits for its turn behind queued ones
+    dense = rows.to_dense()
+    dist.destroy_process_group()
+    return dense.sum(1).tolist()
+
+
+def test_sparse_all_reduce_runs_beside_the_caller() -> None:
+    # DDP's sparse gradient buckets are async calls: they must not hold up backward
+    assert run_ranks(_sparse_async, 2, timeout=90, init=False) == [[2.0, 4.0, 0.0, 6.0]] * 2

@@ -34,7 +34,7 @@ from ..types import ReduceOp, ReduceOpLike
 from . import functional as F
 from .torch_c10d import BACKEND_NAME, register_cpu_backend
 from .torch_monitored import monitored_barrier
-from .torch_sparse import is_sparse, sparse_allreduce
+from .torch_sparse import SparseRunner, is_sparse
 from .torch_work import TensorcommWork, Value, timeout_seconds
 
 _OPS = {
@@ -177,6 +177,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         self._on_shutdown = on_shutdown
         self._group_name = ""
         self._group_desc = ""
+        self._sparse = SparseRunner(group)
         # torch asks a process group which devices it serves (DCP, DeviceMesh, DTensor) and, from
         # 2.15, reads the CPU backend object (health check, flight recorder).
         self._backend = register_cpu_backend(self)
@@ -219,14 +220,14 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         """Reduce in place across the group (also ``allreduce(tensor, op)``).
 
         With several tensors per process, as on Gloo, every tensor ends with the reduction of
-        all of them on every member. Sparse COO tensors (SUM, AVG) run inline: ``torch_sparse.py``.
+        all of them on every member. Sparse COO tensors (SUM, AVG) run on a thread of their own,
+        in issue order: ``torch_sparse.py``.
         """
         _, run_async = _options(opts)
         reduce_op = _op_of(opts, op)
         if is_sparse(tensors):
             tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
-            sparse_allreduce(tensors, reduce_op, self._group)
-            return self._work(None, tensors)
+            return self._work(self._sparse.submit(tensors, reduce_op, wait=not run_async), tensors)
         if isinstance(tensors, torch.Tensor) or len(tensors) == 1:
             tensor = _one(tensors, "allreduce")
             return self._work(F.all_reduce(tensor, reduce_op, self._group, run_async), [tensor])
@@ -544,6 +545,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         """Release this group (and the tensorcomm world, if this group created it)."""
+        self._sparse.close()
         callback, self._on_shutdown = self._on_shutdown, None
         if callback is not None:
             callback()
