@@ -15,6 +15,7 @@ with the ratio tensorcomm / bare. Print ``uptime`` beside the figures: load move
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
@@ -92,6 +93,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--batches", type=int, default=15)
+    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON (benchmarks/ab.py)")
     args = parser.parse_args()
     if not 4 <= args.bytes <= _SLOT:
         parser.error(f"--bytes: expected 4 .. {_SLOT}")
@@ -109,6 +111,9 @@ def main() -> None:
     print(f"  bare protocol {b:.2f} (fastest batch {min(bare):.2f})")
     print(f"  tensorcomm    {t:.2f} (fastest batch {min(ours):.2f})")
     print(f"  ratio tensorcomm / bare: {t / b:.2f} (fastest batches {min(ours) / min(bare):.2f})")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as file:
+            json.dump({"bare protocol": b, "tensorcomm": t}, file)
 
 
 if __name__ == "__main__":

@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
                         help="tensorcomm columns (each beside Gloo)")
     parser.add_argument("--timeout", type=float, default=300.0, help="the ranks' collective timeout")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write every measurement as JSON")
     args = parser.parse_args(argv)
     reason = unsupported_reason()
     if reason is not None:
@@ -224,10 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     wrong = sum(r["wrong"] for r in records)
     print(table)
     print(f"# {len(records)} measurements in {time.monotonic() - started:.0f} s; wrong elements: {wrong}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "multihost_allreduce.md").write_text(table + "\n")
-    (args.out / "multihost_allreduce.json").write_text(json.dumps(
-        {"options": vars(args) | {"out": str(args.out)}, "rows": rows, "records": records}, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(
+            {"options": vars(args) | {"json": str(args.json)}, "rows": rows, "records": records}, indent=1))
     return 1 if wrong else 0
 
 

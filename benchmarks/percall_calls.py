@@ -34,7 +34,7 @@ from tensorcomm.testing import run_ranks
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_to_all", "reduce_scatter")
 
 
-def _call(name: str, nbytes: int) -> Callable[[], object]:
+def make_call(name: str, nbytes: int) -> Callable[[], object]:
     """One call of ``name`` on a ``nbytes`` float32 buffer (rounded to a multiple of the size)."""
     n = tc.get_world_size()
     count = max(n, nbytes // 4) // n * n
@@ -47,7 +47,7 @@ def _call(name: str, nbytes: int) -> Callable[[], object]:
 
 
 def _count(name: str, nbytes: int, calls: int, top: int) -> tuple[float, float, float, str]:
-    call = _call(name, nbytes)
+    call = make_call(name, nbytes)
     for _ in range(200):
         call()
     tc.barrier()

@@ -13,6 +13,7 @@ with the ratio. ``bytes`` is the size of the whole buffer, as ``tensorcomm bench
 from __future__ import annotations
 
 import argparse
+import json
 import mmap
 import multiprocessing
 import statistics
@@ -127,16 +128,22 @@ def main() -> None:
     parser.add_argument("--bytes", default="8,65536")
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--collectives", default=",".join(COLLECTIVES))
+    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON (benchmarks/ab.py)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.bytes.split(",")]
     names = args.collectives.split(",")
     ours = run_ranks(public, 2, names, sizes, args.calls, timeout=600)[0]
+    figures = {}
     print(f"{'collective':<15}{'bytes':>8}{'bare(us)':>10}{'tensorcomm(us)':>16}{'ratio':>7}")
     for nbytes in sizes:
         for name in names:
             floor = bare(name, nbytes, args.calls)
             mine = ours[(name, nbytes)]
+            figures.update({f"{name} {nbytes} bare": floor * 1e6, f"{name} {nbytes} tensorcomm": mine * 1e6})
             print(f"{name:<15}{nbytes:>8}{floor * 1e6:>10.2f}{mine * 1e6:>16.2f}{mine / floor:>7.2f}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as file:
+            json.dump(figures, file)
 
 
 if __name__ == "__main__":

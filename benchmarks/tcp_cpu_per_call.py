@@ -11,6 +11,7 @@ per call moves with what tensorcomm itself does. Compare trees in one run (``PYT
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 import numpy as np
@@ -40,9 +41,14 @@ def _time(calls: int) -> dict[int, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=4000)
+    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON (benchmarks/ab.py)")
     args = parser.parse_args()
     ranks = run_ranks(_time, 2, args.calls, env={"TENSORCOMM_TRANSPORT": "tcp"}, timeout=300)
-    print(" ".join(f"{nbytes}={(ranks[0][nbytes] + ranks[1][nbytes]) / 2:.1f}" for nbytes in SIZES))
+    mean = {str(nbytes): (ranks[0][nbytes] + ranks[1][nbytes]) / 2 for nbytes in SIZES}
+    print(" ".join(f"{nbytes}={us:.1f}" for nbytes, us in mean.items()))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as file:
+            json.dump(mean, file)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import resource
 import statistics
 from collections.abc import Callable
@@ -84,6 +85,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--algorithm", default=None, help="force this all_reduce row (default: select's)")
     parser.add_argument("--no-gloo", dest="gloo", action="store_false")
+    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON (benchmarks/ab.py)")
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     ranks = run_ranks(_body, args.ranks, sizes, args.rounds, args.algorithm, args.gloo, free_port(),
@@ -91,6 +93,7 @@ def main() -> None:
     print(f"{args.ranks} ranks, float32 all_reduce over TCP loopback; CPU ms per call and rank "
           f"(mean of ranks, median of {args.rounds} rounds)")
     print(f"{'bytes':>10} {'library':>10} {'cpu':>8} {'user':>8} {'sys':>8} {'lo MiB':>8} {'gloo/tc':>8}")
+    figures = {}
     for nbytes in sizes:
         cpu = {}
         for name in ("tensorcomm", "gloo") if args.gloo else ("tensorcomm",):
@@ -99,8 +102,12 @@ def main() -> None:
             system = statistics.median(statistics.fmean(r[1] for r in rnd) for rnd in per_round)
             moved = statistics.median(statistics.fmean(r[2] for r in rnd) for rnd in per_round)
             cpu[name] = statistics.median(statistics.fmean(r[0] + r[1] for r in rnd) for rnd in per_round)
+            figures[f"{nbytes} {name} cpu ms"] = cpu[name]
             ratio = f"{cpu['gloo'] / cpu['tensorcomm']:8.2f}" if name == "gloo" else ""
             print(f"{nbytes:>10} {name:>10} {cpu[name]:8.2f} {user:8.2f} {system:8.2f} {moved:8.1f} {ratio}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as file:
+            json.dump(figures, file)
 
 
 if __name__ == "__main__":

@@ -6,11 +6,11 @@
     total = AllReduce("sum")(np.ones([2, 8], np.float32))        # a new array; input untouched
     y = AlltoAll(split_count=tc.get_world_size(), split_dim=0, concat_dim=1)(x)
 
-The implementation lives in ``tensorcomm.frontends.objects`` and ``objects_uneven``.
+The implementation lives in ``tensorcomm.frontends.operators`` and ``operators_uneven``.
 """
 
-from .frontends.objects import AllGather, AllReduce, AlltoAll, Broadcast, Exscan, ReduceScatter, Scan
-from .frontends.objects_uneven import AlltoAllV, NeighborExchange
+from .frontends.operators import AllGather, AllReduce, AlltoAll, Broadcast, Exscan, ReduceScatter, Scan
+from .frontends.operators_uneven import AlltoAllV, NeighborExchange
 from .types import ReduceOp
 
 __all__ = ["AllReduce", "AllGather", "ReduceScatter", "Broadcast", "AlltoAll", "AlltoAllV",

@@ -1,14 +1,18 @@
-"""Fixtures of the fault suite: a stranger's interpreter."""
+"""Fixtures of the fault suite: a stranger's interpreter, a sticky directory like /tmp."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-NOBODY = 65534  # the uid strangers run as (tests that need another user run as root)
+from helpers import NOBODY
 
 
 @pytest.fixture(scope="module")
@@ -24,3 +28,16 @@ def nobody_python() -> str:
         if done.returncode == 0:
             return candidate
     pytest.skip("no Python interpreter that user nobody may run")
+
+
+@pytest.fixture
+def sticky() -> Iterator[Path]:
+    """A world-writable sticky directory like /tmp (pytest's tmp_path is closed to nobody)."""
+    if os.geteuid() != 0:
+        pytest.skip("acting as another user (nobody) needs root")
+    where = Path(tempfile.mkdtemp(prefix="tensorcomm-stranger-", dir="/tmp"))
+    where.chmod(0o1777)
+    try:
+        yield where
+    finally:
+        shutil.rmtree(where)

@@ -20,17 +20,18 @@ import time
 from pathlib import Path
 
 import pytest
-from torch_store_client import CLIENT  # same directory
 
 from tensorcomm import config
 from tensorcomm.testing import free_port
 from tensorcomm.transports.shm import slots as shm_slots
 
+from helpers import NOBODY
+from torch_store_client import CLIENT  # same directory
+
 pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(120)]
 
-NOBODY = 65534
 PAYLOAD = b"PAYLOAD-of-rank-0-not-for-strangers"
 RENDEZVOUS_KEYS = ("join/", "tcp/addr", "shm/", "hier/", "group/")  # none may be in torch's store
 

@@ -38,6 +38,17 @@ def _call(kind: str, odd: bool) -> None:
         if not odd:
             tc.all_reduce(np.ones(4, np.float32))
         tc.barrier()
+    elif kind == "scan_exscan":
+        (tc.exscan if odd else tc.scan)(np.ones(4, np.float32))
+    elif kind == "scan_op":
+        tc.scan(np.ones(4, np.float32), op="max" if odd else "sum")
+    elif kind == "scan_all_reduce":
+        (tc.all_reduce if odd else tc.scan)(np.ones(4, np.float32))
+    elif kind == "split_all_gather":
+        if odd:
+            tc.all_gather_into_tensor(np.zeros(2 * size, np.int64), np.zeros(2, np.int64))
+        else:
+            tc.WORLD.split(0)
     else:
         raise AssertionError(kind)
 
@@ -52,7 +63,8 @@ def body_mismatch(kind: str) -> str:
     raise AssertionError(f"rank {rank}: no CollectiveMismatchError for a mismatched {kind}")
 
 
-KINDS = ["collective", "shape", "dtype", "op", "root", "split_sizes", "skipped_call"]
+KINDS = ["collective", "shape", "dtype", "op", "root", "split_sizes", "skipped_call", "scan_exscan",
+         "scan_op", "scan_all_reduce", "split_all_gather"]
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -64,6 +76,8 @@ def test_mismatch_raises_on_every_rank(kind, world_size, transport):
         assert "called" in message or "byte message" in message, message
     if kind in ("shape", "dtype", "op", "collective"):
         assert any(" while rank " in m for m in messages), messages
+    if kind == "split_all_gather":
+        assert any("split(int64" in m for m in messages), messages
 
 
 def body_mismatch_message() -> str:

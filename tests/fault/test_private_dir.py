@@ -29,9 +29,10 @@ from tensorcomm.errors import RendezvousError
 from tensorcomm.rendezvous import private, rendezvous
 from tensorcomm.testing import free_port
 
+from helpers import NOBODY
+
 pytestmark = pytest.mark.fault
 
-NOBODY = 65534
 RENDEZVOUS_TIMEOUT = 600.0  # far beyond HARD_LIMIT: waiting it out fails the test
 HARD_LIMIT = 60.0
 

@@ -22,13 +22,14 @@ import time
 from pathlib import Path
 
 import pytest
-from torch_store_client import CLIENT  # same directory
 
 from tensorcomm import config
 from tensorcomm.errors import CommError, RendezvousError
 from tensorcomm.rendezvous.discovery import discover
 from tensorcomm.rendezvous.init_method import from_store
 from tensorcomm.testing import free_port
+
+from torch_store_client import CLIENT  # same directory
 
 pytest.importorskip("torch")
 

@@ -14,9 +14,6 @@ import logging
 import os
 import re
 import shutil
-import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,37 +27,11 @@ from tensorcomm.trace import chrome, cli, recorder
 from tensorcomm.trace.analyze import analyze
 from tensorcomm.trace.merge import merge
 
+from helpers import NOBODY, PRECIOUS, stranger, victim
+
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(120)]
 
-NOBODY = 65534
 KNOWN = {c: select.names(c) for c in select.collectives()}
-PRECIOUS = "precious\n"
-
-
-def stranger(*argv: str, stdin: str | None = None) -> None:
-    """Run ``argv`` as ``nobody``, with no groups."""
-    subprocess.run(list(argv), input=stdin, text=True, user=NOBODY, group=NOBODY, extra_groups=[],
-                   check=True, timeout=30, capture_output=True)
-
-
-@pytest.fixture
-def sticky() -> Iterator[Path]:
-    """A world-writable sticky directory like /tmp (pytest's tmp_path is closed to nobody)."""
-    if os.geteuid() != 0:
-        pytest.skip("acting as another user (nobody) needs root")
-    where = Path(tempfile.mkdtemp(prefix="tensorcomm-stranger-", dir="/tmp"))
-    where.chmod(0o1777)
-    try:
-        yield where
-    finally:
-        shutil.rmtree(where)
-
-
-def victim(where: Path) -> Path:
-    """A file of this user's that a planted link points at."""
-    path = where / "victim"
-    path.write_text(PRECIOUS)
-    return path
 
 
 def _call(seq: int, call: str) -> dict[str, Any]:

@@ -20,7 +20,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from test_stranger_files import NOBODY, PRECIOUS, sticky, stranger, victim  # same directory
 
 from tensorcomm import cli
 from tensorcomm.bench import cli as bench_cli
@@ -29,7 +28,7 @@ from tensorcomm.launch import spawner
 from tensorcomm.rendezvous import private
 from tensorcomm.trace import recorder
 
-__all__ = ["sticky"]  # a fixture: used by name
+from helpers import NOBODY, PRECIOUS, stranger, victim
 
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(120)]
 

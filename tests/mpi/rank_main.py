@@ -24,6 +24,7 @@ import numpy as np
 import tensorcomm as tc
 
 TESTS = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(TESTS))  # tests/helpers.py, which test modules import, as under pytest
 
 
 def _module(relative: str) -> ModuleType:

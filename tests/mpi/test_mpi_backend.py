@@ -16,7 +16,7 @@ MPI_ONLY = {"TENSORCOMM_TRANSPORT": "tcp"}  # no shared memory: MPI carries ever
 COLLECTIVES = "multiprocess/test_collectives"
 BODIES = [f"{COLLECTIVES}:body_{name}" for name in (
     "all_reduce", "reduce", "broadcast", "all_gather", "gather_scatter", "reduce_scatter",
-    "all_to_all", "barrier_and_p2p", "async")] + [
+    "all_to_all", "scan", "scan_async_groups_and_objects", "barrier_and_p2p", "async")] + [
     "multiprocess/test_uneven:body_uneven", "multiprocess/test_object_collectives:body_objects:1000",
     "multiprocess/test_ops:body_reductions", "multiprocess/test_ops:body_alltoall",
     "multiprocess/test_cross_device:body_strategies"]
@@ -95,7 +95,5 @@ def test_destroy_and_init_again():
 
 
 @pytest.mark.timeout(300)
-def test_split_and_scan_over_mpi():
-    bodies = [f"multiprocess/test_split_scan:body_{name}" for name in (
-        "scan_every_op_and_dtype", "scan_async_groups_and_objects", "split")]
-    check(mpirun(3, "bodies", *bodies, timeout=280, env=MPI_ONLY), 3)
+def test_split_over_mpi():
+    check(mpirun(3, "bodies", "multiprocess/test_split:body_split", timeout=280, env=MPI_ONLY), 3)

@@ -9,6 +9,8 @@ import pytest
 import tensorcomm as tc
 from tensorcomm.testing import rank_data, reduce_reference, reduces, run_ranks
 
+from helpers import assert_prefix, expected_prefixes
+
 pytestmark = pytest.mark.multiprocess
 
 WORLD_SIZES = [1, 2, 3, 4, 5]
@@ -219,8 +221,62 @@ def body_groups() -> None:
     assert (y == mine.ranks[-1]).all()
 
 
+def body_scan() -> None:
+    rank, size = tc.get_rank(), tc.get_world_size()
+    cases = [(op, dtype, count) for op in OPS for dtype in DTYPES if reduces(op, dtype)
+             for count in (1, 13)]
+    # more than one shared-memory slot (1 MiB) in the accumulation dtype: the multi-round path
+    cases += [(tc.ReduceOp.SUM, np.float32, 300_000), (tc.ReduceOp.AVG, np.float16, 300_000),
+              (tc.ReduceOp.MAX, np.int64, 300_000)]
+    for op, dtype, count in cases:
+        inputs = [rank_data(r, count, dtype, op=op) for r in range(size)]
+        inclusive, exclusive = expected_prefixes(op, inputs, True), expected_prefixes(op, inputs, False)
+        x = inputs[rank].copy()
+        tc.scan(x, op=op)
+        assert tc.WORLD.last_call.collective == "scan"
+        assert_prefix(x, inclusive[rank], inputs[0], op, f"scan {op} {np.dtype(dtype)} x{count}")
+        y = inputs[rank].copy()
+        work = tc.exscan(y, op=op, async_op=True)
+        work.wait(timeout=60)
+        assert work.algorithm == ("shm_prefix" if tc.WORLD.transport_kind is tc.TransportKind.SHM
+                                  else "recursive_doubling"), work.algorithm
+        assert_prefix(y, exclusive[rank], inputs[0], op, f"exscan {op} {np.dtype(dtype)} x{count}")
+
+
+def body_scan_async_groups_and_objects() -> None:
+    from tensorcomm.ops import Exscan, Scan
+
+    rank, size = tc.get_rank(), tc.get_world_size()
+    xs = [np.full((2, 3), rank + i, np.float64) for i in range(3)]
+    works = [tc.scan(x, async_op=True) for x in xs]
+    late = np.full(4, rank + 1, np.int32)
+    exscan_work = tc.exscan(late, op="prod", async_op=True)
+    for i, (x, work) in enumerate(zip(xs, works, strict=True)):
+        assert work.wait(timeout=30) is True
+        assert (x == sum(r + i for r in range(rank + 1))).all()
+    exscan_work.wait(timeout=30)
+    assert (late == (np.prod(np.arange(1, rank + 1)) if rank else 1)).all()
+    # a non-contiguous tensor is written back; the input of an operator object is not touched
+    wide = np.arange(12, dtype=np.float32).reshape(3, 4) + rank
+    view = wide[:, ::2]
+    tc.scan(view, op="max")
+    assert (view == np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2] + rank).all()
+    source = np.full(3, rank + 1.0)
+    assert (Scan("sum")(source) == sum(range(1, rank + 2))).all() and (source == rank + 1).all()
+    before = Exscan("min")(source)
+    assert before is None if rank == 0 else (before == 1.0).all()
+    # on a subgroup made by split, in reverse order: group rank 0 is the highest global rank
+    reverse = tc.WORLD.split(0, key=-rank)
+    assert reverse is not None and reverse.rank == size - 1 - rank
+    z = np.full(2, rank, np.int64)
+    tc.scan(z, group=reverse)
+    assert (z == sum(range(rank, size))).all()
+    reverse.destroy()
+
+
 BODIES = [body_all_reduce, body_reduce, body_broadcast, body_all_gather, body_gather_scatter,
-          body_reduce_scatter, body_all_to_all, body_barrier_and_p2p, body_async]
+          body_reduce_scatter, body_all_to_all, body_scan, body_scan_async_groups_and_objects,
+          body_barrier_and_p2p, body_async]
 
 # Ranks of one host use shared memory unless TENSORCOMM_TRANSPORT=tcp: run everything both ways.
 TRANSPORTS = {"shm": {}, "tcp": {"TENSORCOMM_TRANSPORT": "tcp"}}

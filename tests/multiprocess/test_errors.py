@@ -46,6 +46,7 @@ def body_bad_arguments() -> list[str]:
                  outs, [x] * size),
         _failure(ValueError, "input_split_sizes must be non-negative and sum", tc.all_to_all_single,
                  np.ones((size, 2)), np.ones((size, 2)), None, [size + 1] + [0] * (size - 1)),
+        _failure(ValueError, "out of range", tc.new_subgroups_by_enumeration, [[0, size]]),
     ]
     # every rank still works together afterwards: nothing was half-issued
     tc.all_reduce(x)

@@ -9,19 +9,16 @@ transport itself is tested at the end of the file.
 from __future__ import annotations
 
 import functools
-import itertools
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable
 
 import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from one_off import one_off_ctx  # same directory
 
+from tensorcomm import config
 from tensorcomm.algorithms import (
     allgather,
     allreduce,
@@ -32,13 +29,25 @@ from tensorcomm.algorithms import (
     kernels,
     reduce,
     reduce_scatter,
+    scan,
 )
-from tensorcomm.algorithms.base import Ctx
 from tensorcomm.errors import CollectiveMismatchError, CommTimeoutError, GroupAbortedError
 from tensorcomm.signature import signature
-from tensorcomm.transports.base import ANY_SOURCE, Transport, as_bytes, collective_tag
-from tensorcomm.transports.loopback import LoopbackHub, LoopbackTransport, run_threads
+from tensorcomm.testing import rank_data, reduces, run_threads
+from tensorcomm.transports.base import ANY_SOURCE, as_bytes, collective_tag
+from tensorcomm.transports.loopback import LoopbackHub
 from tensorcomm.types import ReduceOp
+
+from helpers import (
+    CUMULATIVE,
+    PREFIX_DTYPES,
+    assert_prefix,
+    expected_prefixes,
+    one_off_ctx,
+    row_fn,
+    run_algorithm,
+    run_calls_on_threads,
+)
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 SIZES = range(1, 8)
@@ -49,9 +58,6 @@ DTYPES = [np.dtype(np.int32), np.dtype(np.float32), np.dtype(np.float64), BF16,
           np.dtype(np.bool_), np.dtype(np.complex128)]
 OPS = [ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG, ReduceOp.BAND,
        ReduceOp.BOR, ReduceOp.BXOR, ReduceOp.premul_sum(0.5)]
-UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum,
-          ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and, ReduceOp.BOR: np.bitwise_or,
-          ReduceOp.BXOR: np.bitwise_xor}
 
 
 def counts_for(size: int) -> list[int]:
@@ -90,7 +96,7 @@ def reference(op, arrays: list[np.ndarray]) -> np.ndarray:
                                  for a in arrays]
     if not isinstance(op, ReduceOp):
         wide = [w * op.factor for w in wide]
-    result = functools.reduce(UFUNCS.get(op, np.add), wide)
+    result = functools.reduce(CUMULATIVE.get(op, np.add), wide)
     return result / len(arrays) if op is ReduceOp.AVG else result
 
 
@@ -102,46 +108,6 @@ def assert_matches(result: np.ndarray, expected: np.ndarray, op, size: int) -> N
     # Terms lie in [0.5, 2] in magnitude: a sum can cancel down to zero, so allow an absolute error
     # of rtol times the largest partial sum.
     np.testing.assert_allclose(result.astype(expected.dtype), expected, rtol=rtol, atol=rtol * 2 * size)
-
-
-class RecordingTransport(Transport):
-    """Passes everything to a loopback transport and records (src, dst, tag) of each send."""
-
-    def __init__(self, inner: LoopbackTransport, log: list) -> None:
-        self.inner, self.log = inner, log
-        self.rank, self.size = inner.rank, inner.size
-
-    def isend(self, peer, data, tag, signature=None):
-        self.log.append((self.rank, peer, tag))
-        return self.inner.isend(peer, data, tag, signature)
-
-    def irecv(self, peer, out, tag, signature=None):
-        return self.inner.irecv(peer, out, tag, signature)
-
-    def abort_group(self, group_id, error, tell_peers=True):
-        self.inner.abort_group(group_id, error, tell_peers)
-
-    def abort(self, error):
-        self.inner.abort(error)
-
-    def close(self):
-        self.inner.close()
-
-
-def run_ranks(size: int, body: Callable[[Callable[[], Ctx]], object]) -> list:
-    """Run ``body(next_ctx)`` on every rank; ``next_ctx()`` makes the Ctx of the rank's next call."""
-    log: list = []
-
-    def rank_main(transport: LoopbackTransport) -> object:
-        recording = RecordingTransport(transport, log)
-        seqs = itertools.count()
-        return body(lambda: one_off_ctx(recording, range(size), transport.rank, group_id=1,
-                                        seq=next(seqs), timeout=15.0))
-
-    results = run_threads(size, rank_main, timeout=60)
-    repeated = [key for key, times in Counter(log).items() if times > 1]
-    assert not repeated, f"messages sharing (src, dst, tag): {repeated[:5]}"
-    return results
 
 
 ALLREDUCE = [allreduce.ring, allreduce.recursive_doubling, allreduce.halving_doubling]
@@ -168,7 +134,7 @@ def test_allreduce(algorithm, size, dtype):
             results.append(out)
         return results
 
-    per_rank = run_ranks(size, body)
+    per_rank = run_calls_on_threads(size, body)
     for index, (count, op) in enumerate(cases):
         outs = [results[index] for results in per_rank]
         assert all(out.tobytes() == outs[0].tobytes() for out in outs), f"ranks differ: {op} {count}"
@@ -193,7 +159,7 @@ def test_pair_in_place_matches_numpy_and_agrees_bitwise(dtype):
             results.append(x)
         return results
 
-    per_rank = run_ranks(2, body)
+    per_rank = run_calls_on_threads(2, body)
     for index, (count, op) in enumerate(cases):
         mine, theirs = per_rank[0][index], per_rank[1][index]
         assert mine.tobytes() == theirs.tobytes(), f"ranks differ: {op} {count}"
@@ -212,7 +178,7 @@ def test_pair_in_place_leaves_the_array_untouched_when_the_peer_fails():
             allreduce.pair_in_place(ctx, x, np.add)
         return np.array_equal(x, before)
 
-    assert run_ranks(2, body) == [True, True]
+    assert run_calls_on_threads(2, body) == [True, True]
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 6, 8])
@@ -231,7 +197,7 @@ def test_allreduce_from_a_separate_source_leaves_it_untouched(algorithm, size):
             results.append(buf)
         return results
 
-    per_rank = run_ranks(size, body)
+    per_rank = run_calls_on_threads(size, body)
     for index, count in enumerate((0, 1, 13, 1000)):
         expected = reference(ReduceOp.SUM, [data(np.dtype(np.float64), rank, count) for rank in range(size)])
         for results in per_rank:
@@ -251,8 +217,8 @@ def test_ring_allreduce_property(size, count, seed, op):
         allreduce.ring(ctx, buf, op)
         return buf
 
-    expected = functools.reduce(UFUNCS[op], inputs)
-    for out in run_ranks(size, body):
+    expected = functools.reduce(CUMULATIVE[op], inputs)
+    for out in run_calls_on_threads(size, body):
         assert np.array_equal(out, expected)
 
 
@@ -268,7 +234,7 @@ def test_allreduce_results_are_bit_identical_with_signed_zeros():
         return results
 
     for size in (3, 5, 6):
-        per_rank = run_ranks(size, body)
+        per_rank = run_calls_on_threads(size, body)
         for index in range(len(ALLREDUCE)):
             assert len({results[index].tobytes() for results in per_rank}) == 1
 
@@ -279,7 +245,7 @@ def test_allreduce_mismatched_counts_raise_collective_mismatch():
         allreduce.ring(ctx, np.zeros(10 + ctx.rank), ReduceOp.SUM)
 
     with pytest.raises(CollectiveMismatchError, match="bytes"):
-        run_ranks(2, body)
+        run_calls_on_threads(2, body)
 
 
 def uneven(size: int, count: int) -> list[int]:
@@ -312,7 +278,7 @@ def test_reduce_scatter_ring(size, dtype):
             results.append(out)
         return results
 
-    per_rank = run_ranks(size, body)
+    per_rank = run_calls_on_threads(size, body)
     for index, (counts, op) in enumerate(cases):
         expected = reference(op, [data(dtype, rank, sum(counts)) for rank in range(size)])
         offsets = allgather.bounds(counts)
@@ -342,7 +308,7 @@ def test_reduce_binomial_tree(size, dtype):
                 results.append(out)
         return results
 
-    per_rank = run_ranks(size, body)
+    per_rank = run_calls_on_threads(size, body)
     for count, op, root in cases:  # each root's list holds its results in call order
         out = per_rank[root].pop(0)
         assert_matches(out, reference(op, [data(dtype, rank, count) for rank in range(size)]), op, size)
@@ -369,7 +335,7 @@ def test_allgather(algorithm, size, dtype):
             results.append(out)
         return results
 
-    per_rank = run_ranks(size, body)
+    per_rank = run_calls_on_threads(size, body)
     for index, counts in enumerate(cases):
         expected = np.concatenate([data(dtype, rank, counts[rank]) for rank in range(size)])
         for results in per_rank:
@@ -392,7 +358,7 @@ def test_broadcast(algorithm, size):
             results.append(buf)
         return results
 
-    per_rank = run_ranks(size, body)
+    per_rank = run_calls_on_threads(size, body)
     for index, (count, root, dtype) in enumerate(cases):
         expected = data(dtype, root, count, salt=root)
         for results in per_rank:
@@ -417,7 +383,7 @@ def test_gather_and_scatter(size):
             results.append((gathered, block))
         return results
 
-    per_rank = run_ranks(size, body)
+    per_rank = run_calls_on_threads(size, body)
     for index, (counts, root) in enumerate(cases):
         offsets = allgather.bounds(counts)
         expected = np.concatenate([data(dtype, rank, counts[rank]) for rank in range(size)])
@@ -455,7 +421,7 @@ def test_alltoall_pairwise_exchange(size):
             results.append(out)
         return results
 
-    per_rank = run_ranks(size, body)
+    per_rank = run_calls_on_threads(size, body)
     for index, sizes in enumerate(cases):
         blocks = [np.split(data(dtype, src, sum(sizes[src])), np.cumsum(sizes[src])[:-1])
                   for src in range(size)]
@@ -475,11 +441,93 @@ def test_barrier_dissemination(size):
         barrier.dissemination(ctx)
         left[ctx.rank] = time.monotonic()
 
-    run_ranks(size, body)
+    run_calls_on_threads(size, body)
     assert max(entered) <= min(left)
 
 
 # --- the loopback transport the tests above stand on ------------------------------------------
+
+# -- scan, exscan (algorithms/scan.py) -----------------------------------------------------------
+
+@pytest.mark.parametrize("inclusive", [True, False], ids=["scan", "exscan"])
+@pytest.mark.parametrize("size", TIERED_SIZES)
+def test_scan_recursive_doubling_matches_numpy_cumulative_ops(size, inclusive):
+    collective = "scan" if inclusive else "exscan"
+    fn = row_fn(collective, "recursive_doubling")
+    cases = [(op, dtype, count) for op in OPS for dtype in PREFIX_DTYPES if reduces(op, dtype)
+             for count in (0, 1, 37)]
+
+    def body(next_ctx):
+        results = []
+        for op, dtype, count in cases:
+            ctx = next_ctx()
+            x = rank_data(ctx.rank, count, dtype, op=op)
+            run_algorithm(ctx, fn, x, op)
+            results.append(x)
+        return results
+
+    per_rank = run_calls_on_threads(size, body)
+    for index, (op, dtype, count) in enumerate(cases):
+        inputs = [rank_data(r, count, dtype, op=op) for r in range(size)]
+        for r, expected in enumerate(expected_prefixes(op, inputs, inclusive)):
+            assert_prefix(per_rank[r][index], expected, inputs[0], op,
+                          f"{collective} {op} {dtype} x{count} rank {r}")
+
+
+@pytest.mark.parametrize("size", [2, 3, 5])
+def test_scan_recursive_doubling_in_chunks(size, monkeypatch):
+    """Blocks travel in several messages of one step (the transport keeps them in order), each
+    combined as it arrives."""
+    monkeypatch.setattr(config, "TCP_CHUNK_BYTES", 40)  # 5 float64 per message
+    count = 37
+
+    def rank_main(transport):  # not run_calls_on_threads: the messages of one step share a tag
+        results = []
+        for seq, collective in enumerate(("scan", "exscan")):
+            ctx = one_off_ctx(transport, range(size), transport.rank, group_id=1, seq=seq, timeout=15.0)
+            x = rank_data(transport.rank, count, np.float64)
+            run_algorithm(ctx, row_fn(collective, "recursive_doubling"), x, ReduceOp.SUM)
+            results.append(x)
+        return results
+
+    per_rank = run_threads(size, rank_main, timeout=60)
+    running = np.cumsum([rank_data(r, count, np.float64) for r in range(size)], axis=0)
+    for r in range(size):
+        np.testing.assert_array_equal(per_rank[r][0], running[r])
+        exclusive = running[r - 1] if r else rank_data(0, count, np.float64)
+        np.testing.assert_array_equal(per_rank[r][1], exclusive)
+
+
+def test_scan_recursive_doubling_keeps_lower_ranks_on_the_left():
+    """Signed zeros tie under MIN/MAX, and numpy returns one operand or the other: the result is
+    bit for bit numpy's left-to-right accumulation at every rank."""
+    size = 6
+    values = [np.array([0.0, -0.0, 0.0], np.float64) * (-1) ** r for r in range(size)]
+    fn = row_fn("scan", "recursive_doubling")
+
+    def body(next_ctx):
+        out = []
+        for op in (ReduceOp.MIN, ReduceOp.MAX):
+            ctx = next_ctx()
+            x = values[ctx.rank].copy()
+            run_algorithm(ctx, fn, x, op)
+            out.append(x)
+        return out
+
+    per_rank = run_calls_on_threads(size, body)
+    for index, ufunc in enumerate((np.minimum, np.maximum)):
+        expected = ufunc.accumulate(np.stack(values), axis=0)
+        for r in range(size):
+            assert per_rank[r][index].tobytes() == expected[r].tobytes()
+
+
+def test_scan_terms():
+    assert [scan.terms(r, True) for r in range(3)] == [1, 2, 3]
+    assert [scan.terms(r, False) for r in range(3)] == [0, 1, 2]
+
+
+# -- the loopback transport ------------------------------------------------------------------------
+
 
 def test_loopback_matches_fifo_per_source_and_tag():
     hub = LoopbackHub(3)

@@ -47,6 +47,43 @@ def test_every_page_is_in_the_nav() -> None:
     assert nav - pages == set(), "nav entries without a page"
 
 
+# An internal issue number ("issue 21", "(issue 14)"), a commit hash: history, which goes to
+# CHANGELOG.md (docs/changelog.md only includes it). Issues of other projects name the project.
+_HISTORY = re.compile(r"(?<!CPython )\bissues? \d+|\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
+
+
+def test_user_docs_carry_no_history() -> None:
+    found = [(page.name, hit.group()) for page in MARKDOWN if page.name != "changelog.md"
+             for hit in _HISTORY.finditer(page.read_text())]
+    assert found == []
+
+
+_TEST_REFERENCE = re.compile(r"(tests/\w+/test_\w+\.py)(?:::(\w+))?")
+
+
+def test_the_tests_the_docs_name_exist() -> None:
+    """A test file (``tests/unit/test_x.py``) or test (``...py::test_y``) a page names as evidence
+    exists: moving or renaming a test updates the docs that cite it."""
+    missing = []
+    for page in MARKDOWN:
+        for path, name in _TEST_REFERENCE.findall(page.read_text()):
+            source = ROOT / path
+            if not source.exists() or (name and not re.search(rf"^(?:async )?def {name}\b",
+                                                                  source.read_text(), flags=re.MULTILINE)):
+                missing.append((page.name, f"{path}::{name}" if name else path))
+    assert missing == []
+
+
+def test_the_contributor_install_line_installs_what_ci_does() -> None:
+    """docs/contributing.md's install line names the extras .ci/run installs (mpi apart: it
+    needs MPICH, and has a line of its own)."""
+    ci = set(re.search(r'^extras="([^"]+)"', (ROOT / ".ci" / "run").read_text(), flags=re.MULTILINE)
+             .group(1).split(","))
+    guide = (DOCS / "contributing.md").read_text()
+    assert {frozenset(m.split(",")) for m in re.findall(r'pip install -e "\.\[([^\]]+)\]"', guide)
+            } >= {frozenset(ci)}
+
+
 def test_nav_titles_are_the_page_titles() -> None:
     """A nav entry's title is its page's heading, up to a colon (Home excepted)."""
     text = (ROOT / "mkdocs.yml").read_text()

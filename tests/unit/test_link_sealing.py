@@ -15,9 +15,10 @@ from tensorcomm.rendezvous.auth import Session, recv_exact
 from tensorcomm.rendezvous.store import HashStore
 from tensorcomm.transports.base import collective_tag, encode_abort
 from tensorcomm.transports.tcp import framing, sealing
-from tensorcomm.transports.tcp.mesh import connect_mesh
 from tensorcomm.transports.tcp.sealing import Sealer
 from tensorcomm.transports.tcp.transport import TcpTransport
+
+from helpers import mesh_thread
 
 try:
     import cryptography  # noqa: F401 - only whether it is there
@@ -186,22 +187,10 @@ def test_configured_level_rejects_unknown_names(monkeypatch: pytest.MonkeyPatch)
         sealing.configured_level()
 
 
-def _mesh(rank: int, size: int, store: HashStore, results: dict, **kwargs: object) -> threading.Thread:
-    def main() -> None:
-        try:
-            results[rank] = connect_mesh(rank, size, store, b"secret", "127.0.0.1", 2, **kwargs)  # type: ignore[arg-type]
-        except BaseException as exc:  # noqa: BLE001 - inspected by the test
-            results[rank] = exc
-
-    thread = threading.Thread(target=main)
-    thread.start()
-    return thread
-
-
 def test_mesh_links_agree_on_the_stronger_level() -> None:
     store, results = HashStore(), {}
-    threads = [_mesh(0, 2, store, results, level=sealing.HEADERS),
-               _mesh(1, 2, store, results, level=sealing.MAC)]
+    threads = [mesh_thread(0, 2, store, results, timeout=2, level=sealing.HEADERS),
+               mesh_thread(1, 2, store, results, timeout=2, level=sealing.MAC)]
     for thread in threads:
         thread.join(30)
     (sock_0, sealer_0), (sock_1, sealer_1) = results[0][1], results[1][0]
@@ -213,7 +202,7 @@ def test_mesh_links_agree_on_the_stronger_level() -> None:
 def test_mesh_refuses_a_relay_put_in_a_ranks_place() -> None:
     # Rank 1 is sent to a relay (its address swapped in the store) that forwards bytes to rank 0.
     store, results = HashStore(), {}
-    threads = [_mesh(0, 2, store, results)]
+    threads = [mesh_thread(0, 2, store, results, timeout=2)]
     real = store.get("tcp/addr/0", timeout=10).decode()
     relay = socket.create_server(("127.0.0.1", 0))
     store.set("tcp/addr/0", f"127.0.0.1:{relay.getsockname()[1]}".encode())
@@ -233,7 +222,7 @@ def test_mesh_refuses_a_relay_put_in_a_ranks_place() -> None:
 
     forwarder = threading.Thread(target=forward, daemon=True)
     forwarder.start()
-    threads.append(_mesh(1, 2, store, results))
+    threads.append(mesh_thread(1, 2, store, results, timeout=2))
     for thread in threads:
         thread.join(30)
     relay.close()

@@ -6,11 +6,14 @@ import pytest
 
 from tensorcomm.algorithms import select
 from tensorcomm.algorithms.base import Team
+from tensorcomm.signature import COLLECTIVES as COLLECTIVES_NAMED
 from tensorcomm.transports.loopback import LoopbackHub
+
+from helpers import close_all, open_domains
 
 SMALL = select.SMALL_MESSAGE_BYTES
 COLLECTIVES = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter",
-               "all_to_all", "barrier"]
+               "all_to_all", "barrier", "scan", "exscan"]
 
 
 DOUBLING = select.ALLREDUCE_DOUBLING_BYTES
@@ -61,6 +64,13 @@ def test_broadcast_rows(size, nbytes, expected):
     assert select.pick("broadcast", team_of(size), nbytes).name == expected
 
 
+def test_the_table_covers_every_collective_a_signature_names():
+    """A collective added to ``signature.COLLECTIVES`` needs rows here, and a place in this file's
+    table (docs/contributing.md, "Adding a collective"); ``split`` runs no algorithm."""
+    named = set(COLLECTIVES_NAMED) - {"none", "split"}
+    assert set(select.collectives()) == named == set(COLLECTIVES)
+
+
 @pytest.mark.parametrize("collective", COLLECTIVES)
 def test_every_collective_has_a_fallback_row_that_always_holds(collective):
     rows = [row for row in select.ROWS if row.collective == collective]
@@ -83,8 +93,6 @@ def test_override_beats_the_predicates():
 
 
 def test_an_override_that_cannot_run_the_call_says_why():
-    from test_shm_domain import close_all, open_domains  # same directory
-
     domains = open_domains(2, 4096, 8192)
     try:
         team = Team(LoopbackHub(2).transport(0), range(2), 0, group_id=0, timeout=1.0, shm=domains[0])

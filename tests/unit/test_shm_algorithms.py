@@ -8,13 +8,10 @@ span many rounds, uneven contributions. A failing peer must leave in-place array
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
 
 import ml_dtypes
 import numpy as np
 import pytest
-from one_off import one_off_ctx, run  # same directory
 
 from tensorcomm.algorithms import (
     kernels,
@@ -27,61 +24,35 @@ from tensorcomm.algorithms import (
 )
 from tensorcomm.algorithms.base import Ctx
 from tensorcomm.errors import GroupAbortedError
-from tensorcomm.signature import UNCHECKED, Signature, signature
+from tensorcomm.signature import UNCHECKED, signature
 from tensorcomm.testing import rank_data, reduce_reference, reduces
 from tensorcomm.transports.shm import slots
 from tensorcomm.types import PremulSum, ReduceOp
 
-from test_shm_domain import close_all, open_domains, run_threads  # same directory
+from helpers import (
+    PREFIX_DTYPES,
+    TINY_SLOT,
+    ShmGroup,
+    assert_prefix,
+    close_all,
+    ctx_for,
+    expected_prefixes,
+    fast_thread_switches,
+    open_domains,
+    row_fn,
+    run_algorithm,
+    run_each_rank,
+)
 
 pytestmark = pytest.mark.skipif(not slots.SUPPORTED, reason="shared memory needs x86-64")
 
-SLOT = 256  # bytes: 64 float32 per slot
-OUT = 512
+SLOT = TINY_SLOT
 
 
 @pytest.fixture(autouse=True)
 def _fast_thread_switches():
-    import sys
-
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    yield
-    sys.setswitchinterval(interval)
-
-
-BARRIER = signature("barrier")  # Group.call's default: a call that moves no data
-
-
-class Group:
-    """``size`` thread-ranks sharing one tiny-slot domain; ``call`` runs one collective on all.
-
-    As in the core, a call's signature must describe it (algorithms key caches on it).
-    """
-
-    def __init__(self, size: int, slot: int = SLOT, out: int = OUT) -> None:
-        self.size = size
-        self.domains = open_domains(size, slot, out)
-        self.seq = 0
-
-    def call(self, fn: Callable[[Ctx], Any], sig: Signature = BARRIER) -> list[Any]:
-        seq = self.seq
-        self.seq += 1
-
-        def body(rank: int) -> Any:
-            d = self.domains[rank]
-            ctx = one_off_ctx(None, range(self.size), rank, group_id=0, seq=seq, timeout=30, name="test",
-                              signature=sig, group_name="test", shm=d)
-            try:
-                return fn(ctx)
-            except BaseException as exc:
-                d.fail(exc, ctx)  # as Group._run does
-                raise
-
-        return run_threads(self.size, body)
-
-    def close(self) -> None:
-        close_all(self.domains)
+    with fast_thread_switches():
+        yield
 
 
 SIZES = [1, 2, 3, pytest.param(5, marks=pytest.mark.slow)]  # 5 ranks: the full suite only
@@ -89,7 +60,7 @@ SIZES = [1, 2, 3, pytest.param(5, marks=pytest.mark.slow)]  # 5 ranks: the full 
 
 @pytest.fixture(params=SIZES, ids=lambda n: f"{n}ranks")
 def group(request):
-    g = Group(request.param)
+    g = ShmGroup(request.param)
     yield g
     g.close()
 
@@ -131,7 +102,7 @@ def test_all_reduce_direct_and_pipelined_match_numpy_and_agree_bitwise(group, co
                     continue
                 arrays = [a.copy() for a in inputs]
                 group.call(lambda ctx, algorithm=algorithm, arrays=arrays, op=op:
-                           run(ctx, algorithm, arrays[ctx.rank], op),
+                           run_algorithm(ctx, algorithm, arrays[ctx.rank], op),
                            signature("all_reduce", np.dtype(dtype), count, op))
                 for r in range(n):
                     _close(arrays[r], expected, op)
@@ -150,7 +121,7 @@ def test_reduce_writes_the_root_only(group, count):
                 continue
             arrays = [a.copy() for a in inputs]
             group.call(lambda ctx, algorithm=algorithm, arrays=arrays, root=root:
-                       run(ctx, algorithm, arrays[ctx.rank], root, ReduceOp.SUM),
+                       run_algorithm(ctx, algorithm, arrays[ctx.rank], root, ReduceOp.SUM),
                        signature("reduce", np.dtype(np.float32), count, ReduceOp.SUM, root))
             for r in range(n):
                 np.testing.assert_array_equal(arrays[r], expected if r == root else inputs[r])
@@ -162,7 +133,7 @@ def test_broadcast_and_scatter(group, count):
     for root in range(n):
         arrays = [rank_data(r, count, np.int32, salt=root) for r in range(n)]
         group.call(lambda ctx, arrays=arrays, root=root:
-                   run(ctx, shm_broadcast.broadcast, arrays[ctx.rank], root),
+                   run_algorithm(ctx, shm_broadcast.broadcast, arrays[ctx.rank], root),
                    signature("broadcast", np.dtype(np.int32), count, root=root))
         for r in range(n):
             np.testing.assert_array_equal(arrays[r], rank_data(root, count, np.int32, salt=root))
@@ -170,8 +141,8 @@ def test_broadcast_and_scatter(group, count):
         send = np.concatenate(pieces)
         outs = [np.zeros(count, np.float64) for _ in range(n)]
         group.call(lambda ctx, send=send, outs=outs, root=root:
-                   run(ctx, shm_broadcast.scatter, send if ctx.rank == root else None, outs[ctx.rank],
-                       [count] * n, root),
+                   run_algorithm(ctx, shm_broadcast.scatter, send if ctx.rank == root else None,
+                                 outs[ctx.rank], [count] * n, root),
                    signature("scatter", np.dtype(np.float64), count * n, root=root))
         for r in range(n):
             np.testing.assert_array_equal(outs[r], pieces[r])
@@ -182,20 +153,20 @@ def test_runs_of_broadcasts_through_the_out_region_alternate_its_halves(size):
     """Broadcasts between a slot and half the OUT region, back to back, from changing roots:
     each uses the half its predecessor did not, its root copying before the first wait; a call
     of another size or collective in between restarts the run."""
-    g = Group(size, out=4096)  # halves of 2048 bytes
+    g = ShmGroup(size, out=4096)  # halves of 2048 bytes
     counts = [100, 300, 500, 500, 900, 200, 60, 150, 150, None, 150, 512, 100]  # None: an all_reduce
     try:
         for i, count in enumerate(counts):
             if count is None:
                 arrays = [np.ones(3, np.float32) for _ in range(size)]
-                g.call(lambda ctx, arrays=arrays: run(ctx, shm_allreduce.direct, arrays[ctx.rank],
-                                                      ReduceOp.SUM),
+                g.call(lambda ctx, arrays=arrays: run_algorithm(ctx, shm_allreduce.direct, arrays[ctx.rank],
+                                                                ReduceOp.SUM),
                        signature("all_reduce", np.dtype(np.float32), 3, ReduceOp.SUM))
                 continue
             root = i % size
             arrays = [rank_data(r, count, np.int32, salt=i) for r in range(size)]
             g.call(lambda ctx, arrays=arrays, root=root:
-                   run(ctx, shm_broadcast.broadcast, arrays[ctx.rank], root),
+                   run_algorithm(ctx, shm_broadcast.broadcast, arrays[ctx.rank], root),
                    signature("broadcast", np.dtype(np.int32), count, root=root))
             for r in range(size):
                 np.testing.assert_array_equal(arrays[r], rank_data(root, count, np.int32, salt=i))
@@ -215,13 +186,12 @@ def test_a_root_running_ahead_leaves_the_previous_broadcast_to_a_slow_receiver()
         d = domains[rank]
         got = []
         for k in range(3):
-            ctx = one_off_ctx(None, range(2), rank, group_id=0, seq=k, timeout=30, name="test",
-                              signature=sig, group_name="test", shm=d)
+            ctx = ctx_for(d, k, sig, timeout=30)
             if rank == 0:
-                run(ctx, shm_broadcast.broadcast, data[k].copy(), 0)
+                run_algorithm(ctx, shm_broadcast.broadcast, data[k].copy(), 0)
             elif k != 1:
                 x = np.zeros(count, np.int32)
-                run(ctx, shm_broadcast.broadcast, x, 0)
+                run_algorithm(ctx, shm_broadcast.broadcast, x, 0)
                 got.append(x)
             else:  # call 1 by hand, as ``staged`` runs it, with a pause before the copy
                 d.next_round()
@@ -234,7 +204,7 @@ def test_a_root_running_ahead_leaves_the_previous_broadcast_to_a_slow_receiver()
         return got
 
     try:
-        got = run_threads(2, body)[1]
+        got = run_each_rank(2, body)[1]
     finally:
         close_all(domains)
     for k in range(3):
@@ -247,7 +217,8 @@ def test_all_gather_and_gather_including_uneven(group, count):
     sizes = [count + 3 * r for r in range(n)]  # uneven: the "v" variant
     sends = [rank_data(r, sizes[r], np.float16) for r in range(n)]
     outputs = [np.zeros(sum(sizes), np.float16) for _ in range(n)]
-    group.call(lambda ctx: run(ctx, shm_allgather.all_gather, sends[ctx.rank], outputs[ctx.rank], sizes),
+    group.call(lambda ctx: run_algorithm(ctx, shm_allgather.all_gather, sends[ctx.rank], outputs[ctx.rank],
+                                         sizes),
                signature("all_gather", np.dtype(np.float16), sum(sizes)))
     for r in range(n):
         for q, block in enumerate(_split(outputs[r], sizes)):
@@ -255,8 +226,8 @@ def test_all_gather_and_gather_including_uneven(group, count):
     for root in range(n):
         outs = [np.full(sum(sizes), -1, np.float16) for _ in range(n)]
         group.call(lambda ctx, outs=outs, root=root:
-                   run(ctx, shm_allgather.gather, sends[ctx.rank],
-                       outs[ctx.rank] if ctx.rank == root else None, sizes, root),
+                   run_algorithm(ctx, shm_allgather.gather, sends[ctx.rank],
+                                 outs[ctx.rank] if ctx.rank == root else None, sizes, root),
                    signature("gather", np.dtype(np.float16), sum(sizes), root=root))
         for q, block in enumerate(_split(outs[root], sizes)):
             np.testing.assert_array_equal(block, sends[q])
@@ -275,7 +246,8 @@ def test_reduce_scatter(group, count):
         counts = [count + i for i in range(n)]
         outs = [np.zeros(count + r, dtype) for r in range(n)]
         group.call(lambda ctx, sends=sends, outs=outs, counts=counts, op=op:
-                   run(ctx, shm_reduce_scatter.reduce_scatter, sends[ctx.rank], outs[ctx.rank], counts, op),
+                   run_algorithm(ctx, shm_reduce_scatter.reduce_scatter, sends[ctx.rank], outs[ctx.rank],
+                                 counts, op),
                    signature("reduce_scatter", np.dtype(dtype), sum(count + i for i in range(n)), op))
         for r in range(n):
             _close(outs[r], reduce_reference(op, [blocks[q][r] for q in range(n)]), op)
@@ -289,8 +261,8 @@ def test_all_to_all_with_per_pair_sizes(group, count):
     send_counts = [[count + r + 2 * j for j in range(n)] for r in range(n)]
     recv_counts = [[count + q + 2 * r for q in range(n)] for r in range(n)]
     outputs = [np.zeros(sum(c), np.int64) for c in recv_counts]
-    group.call(lambda ctx: run(ctx, shm_alltoall.all_to_all, np.concatenate(inputs[ctx.rank]),
-                                                   send_counts[ctx.rank], outputs[ctx.rank],
+    group.call(lambda ctx: run_algorithm(ctx, shm_alltoall.all_to_all, np.concatenate(inputs[ctx.rank]),
+                                         send_counts[ctx.rank], outputs[ctx.rank],
                                                    recv_counts[ctx.rank]),
                signature("all_to_all", np.dtype(np.int64), UNCHECKED))
     for r in range(n):
@@ -303,8 +275,8 @@ def test_all_to_all_with_equal_blocks(group, count):
     n = group.size
     sends = [np.arange(n * count, dtype=np.float32) + 1000 * r for r in range(n)]
     outs = [np.zeros(n * count, np.float32) for _ in range(n)]
-    group.call(lambda ctx: run(ctx, shm_alltoall.all_to_all, sends[ctx.rank], [count] * n, outs[ctx.rank],
-                                                   [count] * n),
+    group.call(lambda ctx: run_algorithm(ctx, shm_alltoall.all_to_all, sends[ctx.rank], [count] * n,
+                                         outs[ctx.rank], [count] * n),
                signature("all_to_all", np.dtype(np.float32), UNCHECKED))
     for r in range(n):
         expected = np.concatenate([sends[q].reshape(n, count)[r] for q in range(n)])
@@ -312,14 +284,14 @@ def test_all_to_all_with_equal_blocks(group, count):
 
 
 def test_all_to_all_one_slot_fast_path_follows_a_peer_that_needs_more_rounds():
-    g = Group(3)
+    g = ShmGroup(3)
     k = 4
     send_counts = [[k, k, 100], [k, k, k], [k, k, k]]  # rank 0's stream spans several slots
     recv_counts = [[send_counts[q][r] for q in range(3)] for r in range(3)]
     sends = [np.arange(sum(c), dtype=np.int32) + 1000 * r for r, c in enumerate(send_counts)]
     outs = [np.zeros(sum(c), np.int32) for c in recv_counts]
-    g.call(lambda ctx: run(ctx, shm_alltoall.all_to_all, sends[ctx.rank], send_counts[ctx.rank],
-                           outs[ctx.rank], recv_counts[ctx.rank]),
+    g.call(lambda ctx: run_algorithm(ctx, shm_alltoall.all_to_all, sends[ctx.rank], send_counts[ctx.rank],
+                                     outs[ctx.rank], recv_counts[ctx.rank]),
            signature("all_to_all", np.dtype(np.int32), UNCHECKED))
     for r in range(3):
         expected = [_split(sends[q], send_counts[q])[r] for q in range(3)]
@@ -329,23 +301,23 @@ def test_all_to_all_one_slot_fast_path_follows_a_peer_that_needs_more_rounds():
 
 @pytest.mark.parametrize("count", [2, 100])  # one slot; rounds
 def test_all_gather_size_disagreement_is_a_mismatch(count):
-    g = Group(2)
+    g = ShmGroup(2)
     counts = [[count, count + 1], [count, count]]  # rank 0 expects one element more from rank 1
     with pytest.raises(Exception, match=f"rank 1 called test with {count} elements, while rank 0 called "
                                         f"it expecting {count + 1} from rank 1"):
-        g.call(lambda ctx: run(ctx, shm_allgather.all_gather, np.zeros(count, np.int64),
-                               np.zeros(sum(counts[ctx.rank]), np.int64), counts[ctx.rank]))
+        g.call(lambda ctx: run_algorithm(ctx, shm_allgather.all_gather, np.zeros(count, np.int64),
+                                         np.zeros(sum(counts[ctx.rank]), np.int64), counts[ctx.rank]))
     g.close()
 
 
 def test_all_to_all_size_disagreement_is_a_mismatch():
-    g = Group(2)
+    g = ShmGroup(2)
     recv_counts = [[3, 5], [3, 3]]
     with pytest.raises(Exception,
                        match="rank 1 called test sending 3 elements to rank 0, which called it expecting 5"):
-        g.call(lambda ctx: run(ctx, shm_alltoall.all_to_all, np.zeros(6, np.int64), [3, 3],
-                                                   np.zeros(sum(recv_counts[ctx.rank]), np.int64),
-                                                   recv_counts[ctx.rank]))
+        g.call(lambda ctx: run_algorithm(ctx, shm_alltoall.all_to_all, np.zeros(6, np.int64), [3, 3],
+                                         np.zeros(sum(recv_counts[ctx.rank]), np.int64),
+                                         recv_counts[ctx.rank]))
     g.close()
 
 
@@ -354,7 +326,8 @@ def test_barrier_and_many_calls_in_a_row_alternate_slots(group):
     for i in range(30):
         group.call(shm_barrier.barrier)
         arrays = [np.full(3, r + i, np.float32) for r in range(n)]
-        group.call(lambda ctx, arrays=arrays: run(ctx, shm_allreduce.direct, arrays[ctx.rank], ReduceOp.SUM),
+        group.call(lambda ctx, arrays=arrays: run_algorithm(ctx, shm_allreduce.direct, arrays[ctx.rank],
+                                                            ReduceOp.SUM),
                    signature("all_reduce", np.dtype(np.float32), 3, ReduceOp.SUM))
         assert (arrays[0] == sum(range(n)) + n * i).all()
 
@@ -362,7 +335,7 @@ def test_barrier_and_many_calls_in_a_row_alternate_slots(group):
 def test_two_members_reduce_through_the_out_regions_over_many_chunks():
     """Two members with raw terms and an array that fits the OUT region (``_through_out``):
     several chunks, a short last one, every op, all_reduce and reduce onto each root."""
-    g = Group(2, out=4096)
+    g = ShmGroup(2, out=4096)
     count = 700  # 11 chunks of 64 float32, the last of 60; 2800 bytes <= OUT
     try:
         for op in (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX, ReduceOp.PROD):
@@ -374,14 +347,14 @@ def test_two_members_reduce_through_the_out_regions_over_many_chunks():
                 sig = signature("all_reduce", np.dtype(dtype), count, op)
                 arrays = [a.copy() for a in inputs]
                 g.call(lambda ctx, arrays=arrays, op=op:
-                       run(ctx, shm_allreduce.pipelined, arrays[ctx.rank], op), sig)
+                       run_algorithm(ctx, shm_allreduce.pipelined, arrays[ctx.rank], op), sig)
                 for r in range(2):
                     _close(arrays[r], expected, op)
                     assert arrays[r].tobytes() == arrays[0].tobytes(), "ranks disagree bitwise"
                 for root in (0, 1):
                     arrays = [a.copy() for a in inputs]
                     g.call(lambda ctx, arrays=arrays, op=op, root=root:
-                           run(ctx, shm_allreduce.reduce_pipelined, arrays[ctx.rank], root, op),
+                           run_algorithm(ctx, shm_allreduce.reduce_pipelined, arrays[ctx.rank], root, op),
                            signature("reduce", np.dtype(dtype), count, op, root))
                     _close(arrays[root], expected, op)
                     np.testing.assert_array_equal(arrays[1 - root], inputs[1 - root])
@@ -392,11 +365,11 @@ def test_two_members_reduce_through_the_out_regions_over_many_chunks():
 def test_an_array_just_over_the_chunk_size_takes_one_chunk_through_the_out_regions():
     """65 float32 with 256-byte slots (a 1 MiB + 3 KB bucket at 1 MiB slots): one chunk, not a
     full one and a tail of one element; 200 of them: three."""
-    g = Group(2, out=4096)
+    g = ShmGroup(2, out=4096)
     plans = []
 
     def body(ctx: Ctx, x: np.ndarray) -> None:
-        run(ctx, shm_allreduce.pipelined, x, ReduceOp.SUM)
+        run_algorithm(ctx, shm_allreduce.pipelined, x, ReduceOp.SUM)
         plans.append(ctx.plan.state)
 
     try:
@@ -414,7 +387,7 @@ def test_an_array_just_over_the_chunk_size_takes_one_chunk_through_the_out_regio
 # staged in OUT; through the OUT regions, a failure after a chunk was copied in; streamed
 @pytest.mark.parametrize("count, chunks_done", [(100, 1), (100, 2), (2000, 3)])
 def test_a_failed_all_reduce_leaves_the_array_untouched(count, chunks_done):
-    g = Group(2)
+    g = ShmGroup(2)
     original = rank_data(0, count, np.float32)
     array = original.copy()
 
@@ -430,7 +403,7 @@ def test_a_failed_all_reduce_leaves_the_array_untouched(count, chunks_done):
             time.sleep(0.3)
             d.abort(GroupAbortedError("peer gave up"))
             raise GroupAbortedError("gave up on purpose")
-        run(ctx, shm_allreduce.pipelined, array, ReduceOp.SUM)
+        run_algorithm(ctx, shm_allreduce.pipelined, array, ReduceOp.SUM)
 
     with pytest.raises(GroupAbortedError):
         g.call(body, signature("all_reduce", np.dtype(np.float32), count, ReduceOp.SUM))
@@ -439,7 +412,7 @@ def test_a_failed_all_reduce_leaves_the_array_untouched(count, chunks_done):
 
 
 def test_a_failed_broadcast_leaves_the_receivers_untouched():
-    g = Group(2)
+    g = ShmGroup(2)
     receiver = np.arange(1000, dtype=np.float64)
     before = receiver.copy()
 
@@ -456,9 +429,61 @@ def test_a_failed_broadcast_leaves_the_receivers_untouched():
                 d.wait(d.peers, d.posts, ctx)
             d.abort(GroupAbortedError("root gave up"))
             raise GroupAbortedError("gave up on purpose")
-        run(ctx, shm_broadcast.broadcast, receiver, 0)
+        run_algorithm(ctx, shm_broadcast.broadcast, receiver, 0)
 
     with pytest.raises(GroupAbortedError):
         g.call(body, signature("broadcast", np.dtype(np.float64), 1000, root=0))
     np.testing.assert_array_equal(receiver, before)
     g.close()
+
+
+# -- scan, exscan: shm_prefix ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("inclusive", [True, False], ids=["scan", "exscan"])
+@pytest.mark.parametrize("size", [1, 2, 3, pytest.param(5, marks=pytest.mark.slow)])
+def test_shm_prefix_matches_numpy_cumulative_ops(size, inclusive):
+    collective = "scan" if inclusive else "exscan"
+    group = ShmGroup(size)
+    fn = row_fn(collective, "shm_prefix")
+    try:
+        for op in [*OPS, ReduceOp.BAND, ReduceOp.BOR]:
+            for dtype in PREFIX_DTYPES:
+                if not reduces(op, dtype):
+                    continue
+                # within one slot, and several slots' worth (rounds under the journal)
+                for count in (0, 7, 5 * SLOT // kernels.accumulation_dtype(op, dtype).itemsize + 3):
+                    inputs = [rank_data(r, count, dtype, op=op) for r in range(size)]
+                    arrays = [a.copy() for a in inputs]
+                    group.call(lambda ctx, arrays=arrays, op=op: run_algorithm(ctx, fn, arrays[ctx.rank], op),
+                               signature(collective, dtype, count, op))
+                    for r, expected in enumerate(expected_prefixes(op, inputs, inclusive)):
+                        assert_prefix(arrays[r], expected, inputs[0], op, f"{op} {dtype} x{count} rank {r}")
+    finally:
+        group.close()
+
+
+def test_a_failed_multi_round_shm_scan_leaves_the_array_untouched():
+    group = ShmGroup(2)
+    count = 4 * SLOT // 4  # four rounds of float32
+    original = rank_data(1, count, np.float32)
+    array = original.copy()
+
+    def body(ctx: Ctx) -> None:
+        d = ctx.team.shm
+        if ctx.rank == 0:  # take part in two rounds with ones, then give up
+            d.inbox[0][d.next_round()].view(np.float32)[...] = 1
+            d.start(ctx)
+            d.inbox[0][d.next_round()].view(np.float32)[...] = 1
+            d.post()
+            d.wait(d.peers, d.posts, ctx)
+            time.sleep(0.3)
+            d.abort(GroupAbortedError("peer gave up"))
+            raise GroupAbortedError("gave up on purpose")
+        run_algorithm(ctx, row_fn("scan", "shm_prefix"), array, ReduceOp.SUM)
+
+    try:
+        with pytest.raises(GroupAbortedError):
+            group.call(body, signature("scan", np.dtype(np.float32), count, ReduceOp.SUM))
+        np.testing.assert_array_equal(array, original)
+    finally:
+        group.close()

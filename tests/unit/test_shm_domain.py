@@ -1,25 +1,20 @@
 """The shared-memory transport in one process: segments, fd passing, counters, waits and faults.
 
 Ranks are threads here, each with its own ``ShmDomain`` (its own mapping of the segment, received
-over the authenticated Unix socket as in real jobs). ``open_domains`` is reused by
-test_shm_algorithms.py.
+over the authenticated Unix socket as in real jobs), set up by ``helpers.open_domains``.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import pytest
-from one_off import one_off_ctx  # same directory
 
-from tensorcomm.algorithms.base import Ctx
 from tensorcomm.errors import (
     AuthenticationError,
     CollectiveMismatchError,
@@ -29,82 +24,20 @@ from tensorcomm.errors import (
 )
 from tensorcomm.rendezvous import auth
 from tensorcomm.rendezvous.store import HashStore
-from tensorcomm.signature import Signature, signature
+from tensorcomm.signature import signature
 from tensorcomm.transports.shm import arena, slots
-from tensorcomm.transports.shm import domain as domain_mod
 from tensorcomm.transports.shm.domain import ShmDomain, ShmUnavailable, open_domain
 from tensorcomm.types import ReduceOp
 
-pytestmark = pytest.mark.skipif(not slots.SUPPORTED, reason="shared memory needs x86-64")
+from helpers import SECRET, close_all, ctx_for, describe, fast_thread_switches, open_domains, run_each_rank
 
-SECRET = b"unit-test-secret"
+pytestmark = pytest.mark.skipif(not slots.SUPPORTED, reason="shared memory needs x86-64")
 
 
 @pytest.fixture(autouse=True)
 def _fast_thread_switches():
-    # Ranks are threads: let a yielding waiter hand the GIL over quickly.
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    yield
-    sys.setswitchinterval(interval)
-
-
-def _describe(codes: Sequence[int]) -> str:
-    return Signature(*codes).describe()
-
-
-def run_threads(size: int, fn: Callable[[int], Any], timeout: float = 60.0) -> list[Any]:
-    """Run ``fn(rank)`` on ``size`` threads; return results in rank order or raise the first error."""
-    results: list[Any] = [None] * size
-    errors: list[tuple[int, BaseException]] = []
-
-    def main(rank: int) -> None:
-        try:
-            results[rank] = fn(rank)
-        except BaseException as exc:  # noqa: BLE001 (reported below)
-            errors.append((rank, exc))
-
-    threads = [threading.Thread(target=main, args=(r,), daemon=True) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-    assert not any(t.is_alive() for t in threads), "a rank thread hung"
-    if errors:
-        raise errors[0][1]
-    return results
-
-
-def open_domains(size: int, slot_bytes: int = domain_mod.SLOT_BYTES,
-                 out_bytes: int = domain_mod.OUT_BYTES, secret: bytes = SECRET,
-                 store: HashStore | None = None, prefix: str = "shm/") -> list[ShmDomain]:
-    """Set up one group's domain for ``size`` thread-ranks; domain ``r`` belongs to rank ``r``."""
-    store = store or HashStore(timeout=30)
-
-    def setup(rank: int) -> ShmDomain:
-        return open_domain(
-            rank, list(range(size)), "test", secret,
-            publish=lambda address: store.set(prefix + "address", address.encode()),
-            lookup=lambda s: (store.get(prefix + "address").decode() if store.check([prefix + "address"])
-                              else None),
-            failed=lambda: None, timeout=20, describe=_describe,
-            slot_bytes=slot_bytes, out_bytes=out_bytes)
-
-    return run_threads(size, setup)
-
-
-BARRIER = signature("barrier")  # ctx_for's default: a call that moves no data
-
-
-def ctx_for(domain: ShmDomain, seq: int, sig: Signature = BARRIER,
-            timeout: float = 20.0) -> Ctx:
-    return one_off_ctx(None, range(domain.size), domain.rank, group_id=0, seq=seq, timeout=timeout,
-                       name="test call", signature=sig, group_name="test", shm=domain)
-
-
-def close_all(domains: Sequence[ShmDomain]) -> None:
-    for d in domains:
-        d.close()
+    with fast_thread_switches():
+        yield
 
 
 def _fds() -> set[str]:
@@ -188,9 +121,9 @@ def test_a_stranger_without_the_secret_gets_no_segment():
             publish=lambda a: store_view.set("shm/address", a.encode()),
             lookup=lambda s: (store_view.get("shm/address").decode() if store_view.check(["shm/address"])
                               else None),
-            failed=lambda: None, timeout=20, describe=_describe)
+            failed=lambda: None, timeout=20, describe=describe)
 
-    domains = run_threads(2, setup)
+    domains = run_each_rank(2, setup)
     assert result and isinstance(result[0], AuthenticationError)
     close_all(domains)
 
@@ -200,7 +133,7 @@ def test_setup_stops_when_a_member_gives_up():
     started = time.monotonic()
     with pytest.raises(ShmUnavailable, match="rank 1 cannot"):
         open_domain(0, [0, 1], "test", SECRET, publish=lambda a: None, lookup=lambda s: None,
-                    failed=lambda: "rank 1 cannot reach the leader", timeout=20, describe=_describe)
+                    failed=lambda: "rank 1 cannot reach the leader", timeout=20, describe=describe)
     assert time.monotonic() - started < 5
     del store
 
@@ -208,7 +141,7 @@ def test_setup_stops_when_a_member_gives_up():
 def test_other_cpus_fall_back(monkeypatch):
     monkeypatch.setattr(slots, "SUPPORTED", False)
     with pytest.raises(ShmUnavailable, match="x86-64"):
-        open_domain(0, [0], "test", SECRET, lambda a: None, lambda s: None, lambda: None, 5, _describe)
+        open_domain(0, [0], "test", SECRET, lambda a: None, lambda s: None, lambda: None, 5, describe)
 
 
 def test_posts_and_waits_keep_ranks_in_step():
@@ -225,7 +158,7 @@ def test_posts_and_waits_keep_ranks_in_step():
             seen.append(min(d.slots.counter(q) for q in range(3)))
         return seen
 
-    results = run_threads(3, body)
+    results = run_each_rank(3, body)
     assert all(r[-1] >= 99 for r in results)
     close_all(domains)
 
@@ -242,7 +175,7 @@ def test_a_mismatched_call_is_reported_on_every_rank_with_both_signatures():
             d.start(ctx)
         return str(info.value)
 
-    messages = run_threads(2, body)
+    messages = run_each_rank(2, body)
     for message in messages:
         assert "all_reduce(float32[4], op=sum)" in message and "all_gather(float32[8])" in message
         assert "step 17" in message and "'test'" in message
@@ -292,7 +225,7 @@ def test_a_failure_reaches_waiting_peers_as_the_same_kind_of_error():
             d.start(ctx)
         assert info.value.rank == 5
 
-    run_threads(2, body)
+    run_each_rank(2, body)
     # Later calls are refused on both ranks.
     for d in domains:
         with pytest.raises(PeerLostError):
@@ -318,11 +251,11 @@ def test_header_mismatch_is_refused():
             rank, [0, 1], "test", SECRET,
             publish=lambda a: store.set("shm/address", a.encode()),
             lookup=lambda s: store.get("shm/address").decode() if store.check(["shm/address"]) else None,
-            failed=lambda: None, timeout=20, describe=_describe,
+            failed=lambda: None, timeout=20, describe=describe,
             slot_bytes=4096 if rank == 0 else 8192)
 
     with pytest.raises(ShmUnavailable):
-        run_threads(2, setup)
+        run_each_rank(2, setup)
 
 
 def test_stacked_views_show_every_members_slot_as_one_row_each():

@@ -27,11 +27,11 @@ from tensorcomm.signature import signature
 from tensorcomm.transports.base import ANY_SOURCE, collective_tag, encode_abort
 from tensorcomm.transports.tcp import framing, sealing
 from tensorcomm.transports.tcp import mesh as mesh_module
-from tensorcomm.transports.tcp.mesh import connect_mesh
 from tensorcomm.transports.tcp.sealing import Sealer
 from tensorcomm.transports.tcp.transport import TcpTransport
 
-SECRET = b"unit-test-secret"
+from helpers import mesh_thread
+
 KEY_0, KEY_1 = b"0" * 32, b"1" * 32  # what ranks 0 and 1 send with on a test link
 
 
@@ -164,28 +164,16 @@ def test_abort_fails_pending_requests(pair):
         request.wait(5)
 
 
-def _start_rank(rank: int, size: int, store: HashStore, secret: bytes, results: dict) -> threading.Thread:
-    def rank_main() -> None:
-        try:
-            results[rank] = connect_mesh(rank, size, store, secret, "127.0.0.1", timeout=10)
-        except BaseException as exc:  # noqa: BLE001 - inspected by the test
-            results[rank] = exc
-
-    thread = threading.Thread(target=rank_main)
-    thread.start()
-    return thread
-
-
 @pytest.mark.parametrize("intrusion", [b"GET / HTTP/1.1\r\n\r\n", b"\xff" * 4096])
 def test_stranger_cannot_join_the_mesh(intrusion, caplog):
     store = HashStore()
     caplog.set_level(logging.WARNING, logger="tensorcomm.tcp")
     results: dict = {}
-    threads = [_start_rank(0, 3, store, SECRET, results)]
+    threads = [mesh_thread(0, 3, store, results)]
     host, port = store.get("tcp/addr/0", timeout=10).decode().rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=5) as stranger:
         stranger.sendall(intrusion)  # queued ahead of the real ranks, so rank 0 meets it first
-        threads += [_start_rank(r, 3, store, SECRET, results) for r in (1, 2)]
+        threads += [mesh_thread(r, 3, store, results) for r in (1, 2)]
         for thread in threads:
             thread.join(30)
     assert all(isinstance(m, dict) and len(m) == 2 for m in results.values()), results
@@ -213,7 +201,7 @@ def test_ranks_retry_while_strangers_fill_the_listener(monkeypatch, caplog):
     caplog.set_level(logging.WARNING, logger="tensorcomm.tcp")
     store = HashStore()
     results: dict = {}
-    threads = [_start_rank(0, 3, store, SECRET, results)]
+    threads = [mesh_thread(0, 3, store, results)]
     host, port = store.get("tcp/addr/0", timeout=10).decode().rsplit(":", 1)
     strangers = [socket.create_connection((host, int(port)), timeout=5) for _ in range(2)]
     for sock in strangers:
@@ -221,7 +209,7 @@ def test_ranks_retry_while_strangers_fill_the_listener(monkeypatch, caplog):
     try:
         _await_handshake_threads(strangers, timeout=10)  # rank 0 holds both, however loaded
         time.sleep(gate.GRACE + 0.05)  # they age past the grace, so a newcomer may cut one off
-        threads += [_start_rank(r, 3, store, SECRET, results) for r in (1, 2)]
+        threads += [mesh_thread(r, 3, store, results) for r in (1, 2)]
         for thread in threads:
             thread.join(30)
     finally:
@@ -240,15 +228,8 @@ def test_wrong_secret_is_refused():
     good, bad = b"right-secret", b"wrong-secret"
     results: dict = {}
 
-    def rank(r: int, secret: bytes) -> None:
-        try:
-            results[r] = connect_mesh(r, 2, store, secret, "127.0.0.1", timeout=3)
-        except BaseException as exc:  # noqa: BLE001 - inspected by the test
-            results[r] = exc
-
-    threads = [threading.Thread(target=rank, args=(0, good)), threading.Thread(target=rank, args=(1, bad))]
-    for thread in threads:
-        thread.start()
+    threads = [mesh_thread(0, 2, store, results, good, timeout=3),
+               mesh_thread(1, 2, store, results, bad, timeout=3)]
     for thread in threads:
         thread.join(30)
     assert not isinstance(results[1], dict), "a rank with the wrong secret joined"

@@ -4,6 +4,7 @@ namespace package, and ``pytest.importorskip`` would not skip when the dependenc
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -22,3 +23,15 @@ def dependency_import_names() -> set[str]:
 def test_no_test_folder_is_named_like_a_dependency() -> None:
     folders = {p.name for p in (ROOT / "tests").rglob("*") if p.is_dir() and p.name != "__pycache__"}
     assert folders & dependency_import_names() == set()
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared test code lives in tests/helpers.py (or a folder's non-test module), never in a test
+    module another one imports: that would run the imported module's tests twice, or hide them."""
+    imports = []
+    for path in (ROOT / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            imports += [(path.name, name) for name in names if name.split(".")[0].startswith("test_")]
+    assert imports == []

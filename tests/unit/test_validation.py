@@ -13,17 +13,16 @@ import numpy as np
 import pytest
 
 import tensorcomm as tc
-from tensorcomm.rendezvous.store import HashStore
+from tensorcomm.ops import Exscan, Scan
+
+from helpers import world_of_one
 
 
 @pytest.fixture
 def world() -> Iterator[None]:
     """A world of one in this process, destroyed after the test."""
-    tc.init(store=HashStore(), rank=0, world_size=1, timeout=30)
-    try:
+    with world_of_one():
         yield
-    finally:
-        tc.destroy()
 
 
 def _x() -> np.ndarray:
@@ -117,6 +116,27 @@ CASES: list[tuple[str, type[Exception], str, Callable[[], object]]] = [
     ("new_group-str-rank", TypeError, r"ranks\[0\] must be an int", lambda: tc.new_group(["a"])),
     ("all_to_all_single-splits", ValueError, "input_split_sizes must be non-negative and sum",
      lambda: tc.all_to_all_single(np.ones((1, 2)), np.ones((1, 2)), None, [2])),
+    ("scan-list", TypeError, "scan: tensor", lambda: tc.scan([1, 2])),
+    ("exscan-unknown-op", ValueError, "exscan: op", lambda: tc.exscan(np.ones(2), op="bogus")),
+    ("scan-bxor-float", ValueError, "scan: op", lambda: tc.scan(np.ones(2), op="bxor")),
+    ("scan-avg-int", ValueError, "scan: op", lambda: tc.scan(np.ones(2, np.int8), op="avg")),
+    ("scan-async-op-int", TypeError, "scan: async_op", lambda: tc.scan(np.ones(2), async_op=1)),
+    ("exscan-float-group", TypeError, "exscan: group", lambda: tc.exscan(np.ones(2), group=2.0)),
+    ("split-str-color", TypeError, "split: color", lambda: tc.WORLD.split("red")),
+    ("split-bool-color", TypeError, "split: color", lambda: tc.WORLD.split(False)),
+    ("split-str-key", TypeError, "split: key", lambda: tc.WORLD.split(0, key="1")),
+    ("split-huge-color", ValueError, "split: color", lambda: tc.WORLD.split(-(1 << 64))),
+    ("subgroups-int", TypeError, "ranks_per_subgroup_list", lambda: tc.new_subgroups_by_enumeration(5)),
+    ("subgroups-repeated-rank", ValueError, "rank 0 is in",
+     lambda: tc.new_subgroups_by_enumeration([[0], [0]])),
+    ("subgroups-empty", ValueError, "must not be empty", lambda: tc.new_subgroups_by_enumeration([[]])),
+    ("subgroups-str", TypeError, "ranks_per_subgroup_list", lambda: tc.new_subgroups_by_enumeration("01")),
+    ("subgroups-no-list", ValueError, "ranks_per_subgroup_list", lambda: tc.new_subgroups_by_enumeration([])),
+    ("subgroups-none-entry", TypeError, r"ranks_per_subgroup_list\[1\]",
+     lambda: tc.new_subgroups_by_enumeration([[0], None])),
+    ("scan-read-only", ValueError, "scan: tensor", lambda: tc.scan(_readonly())),
+    ("Scan-float-op", TypeError, "Scan: op", lambda: Scan(op=3.0)),
+    ("Exscan-int-group", TypeError, "Exscan: group", lambda: Exscan(group=7)),
 ]
 
 
@@ -132,6 +152,23 @@ def test_broadcast_root_may_pass_a_read_only_array(world: None) -> None:
     x = _readonly()
     tc.broadcast(x, src=np.int64(0))  # a numpy integer names the root too
     tc.broadcast(x, group_src=0)
+
+
+def test_a_world_of_one_scans_splits_and_enumerates(world: None) -> None:
+    x = np.arange(6, dtype=np.float16).reshape(2, 3)
+    tc.scan(x, op="avg")
+    np.testing.assert_array_equal(x, np.arange(6).reshape(2, 3))
+    y = np.full(3, 5, np.int64)
+    assert tc.exscan(y, op="prod", async_op=True).wait(timeout=10) is True
+    assert (y == 5).all()  # rank 0's exclusive prefix is empty: left as it was
+    assert (Scan("max")(np.ones(2)) == 1).all() and Exscan("sum")(np.ones(2)) is None
+    alone = tc.WORLD.split(3, key=-1)
+    assert alone is not None and alone.ranks == (0,)
+    z = np.ones(2, np.float32)
+    tc.scan(z, group=alone)
+    assert tc.WORLD.split(None) is None and tc.WORLD.split(-1) is None
+    mine, subgroups = tc.new_subgroups_by_enumeration([[0]])
+    assert mine is subgroups[0] and mine.ranks == (0,)
 
 
 def test_calls_go_on_after_every_bad_argument(world: None) -> None:

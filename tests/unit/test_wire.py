@@ -7,13 +7,14 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from one_off import one_off_ctx  # same directory
 
 from tensorcomm import config
 from tensorcomm.algorithms import allgather, allreduce, broadcast, reduce_scatter
 from tensorcomm.algorithms.wire import spans
-from tensorcomm.transports.loopback import run_threads
+from tensorcomm.testing import run_threads
 from tensorcomm.types import ReduceOp
+
+from helpers import one_off_ctx
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 

@@ -27,7 +27,7 @@ _FLOAT32 = np.dtype(np.float32)
 # Halving-doubling's rounds travel in messages of this many chunks (4 MiB by default). Fewer,
 # larger messages cost less CPU per byte: 4 ranks on 2 cores, TCP loopback, 16 MiB all-reduce,
 # 1 MiB messages 18.8 ms of CPU per rank and call, 4 MiB 16.7 ms (64 MiB: 75 -> 68 ms), in
-# three interleaved runs (benchmarks/results/tcp4/). Where members share cores, other members'
+# three interleaved runs (benchmarks/tcp_cpu_vs_gloo.py). Where members share cores, other members'
 # work overlaps each transfer anyway; between hosts, 1 and 4 MiB chunks were within noise
 # (config.TCP_CHUNK_BYTES).
 ROUND_CHUNKS = 4

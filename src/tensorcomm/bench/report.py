@@ -53,12 +53,13 @@ def _memory_gib() -> float | None:
         return None
 
 
-def _source_revision() -> str | None:
-    """The git commit tensorcomm runs from, ``+modified`` if its sources differ; None if no checkout.
+def source_revision(directory: str | None = None) -> str | None:
+    """The git commit of ``directory`` (default: the tensorcomm package this process runs),
+    ``+modified`` if its files there differ from it; None if it is no checkout.
 
     Benchmarks are often run from a working tree: the commit alone would not say what ran.
     """
-    package = os.path.dirname(os.path.abspath(tensorcomm.__file__))
+    package = directory or os.path.dirname(os.path.abspath(tensorcomm.__file__))
     try:
         head = subprocess.run(["git", "-C", package, "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True, timeout=5)
@@ -89,7 +90,7 @@ def machine_info(env: Mapping[str, str], versions: Mapping[str, str]) -> dict[st
         "python": platform.python_version(),
         "numpy": np.__version__,
         "tensorcomm": tensorcomm.__version__,
-        "tensorcomm_git": _source_revision(),
+        "tensorcomm_git": source_revision(),
         "libraries": dict(versions),
         "env": {name: env.get(name) for name in ENV_SHOWN},
         "load": _load(),
@@ -118,17 +119,22 @@ def load_lines(machine: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def machine_line(machine: Mapping[str, Any]) -> str:
+    """The header's machine line: CPU, cores, memory, system."""
+    memory = machine["memory_gib"]
+    return (f"# machine: {machine['cpu']}, {machine['cores']} cores ({machine['usable_cores']} usable)"
+            + (f", {memory:.1f} GiB" if memory else "") + f"; {machine['system']}")
+
+
 def header(options: BenchOptions, ranks: int, machine: Mapping[str, Any]) -> list[str]:
     """The comment lines above the table."""
-    memory = machine["memory_gib"]
     env = " ".join(f"{k}={v if v is not None else 'unset'}" for k, v in machine["env"].items())
     timing = (f"{options.iters} timed calls" if options.iters else
               f"{options.budget:g} s of timed calls")
     return [
         (f"# tensorcomm bench: {', '.join(options.collectives)}; {ranks} ranks; {options.dtype}; "
          f"op {options.op}; check {'on' if options.check else 'off'}"),
-        f"# machine: {machine['cpu']}, {machine['cores']} cores ({machine['usable_cores']} usable)"
-        + (f", {memory:.1f} GiB" if memory else "") + f"; {machine['system']}",
+        machine_line(machine),
         f"# software: Python {machine['python']}, numpy {machine['numpy']}; "
         + "; ".join(machine["libraries"].values())
         + (f"; tensorcomm from git {machine['tensorcomm_git']}" if machine["tensorcomm_git"]

@@ -77,7 +77,7 @@ _OP_NAMES = {SET: "set", GET: "get", ADD: "add", WAIT: "wait", CHECK: "check", D
 OK, TIMEOUT, ERROR = 0, 1, 2
 
 
-class ProtocolError(Exception):
+class BadStoreMessage(Exception):
     """A peer broke the store protocol; the connection it came on is unusable."""
 
 
@@ -90,15 +90,15 @@ def encode_keys(keys: Sequence[str]) -> bytes:
 
 
 def decode_keys(data: bytes) -> list[str]:
-    """Unpack :func:`encode_keys` output; ProtocolError if it is malformed."""
+    """Unpack :func:`encode_keys` output; BadStoreMessage if it is malformed."""
     keys, pos = [], 0
     while pos < len(data):
         if pos + _KEY_LEN.size > len(data):
-            raise ProtocolError("truncated key list")
+            raise BadStoreMessage("truncated key list")
         (length,) = _KEY_LEN.unpack_from(data, pos)
         pos += _KEY_LEN.size
         if length > MAX_KEY_BYTES or pos + length > len(data):
-            raise ProtocolError(f"bad key length {length} in key list")
+            raise BadStoreMessage(f"bad key length {length} in key list")
         keys.append(_decode_key(data[pos:pos + length]))
         pos += length
     return keys
@@ -108,7 +108,7 @@ def _decode_key(raw: bytes) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise ProtocolError("key is not UTF-8") from None
+        raise BadStoreMessage("key is not UTF-8") from None
 
 
 def _peer(addr: object) -> str:
@@ -236,7 +236,7 @@ class TCPStoreServer:
         try:
             while self._handle(conn):
                 pass
-        except ProtocolError as exc:
+        except BadStoreMessage as exc:
             logger.warning("store %s:%s: dropped connection from %s: %s", self.host, self.port, peer, exc)
         except OSError as exc:  # the client went away, stalled, or we are closing
             logger.debug("store %s:%s: connection from %s ended: %s", self.host, self.port, peer, exc)
@@ -256,17 +256,17 @@ class TCPStoreServer:
             return False
         op, key_len, value_len, timeout = _REQUEST.unpack(header)
         if op not in _OP_NAMES:
-            raise ProtocolError(f"unknown op {op}")
+            raise BadStoreMessage(f"unknown op {op}")
         if key_len > MAX_KEY_BYTES:
-            raise ProtocolError(f"key of {key_len} bytes exceeds {MAX_KEY_BYTES}")
+            raise BadStoreMessage(f"key of {key_len} bytes exceeds {MAX_KEY_BYTES}")
         if value_len > MAX_VALUE_BYTES:
-            raise ProtocolError(f"value of {value_len} bytes exceeds {MAX_VALUE_BYTES}")
+            raise BadStoreMessage(f"value of {value_len} bytes exceeds {MAX_VALUE_BYTES}")
         if not (math.isfinite(timeout) and timeout >= 0):
-            raise ProtocolError(f"bad timeout {timeout}")
+            raise BadStoreMessage(f"bad timeout {timeout}")
         try:
             body = recv_exact(conn, key_len + value_len, FRAME_TIMEOUT)
         except (ConnectionError, CommTimeoutError) as exc:
-            raise ProtocolError(f"incomplete {_OP_NAMES[op]} frame: {exc}") from None
+            raise BadStoreMessage(f"incomplete {_OP_NAMES[op]} frame: {exc}") from None
         key, value = _decode_key(body[:key_len]), body[key_len:]
         status, reply = self._dispatch(op, key, value, timeout)
         conn.sendall(_RESPONSE.pack(status, len(reply)) + reply)
@@ -283,7 +283,7 @@ class TCPStoreServer:
             return (TIMEOUT, encode_keys(missing)) if missing else (OK, values[0])
         if op == ADD:
             if len(value) != _I64.size:
-                raise ProtocolError(f"add amount of {len(value)} bytes, expected {_I64.size}")
+                raise BadStoreMessage(f"add amount of {len(value)} bytes, expected {_I64.size}")
             with self._cond:
                 try:
                     count, stored = add_to_counter(key, self._data.get(key), _I64.unpack(value)[0])
@@ -305,7 +305,7 @@ class TCPStoreServer:
                 return OK, bytes([self._data.pop(key, None) is not None])
         if op == COMPARE_SET:
             if len(value) < _U64.size or _U64.unpack_from(value)[0] > len(value) - _U64.size:
-                raise ProtocolError(f"compare_set value of {len(value)} bytes does not hold its parts")
+                raise BadStoreMessage(f"compare_set value of {len(value)} bytes does not hold its parts")
             split = _U64.size + _U64.unpack_from(value)[0]
             with self._cond:
                 store, reply = compare_and_set(self._data.get(key), value[_U64.size:split], value[split:])
@@ -425,7 +425,7 @@ class TCPStore(Store):
         if status == TIMEOUT and waiting:
             try:
                 missing = decode_keys(reply)
-            except ProtocolError as exc:
+            except BadStoreMessage as exc:
                 self._fail(name, str(exc))
             raise timeout_error(waiting, missing, timeout)
         if status == ERROR:

@@ -27,7 +27,7 @@ MAX_ABORT_BYTES = 64 << 10  # an abort payload (transports.base.encode_abort)
 MAX_FRAME_BYTES = 1 << 40  # one message: far above any array a CPU host holds, far below 2**60
 
 
-class ProtocolError(ConnectionError):
+class BadFrame(ConnectionError):
     """The peer sent bytes that are not a valid frame."""
 
 

@@ -33,7 +33,7 @@ class Reading(TcpState):
         """Read what ``link`` has (up to a budget), completing frames as they end (driver only).
 
         Raises:
-            OSError, ProtocolError: the link is broken; the caller fails it.
+            OSError, framing.BadFrame: the link is broken; the caller fails it.
         """
         budget = _READ_BUDGET
         sock = link.sock

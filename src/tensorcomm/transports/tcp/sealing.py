@@ -130,7 +130,7 @@ class Sealer:
 
         Raises:
             LinkAuthenticationError: the header tag does not match.
-            framing.ProtocolError: an authentic header that is not a valid one.
+            framing.BadFrame: an authentic header that is not a valid one.
         """
         number = self._received
         self._received += 1
@@ -142,10 +142,10 @@ class Sealer:
         header = head[:_HEADER_SIZE]
         magic, kind, frame_tag, nbytes, *fields = _unpack_header(header)
         if magic != framing.MAGIC or kind not in framing.KINDS:
-            raise framing.ProtocolError(f"bad frame header (magic {magic:#x}, kind {kind})")
+            raise framing.BadFrame(f"bad frame header (magic {magic:#x}, kind {kind})")
         limit = framing.MAX_FRAME_BYTES if kind == framing.KIND_DATA else framing.MAX_ABORT_BYTES
         if nbytes > limit:
-            raise framing.ProtocolError(f"frame of {nbytes} bytes exceeds the {limit}-byte limit")
+            raise framing.BadFrame(f"frame of {nbytes} bytes exceeds the {limit}-byte limit")
         # ``tuple.__new__``: a Signature without its Python ``__new__`` frame
         signature = None if fields == _NO_SIGNATURE else tuple.__new__(Signature, fields)
         return kind, frame_tag, nbytes, signature, (header, number, head[_HEADER_SIZE:])

@@ -139,7 +139,7 @@ class TcpTransport(Sending, Reading, Receiving, Control):
                         link.sock.shutdown(socket.SHUT_RDWR)
                     except OSError:
                         pass
-                except (OSError, framing.ProtocolError) as exc:
+                except (OSError, framing.BadFrame) as exc:
                     if not self._role.closing:
                         self._link_failed(link, PeerLostError(link.peer, str(exc)))
                     link.closed = True

@@ -1,0 +1,99 @@
+"""Small calls at 2 ranks through the public API: time per call, the median batch and the fastest.
+
+Usage: python benchmarks/small_calls.py [--bytes 8] [--batches 15] [--calls 1000] [--cpu]
+       [--transport auto|tcp] [--json FILE]
+
+Times ``all_reduce`` with the flight recorder at its default size and off
+(``recorder.configure(0)``), then ``broadcast``, ``all_gather``, ``all_to_all`` and
+``reduce_scatter`` with it on (called as ``percall_calls.py`` calls them), each as ``--batches``
+batches of ``--calls`` calls after a barrier; a batch counts the slower rank. ``--cpu`` times each
+rank's thread CPU time less the CPU time spent waiting for the peer in shared memory's
+``Slots._block`` (spinning, yielding, sleeping): what one rank's own work costs per call whatever
+the peer does, which a busy machine inflates far less than the wall clock (the wall clock is the
+figure that counts). Two trees, interleaved:
+``python benchmarks/ab.py main . -- python benchmarks/small_calls.py --json {json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+from percall_calls import COLLECTIVES, make_call  # same directory
+
+import tensorcomm as tc
+from tensorcomm.config import FLIGHT_CALLS
+from tensorcomm.testing import run_ranks
+from tensorcomm.trace import recorder
+
+RECORDER_OFF = "all_reduce, recorder off"
+
+
+def _waits_counted() -> Callable[[], float]:
+    """Count the thread CPU time spent in ``Slots._block`` from now on; a reader of the total."""
+    from tensorcomm.transports.shm.slots import Slots
+
+    waited = [0.0]
+    block = Slots._block
+
+    def timed(self: Slots, *args: object) -> None:
+        began = time.thread_time()
+        try:
+            block(self, *args)  # type: ignore[arg-type]
+        finally:
+            waited[0] += time.thread_time() - began
+
+    Slots._block = timed  # type: ignore[method-assign,assignment]
+    return lambda: waited[0]
+
+
+def body(nbytes: int, batches: int, calls: int, cpu: bool) -> dict[str, tuple[float, float]]:
+    """One job's figures (run by every rank): per call, the median and the fastest batch, µs."""
+    clock, waited = (time.thread_time, _waits_counted()) if cpu else (time.perf_counter, lambda: 0.0)
+    found: dict[str, tuple[float, float]] = {}
+    for name in (COLLECTIVES[0], RECORDER_OFF, *COLLECTIVES[1:]):
+        call = make_call(name.split(",")[0], nbytes)
+        recorder.configure(0 if name == RECORDER_OFF else FLIGHT_CALLS)
+        for _ in range(2000):
+            call()
+        times = np.zeros(batches)
+        for b in range(batches):
+            tc.barrier()
+            before, began = waited(), clock()
+            for _ in range(calls):
+                call()
+            times[b] = (clock() - began - (waited() - before)) / calls * 1e6
+        tc.all_reduce(times, op=tc.ReduceOp.MAX)
+        found[name] = (statistics.median(times.tolist()), float(times.min()))
+    recorder.configure(FLIGHT_CALLS)
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bytes", type=int, default=8)
+    parser.add_argument("--batches", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=1000, help="calls per batch")
+    parser.add_argument("--cpu", action="store_true", help="CPU time less waiting, not wall time")
+    parser.add_argument("--transport", choices=("auto", "tcp"), default="auto")
+    parser.add_argument("--json", metavar="FILE", help="also write the medians as JSON (ab.py)")
+    args = parser.parse_args()
+    env = {"TENSORCOMM_TRANSPORT": "tcp"} if args.transport == "tcp" else {}
+    found = run_ranks(body, 2, args.bytes, args.batches, args.calls, args.cpu, env=env, timeout=600)[0]
+    clock = "CPU less waiting" if args.cpu else "wall clock"
+    print(f"2 ranks, {args.bytes} B float32, {args.transport}, {clock}, us per call "
+          f"(slower rank; {args.batches} batches of {args.calls})")
+    print(f"{'call':<26}{'median':>9}{'fastest':>9}")
+    for name, (median, fastest) in found.items():
+        print(f"{name:<26}{median:>9.2f}{fastest:>9.2f}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as file:
+            json.dump({name: median for name, (median, _) in found.items()}, file)
+
+
+if __name__ == "__main__":
+    main()
