@@ -177,7 +177,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         self._on_shutdown = on_shutdown
         self._group_name = ""
         self._group_desc = ""
-        self._sparse = SparseRunner(group)
+        self._sparse = SparseRunner(group, lambda: f"sparse-twin/{group._group_id}/{self._group_name}")
         # torch asks a process group which devices it serves (DCP, DeviceMesh, DTensor) and, from
         # 2.15, reads the CPU backend object (health check, flight recorder).
         self._backend = register_cpu_backend(self)

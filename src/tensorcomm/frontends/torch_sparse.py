@@ -69,10 +69,17 @@ def sparse_allreduce(tensors: list[torch.Tensor], op: ReduceOpLike, group: Group
 
 class SparseRunner:
     """Runs one process group's sparse all-reduces in issue order on a thread of its own, over a
-    twin of ``group`` that thread makes first (members only, as every sparse call is)."""
+    twin of ``group`` that thread makes first (members only, as every sparse call is).
 
-    def __init__(self, group: Group) -> None:
+    Args:
+        group: the process group's tensorcomm group.
+        name: gives the twin's name, the same on every member and unique to the process group
+            (read at the first call: torch names its groups after making them).
+    """
+
+    def __init__(self, group: Group, name: Callable[[], str]) -> None:
         self._group = group
+        self._name = name
         self._calls: queue.SimpleQueue[tuple[Callable[[Group], None], Work] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
@@ -99,13 +106,21 @@ class SparseRunner:
             call, work = item
             try:
                 if twin is None:
-                    twin = self._group._world.new_group(self._group.ranks,
-                                                        f"sparse-twin-of-{self._group._group_id}")
+                    twin = self._twin()
                 call(twin)
             except BaseException as exc:  # noqa: BLE001 - the call's error, raised by its Work
                 work._complete(error=exc)
             else:
                 work._complete()
+
+    def _twin(self) -> Group:
+        """The twin group, made now, or kept from an earlier process group of the same name in
+        the same world (torch may reuse a name after ``destroy_process_group``)."""
+        world, name = self._group._world, self._name()
+        try:
+            return world.named_group(name)
+        except ValueError:
+            return world.new_group(self._group.ranks, name)
 
     def close(self) -> None:
         """Let the thread end once the calls queued so far have run."""
