@@ -231,6 +231,10 @@ def _sparse_async() -> list[float]:
         dist.recv(go, src=0)
         dist.all_reduce(rows)  # a blocking sparse call waits for its turn behind queued ones
     dense = rows.to_dense()
+    # a second torch group over the same members (the same tensorcomm group) has its own twin
+    again = torch.sparse_coo_tensor([[rank]], torch.ones(1, 2), (4, 2))
+    dist.all_reduce(again, group=dist.new_group([0, 1]))
+    assert again.to_dense().sum().item() == 4.0
     dist.destroy_process_group()
     return dense.sum(1).tolist()
 
