@@ -53,21 +53,29 @@ def _bytes(value: bytes | str) -> bytes:
 
 
 class _TorchOverTcStore(dist.Store):
-    """A torch ``Store`` over tensorcomm's launcher-hosted store (``connect()``: a namespace of a
-    new ``TCPStore`` client of the store listening at ``host:port``)."""
+    """A torch ``Store`` over tensorcomm's launcher-hosted store (``store``, a namespace of a
+    ``TCPStore`` client of the store listening at ``host:port``; ``connect()`` makes another
+    such client, for ``clone``)."""
 
     tensorcomm_owned = True  # authenticated: TorchStore may keep tensorcomm's keys here
 
-    def __init__(self, connect: Callable[[], Store], host: str, port: int) -> None:
+    def __init__(self, store: Store, host: str, port: int,
+                 connect: Callable[[], Store] | None = None) -> None:
         super().__init__()
+        self._store = store
         self._connect = connect
-        self._store = connect()
         self.host, self.port = host, port
 
     def clone(self) -> _TorchOverTcStore:
         """The same namespace over a connection of its own, as torch's ``TCPStore.clone`` gives
-        (Gloo's ``split_group`` asks for one)."""
-        twin = _TorchOverTcStore(self._connect, self.host, self.port)
+        (Gloo's ``split_group`` asks for one).
+
+        Raises:
+            RuntimeError: made without ``connect``.
+        """
+        if self._connect is None:
+            raise RuntimeError("this store cannot open another connection (made without connect)")
+        twin = _TorchOverTcStore(self._connect(), self.host, self.port, self._connect)
         _env_stores.append(twin)  # torch keeps only the C++ half: see _env_handler
         return twin
 
@@ -161,14 +169,12 @@ def _env_handler(url: str, timeout: datetime.timedelta = dist.default_pg_timeout
     # init gets namespace n - 1.
     generation = (client.add(_TORCH_INITS_KEY, 1) - 1) // rdzv.world_size
     namespace = f"torch/{generation}"
-    clients = iter([client])  # the first connection is the rendezvous's; clones make their own
 
-    def connect() -> Store:
-        own = next(clients, None) or TCPStore(client.host, client.port, secret_bytes(secret),
-                                              client.timeout)
-        return PrefixStore(namespace, own)
+    def connect() -> Store:  # a connection of a clone's own
+        return PrefixStore(namespace, TCPStore(client.host, client.port, secret_bytes(secret),
+                                               client.timeout))
 
-    store = _TorchOverTcStore(connect, client.host, client.port)
+    store = _TorchOverTcStore(PrefixStore(namespace, client), client.host, client.port, connect)
     # torch keeps only the C++ half of a Python store; without this reference the Python half is
     # collected and torch's calls into it fail ("pure virtual function").
     _env_stores.append(store)
