@@ -87,7 +87,7 @@ class SparseRunner:
         """Queue ``sparse_allreduce(tensors, op)``; its ``Work`` (waited for when ``wait``).
 
         Raises:
-            ValueError: as ``sparse_allreduce``, at once, for arguments no member could reduce.
+            ValueError: as ``check``, at once.
         """
         check(tensors)
         if self._thread is None:  # the first sparse call
