@@ -47,10 +47,11 @@ def _script(tmp_path: Path, body: str, name: str = "rank.py") -> str:
     return str(path)
 
 
-def _launch(*args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
+def _launch(*args: str, stdin: str | None = None, **extra_env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tensorcomm", "run", *args],
                           capture_output=True, text=True, timeout=LAUNCH_TIMEOUT,
-                          env=_clean_env(**extra_env))
+                          env=_clean_env(**extra_env), input=stdin,
+                          stdin=subprocess.DEVNULL if stdin is None else None)
 
 
 def _alive(pid: int) -> bool:
@@ -203,6 +204,9 @@ def test_rank_env_for_second_node() -> None:
              e["TENSORCOMM_SECRET"], e["TENSORCOMM_STORE_HOSTED"], e["PYTHONUNBUFFERED"],
              e["PATH"]) for e in envs} == {("6", "3", "node0", "29500", "secret-of-node-s3", "1", "1",
                                             "/bin")}
+    # msrun's names, which MindSpore programs read
+    assert [(e["RANK_ID"], e["RANK_SIZE"], e["DEVICE_ID"]) for e in envs] == \
+        [("3", "6", "0"), ("4", "6", "1"), ("5", "6", "2")]
     assert base == {"PATH": "/bin", "RANK": "stale"}
     with pytest.raises(ValueError, match="local_rank"):
         env.rank_env(base, settings, store, 3)
@@ -342,6 +346,21 @@ def test_output_is_prefixed_per_stream_and_line(tmp_path: Path) -> None:
         assert f"[rank {rank}] bad \ufffd\ufffd bytes" in out
         assert f"[rank {rank}] err {rank}" in result.stderr.splitlines()
     assert "err" not in result.stdout
+
+
+@pytest.mark.spawns
+def test_rank_0_reads_the_launchers_stdin_and_the_others_dev_null(tmp_path: Path) -> None:
+    script = _script(tmp_path, """\
+        import os, sys
+        print(f"read {sys.stdin.read()!r}")
+    """)
+    result = _launch("-n", "2", *NODE1_OF_2, script, stdin="10\n0\n", TENSORCOMM_SECRET="s")
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == ["[rank 2] read ''", "[rank 3] read ''"]  # node 1
+    result = _launch("-n", "3", "--nnodes", "2", "--node-rank", "0", "--master", f"127.0.0.1:{free_port()}",
+                     "--timeout", "5", script, stdin="10\n0\n", TENSORCOMM_SECRET="s")
+    assert sorted(result.stdout.splitlines()) == ["[rank 0] read '10\\n0\\n'", "[rank 1] read ''",
+                                                  "[rank 2] read ''"], result.stderr
 
 
 @pytest.mark.spawns

@@ -37,6 +37,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import sys
 import threading
 import time
 from collections import Counter
@@ -530,6 +531,12 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
         from ..rendezvous.discovery import discover
 
         info = discover()
+        if info.msrun_scheduler:
+            # msrun runs the script in its scheduler process too; it is no rank, and its work
+            # (MindSpore's scheduler, for a script that calls MindSpore's init() first) is done.
+            print("tensorcomm: msrun's scheduler process (MS_ROLE=MS_SCHED) is not a rank; it ends "
+                  "here", file=sys.stderr, flush=True)
+            raise SystemExit(0)
         seconds = _seconds(timeout, info.timeout or config.DEFAULT_TIMEOUT)
         chosen = _backend(backend, info.backend)
         if store is not None:

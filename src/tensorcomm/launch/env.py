@@ -22,6 +22,8 @@ modified); every other variable of the launcher's environment is inherited uncha
 - ``WORLD_SIZE``: ``nprocs * nnodes``.
 - ``LOCAL_RANK``: index of the rank on its node, ``0..nprocs-1``.
 - ``LOCAL_WORLD_SIZE``: ``nprocs``.
+- ``RANK_ID``, ``RANK_SIZE``, ``DEVICE_ID``: ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` again,
+  under the names msrun exports and MindSpore programs read.
 - ``MASTER_ADDR``, ``MASTER_PORT``: where the job's store listens.
 - ``TENSORCOMM_SECRET``: the job secret, identical for every rank of the job.
 - ``TENSORCOMM_STORE_HOSTED``: ``1``: a launcher of this job serves the store; ranks only connect.
@@ -48,6 +50,8 @@ ENV_NODE_RANK = "TENSORCOMM_NODE_RANK"
 ENV_MASTER = "TENSORCOMM_MASTER"
 ENV_JOB_TIMEOUT = "TENSORCOMM_JOB_TIMEOUT"
 ENV_PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
+# msrun's names for the rank, the world size and the local rank, which MindSpore programs read.
+ENV_MS_RANK_ID, ENV_MS_RANK_SIZE, ENV_MS_DEVICE_ID = "RANK_ID", "RANK_SIZE", "DEVICE_ID"
 
 LOCAL_STORE_HOST = "127.0.0.1"  # one node: the store is reachable on loopback only
 
@@ -262,10 +266,14 @@ def rank_env(base: Mapping[str, str], settings: LaunchSettings, store: StoreAddr
     if not 0 <= local_rank < settings.nprocs:
         raise ValueError(f"local_rank: expected 0..{settings.nprocs - 1}, got {local_rank}")
     env = dict(base)
+    rank, size = str(global_rank(settings, local_rank)), str(settings.world_size)
     env.update({
-        config.ENV_RANK: str(global_rank(settings, local_rank)),
-        config.ENV_WORLD_SIZE: str(settings.world_size),
+        config.ENV_RANK: rank,
+        config.ENV_WORLD_SIZE: size,
         config.ENV_LOCAL_RANK: str(local_rank),
+        ENV_MS_RANK_ID: rank,
+        ENV_MS_RANK_SIZE: size,
+        ENV_MS_DEVICE_ID: str(local_rank),
         config.ENV_LOCAL_WORLD_SIZE: str(settings.nprocs),
         config.ENV_MASTER_ADDR: store.host,
         config.ENV_MASTER_PORT: str(store.port),
