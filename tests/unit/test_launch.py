@@ -354,11 +354,11 @@ def test_rank_0_reads_the_launchers_stdin_and_the_others_dev_null(tmp_path: Path
         import os, sys
         print(f"read {sys.stdin.read()!r}")
     """)
-    result = _launch("-n", "2", *NODE1_OF_2, script, stdin="10\n0\n", TENSORCOMM_SECRET="s")
+    result = _launch("-n", "2", *NODE1_OF_2, script, stdin="10\n0\n", TENSORCOMM_SECRET="a-secret-for-tests")
     assert result.returncode == 0, result.stderr
     assert sorted(result.stdout.splitlines()) == ["[rank 2] read ''", "[rank 3] read ''"]  # node 1
     result = _launch("-n", "3", "--nnodes", "2", "--node-rank", "0", "--master", f"127.0.0.1:{free_port()}",
-                     "--timeout", "5", script, stdin="10\n0\n", TENSORCOMM_SECRET="s")
+                     "--timeout", "5", script, stdin="10\n0\n", TENSORCOMM_SECRET="a-secret-for-tests")
     assert sorted(result.stdout.splitlines()) == ["[rank 0] read '10\\n0\\n'", "[rank 1] read ''",
                                                   "[rank 2] read ''"], result.stderr
 
