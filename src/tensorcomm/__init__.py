@@ -52,6 +52,7 @@ from .frontends.object_collectives import (
     gather_object,
     scatter_object_list,
 )
+from .frontends.object_p2p import irecv_object, isend_object, recv_object, send_object
 from .frontends.process_group import (
     create_group,
     destroy,
@@ -69,7 +70,7 @@ from .frontends.process_group import (
 )
 from .frontends.shared import empty, zeros
 from .frontends.sparse import sparse_all_reduce
-from .frontends.uneven import all_gather_v, all_to_all_v, gather_v, scatter_v
+from .frontends.uneven import all_gather_v, all_to_all_v, gather_v, reduce_scatter_v, scatter_v
 from .types import PremulSum, ReduceOp, TransportKind
 
 premul_sum = ReduceOp.premul_sum
@@ -89,9 +90,10 @@ __all__ = [
     "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
     "barrier", "scan", "exscan", "send", "recv", "isend", "irecv",
     # uneven ("v") and object collectives
-    "all_to_all_v", "all_gather_v", "gather_v", "scatter_v",
+    "all_to_all_v", "all_gather_v", "gather_v", "scatter_v", "reduce_scatter_v",
     "sparse_all_reduce",
     "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+    "send_object", "recv_object", "isend_object", "irecv_object",
     # values and handles
     "ReduceOp", "PremulSum", "premul_sum", "TransportKind", "Work",
     # errors

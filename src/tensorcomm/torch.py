@@ -31,7 +31,7 @@ from __future__ import annotations
 import datetime
 import importlib
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.distributed as dist
@@ -41,7 +41,7 @@ from .core import world as core_world
 from .frontends.torch_backend import BACKEND_NAME, ProcessGroupTensorcomm
 from .frontends.torch_c10d import warn_if_untested
 from .frontends.torch_work import TensorcommWork
-from .rendezvous import PrefixStore, Store, TCPStore, discover, rendezvous
+from .rendezvous import PrefixStore, Store, TCPStore, discover, rendezvous, secret_bytes
 from .rendezvous.torch_store import TorchStore
 
 __all__ = ["BACKEND_NAME", "ProcessGroupTensorcomm", "TensorcommWork"]
@@ -54,14 +54,30 @@ def _bytes(value: bytes | str) -> bytes:
 
 class _TorchOverTcStore(dist.Store):
     """A torch ``Store`` over tensorcomm's launcher-hosted store (``store``, a namespace of a
-    ``TCPStore`` client listening at ``host:port``)."""
+    ``TCPStore`` client of the store listening at ``host:port``; ``connect()`` makes another
+    such client, for ``clone``)."""
 
     tensorcomm_owned = True  # authenticated: TorchStore may keep tensorcomm's keys here
 
-    def __init__(self, store: Store, host: str, port: int) -> None:
+    def __init__(self, store: Store, host: str, port: int,
+                 connect: Callable[[], Store] | None = None) -> None:
         super().__init__()
         self._store = store
+        self._connect = connect
         self.host, self.port = host, port
+
+    def clone(self) -> _TorchOverTcStore:
+        """The same namespace over a connection of its own, as torch's ``TCPStore.clone`` gives
+        (Gloo's ``split_group`` asks for one).
+
+        Raises:
+            RuntimeError: made without ``connect``.
+        """
+        if self._connect is None:
+            raise RuntimeError("this store cannot open another connection (made without connect)")
+        twin = _TorchOverTcStore(self._connect(), self.host, self.port, self._connect)
+        _env_stores.append(twin)  # torch keeps only the C++ half: see _env_handler
+        return twin
 
     def set(self, key: str, value: bytes | str) -> None:
         self._store.set(key, _bytes(value))
@@ -145,13 +161,20 @@ def _env_handler(url: str, timeout: datetime.timedelta = dist.default_pg_timeout
     world_size = int(query["world_size"]) if "world_size" in query else None
     rdzv = rendezvous("env://", rank, world_size, timeout.total_seconds())
     client = rdzv.store
-    assert isinstance(client, TCPStore)  # the launcher hosts it: this process is a client
+    secret = discover().secret
+    assert isinstance(client, TCPStore) and secret  # the launcher hosts it and sets the secret
     # The launcher's store outlives every init_process_group, but torch's backends expect a
     # fresh one each time: Gloo read the addresses an earlier init had left under the same
     # keys and waited for peers that had gone (benchmarks/ddp_step.py hung). Every rank's n-th
     # init gets namespace n - 1.
     generation = (client.add(_TORCH_INITS_KEY, 1) - 1) // rdzv.world_size
-    store = _TorchOverTcStore(PrefixStore(f"torch/{generation}", client), client.host, client.port)
+    namespace = f"torch/{generation}"
+
+    def connect() -> Store:  # a connection of a clone's own
+        return PrefixStore(namespace, TCPStore(client.host, client.port, secret_bytes(secret),
+                                               client.timeout))
+
+    store = _TorchOverTcStore(PrefixStore(namespace, client), client.host, client.port, connect)
     # torch keeps only the C++ half of a Python store; without this reference the Python half is
     # collected and torch's calls into it fail ("pure virtual function").
     _env_stores.append(store)

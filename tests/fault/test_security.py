@@ -27,7 +27,7 @@ import pytest
 from tensorcomm import config
 from tensorcomm.errors import AuthenticationError, RendezvousError
 from tensorcomm.rendezvous import FileStore, Rendezvous, TCPStore, TCPStoreServer, rendezvous, tcp_store
-from tensorcomm.rendezvous.auth import handshake_client
+from tensorcomm.rendezvous.auth import JobKey, handshake_client, secret_bytes
 from tensorcomm.rendezvous.store import HashStore
 from tensorcomm.testing import free_port
 from tensorcomm.transports.shm import arena
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.fault
 OLD_FIXED_KEY = b"tensorcomm-loopback-default-secret-not-private"  # what 8ec3e14 used
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="running a process as another user needs root")
-SECRET = b"security-test-secret"
+SECRET = secret_bytes("security-test-secret")  # the key, as handshakes use it
 
 
 def in_threads(count: int, fn: Callable[[int], Any], timeout: float = 60.0) -> list[Any]:
@@ -86,9 +86,9 @@ def test_a_loopback_job_without_secret_refuses_the_old_fixed_key(private_dir: Pa
     rdvs = ok(in_threads(2, lambda rank: rendezvous(url, rank, 2, 10.0, environ=env)))
     try:
         assert rdvs[0].secret == rdvs[1].secret != OLD_FIXED_KEY
-        assert len(rdvs[0].secret) == 64 and bytes.fromhex(rdvs[0].secret.decode())
+        assert len(bytes.fromhex(rdvs[0].secret.decode().removeprefix("generated:"))) == 32
         with pytest.raises(AuthenticationError):
-            TCPStore("127.0.0.1", port, OLD_FIXED_KEY, timeout=2)
+            TCPStore("127.0.0.1", port, JobKey(OLD_FIXED_KEY), timeout=2)
     finally:
         for rdv in reversed(rdvs):
             rdv.close()
@@ -528,7 +528,7 @@ OUT_OF_DESCRIPTORS = textwrap.dedent("""
         thread.join(30)
         print(outcome[0], f"after {time.monotonic() - start:.1f} s")
     else:
-        server = TCPStoreServer("127.0.0.1", 0, b"k")
+        server = TCPStoreServer("127.0.0.1", 0, b"a-secret-of-16+bytes")
         client = socket.socket()
         held = exhaust()
         client.connect(("127.0.0.1", server.port))

@@ -61,7 +61,10 @@ RANK = textwrap.dedent("""
     if job == "B" and rank == 1:
         wait_for("go")  # the stranger has copied A's announcement into B's store
     try:
-        tc.init(store=TorchStore(store, 10, discover()), rank=rank, world_size=2, timeout=10)
+        # B's rank 0 waits here for its rank 1, which waits for the stranger: on a loaded machine
+        # (three runs of this test at once) 10 s ran out first, B's torch store closed under the
+        # stranger, and the test failed for that.
+        tc.init(store=TorchStore(store, 60, discover()), rank=rank, world_size=2, timeout=60)
         print(f"{job} rank {rank} started", flush=True)
     except Exception as exc:
         print(f"{job} rank {rank} failed: {type(exc).__name__}: {exc}", flush=True)
@@ -151,7 +154,7 @@ def test_a_bumped_count_of_inits_is_named_when_the_start_times_out(nobody_python
     def join(rank: int) -> None:
         client = dist.TCPStore("127.0.0.1", port, 1, is_master=False, timeout=datetime.timedelta(seconds=30))
         try:
-            from_store(TorchStore(client, 3, discover({})), rank, 2, 3, secret="s").close()
+            from_store(TorchStore(client, 3, discover({})), rank, 2, 3, secret="a-secret-for-tests").close()
         except CommError as exc:
             errors[rank] = exc
 

@@ -470,6 +470,16 @@ def object_collectives(pg: Any, rank: int, size: int) -> None:
     assert payload == ["hello", 1]
 
 
+def object_point_to_point(pg: Any, rank: int, size: int) -> None:
+    import torch.distributed as dist
+    if rank == 0:
+        dist.send_object_list([{"a": 1}, "two", torch.arange(3)], dst=1)
+    elif rank == 1:
+        got: list[Any] = [None, None, None]
+        assert dist.recv_object_list(got, src=0) == 0
+        assert got[:2] == [{"a": 1}, "two"] and torch.equal(got[2], torch.arange(3))
+
+
 def round_robin_of_groups(pg: Any, rank: int, size: int) -> None:
     import torch.distributed as dist
     groups = [dist.new_group(list(range(size))) for _ in range(3)]
@@ -557,7 +567,7 @@ BODIES: list[Callable[[Any, int, int], None]] = [
     scatter_stress, reduce_scatter_basics, reduce_scatter_tensor, alltoall_base_equal,
     alltoall_base_uneven, alltoall_list, send_recv_all_to_all, send_recv_tags,
     batch_isend_irecv, barrier_implies_wait, monitored_barrier_passes, new_group_collectives,
-    split_group_collectives, object_collectives, round_robin_of_groups,
+    split_group_collectives, object_collectives, object_point_to_point, round_robin_of_groups,
     monitored_barrier_names_missing_rank,
 ]
 
@@ -568,11 +578,8 @@ def _skipped(body: Callable[[Any, int, int], None], backend: str) -> str:
     if body in (monitored_barrier_passes, monitored_barrier_names_missing_rank) \
             and release < (2, 14) and backend != "gloo":
         return "torch 2.13 runs monitored_barrier on Gloo only"
-    if body is split_group_collectives:
-        if release < (2, 15):
-            return "torch before 2.15 splits only a group bound to a device (device_id=), Gloo's too"
-        if backend == "gloo":
-            return "Gloo's split clones the store, and tensorcomm run's store (a Python store) has no clone"
+    if body is split_group_collectives and release < (2, 15):
+        return "torch before 2.15 splits only a group bound to a device (device_id=), Gloo's too"
     return ""
 
 

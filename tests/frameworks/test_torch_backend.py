@@ -175,3 +175,70 @@ def test_backends_alternate_with_init_and_destroy_under_tensorcomm_run() -> None
     # The launcher's store outlives each init_process_group; Gloo used to find the addresses
     # of the previous init under the same keys and wait for peers that had gone.
     assert run_ranks(_alternate_backends, 2, timeout=120, init=False) == [[3.0] * 5] * 2
+
+
+def _late_monitored_barrier() -> list[str]:
+    import datetime
+    import time
+
+    import torch.distributed as dist
+
+    import tensorcomm.torch  # noqa: F401
+
+    dist.init_process_group(backend="tensorcomm", timeout=datetime.timedelta(seconds=30))
+    rank, outcomes = dist.get_rank(), []
+    if rank == 1:
+        time.sleep(2.0)  # late: rank 0 gives up after 1 s, and this rank is not released
+    for seconds in (1, 20):
+        try:
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=seconds))
+            outcomes.append("passed")
+        except RuntimeError as exc:
+            outcomes.append(str(exc).split(" within")[0])
+    x = torch.ones(1)
+    dist.all_reduce(x)
+    dist.destroy_process_group()
+    return [*outcomes, str(x.item())]
+
+
+def test_a_failed_monitored_barrier_leaves_nothing_for_the_next() -> None:
+    # Nothing of the first barrier (a receive left posted, a late arrival) is taken by the second.
+    if tuple(int(n) for n in torch.__version__.split("+")[0].split(".")[:2]) < (2, 14):
+        pytest.skip("torch 2.13 runs monitored_barrier on Gloo only")
+    assert run_ranks(_late_monitored_barrier, 2, timeout=90, init=False) == [
+        ["monitored_barrier: rank 1 of group 'world' did not arrive", "passed", "2.0"],
+        ["monitored_barrier: rank 1 was not released by rank 0", "passed", "2.0"]]
+
+
+def _sparse_async() -> list[float]:
+    import datetime
+
+    import torch.distributed as dist
+
+    import tensorcomm.torch  # noqa: F401
+
+    dist.init_process_group(backend="tensorcomm", timeout=datetime.timedelta(seconds=30))
+    rank = dist.get_rank()
+    rows = torch.sparse_coo_tensor([[rank, 3]], torch.ones(2, 2) * (rank + 1), (4, 2))
+    go = torch.zeros(1)
+    if rank == 0:
+        # returns before rank 1 has even issued its call: it waits for the message below
+        work = dist.all_reduce(rows, async_op=True)
+        assert not work.is_completed()
+        dist.send(go, dst=1)
+        work.wait()
+    else:
+        dist.recv(go, src=0)
+        dist.all_reduce(rows)  # a blocking sparse call waits for its turn behind queued ones
+    dense = rows.to_dense()
+    # a second torch group over the same members (the same tensorcomm group) has its own twin
+    again = torch.sparse_coo_tensor([[rank]], torch.ones(1, 2), (4, 2))
+    dist.all_reduce(again, group=dist.new_group([0, 1]))
+    assert again.to_dense().sum().item() == 4.0
+    dist.destroy_process_group()
+    return dense.sum(1).tolist()
+
+
+def test_sparse_all_reduce_runs_beside_the_caller() -> None:
+    # DDP's sparse gradient buckets are async calls: they must not hold up backward
+    assert run_ranks(_sparse_async, 2, timeout=90, init=False) == [[2.0, 4.0, 0.0, 6.0]] * 2

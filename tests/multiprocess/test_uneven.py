@@ -64,6 +64,33 @@ def body_uneven() -> None:
         [np.arange(2 * rank, 2 * rank + 2) + 100 * r for r in range(size)]))
 
 
+def body_reduce_scatter_v() -> None:
+    """MPI's Reduce_scatter with recvcounts, as reduce_scatter_v and as reduce_scatter's blocks."""
+    rank, size = tc.get_rank(), tc.get_world_size()
+    for dtype in (np.int64, np.float32, ml_dtypes.bfloat16):
+        for trailing in ((), (3,)):
+            splits = [_rows(r) for r in range(size)]  # includes members that get nothing
+            everyone = [rank_data(r, (sum(splits), *trailing), dtype, salt=3) for r in range(size)]
+            wide = np.float32 if dtype == ml_dtypes.bfloat16 else dtype
+            total = np.add.reduce([e.astype(wide) for e in everyone]).astype(dtype)
+            start = sum(splits[:rank])
+            mine = total[start:start + splits[rank]]
+            x = everyone[rank].copy()
+            got = tc.reduce_scatter_v(x, splits)
+            assert got.dtype == x.dtype and got.shape == mine.shape
+            np.testing.assert_array_equal(got, mine)
+            np.testing.assert_array_equal(x, everyone[rank])  # the input is untouched
+            blocks = np.split(x, np.cumsum(splits)[:-1])
+            out = np.empty_like(mine)
+            tc.reduce_scatter(out, blocks)
+            np.testing.assert_array_equal(out, mine)
+            out = np.empty_like(mine)
+            tc.reduce_scatter(out, blocks, async_op=True).wait()
+            np.testing.assert_array_equal(out, mine)
+    maxed = tc.reduce_scatter_v(np.arange(size * 2.0) * (rank + 1), None, op=tc.ReduceOp.MAX)
+    np.testing.assert_array_equal(maxed, np.arange(2.0 * rank, 2.0 * rank + 2) * size)
+
+
 def body_errors() -> None:
     rank, size = tc.get_rank(), tc.get_world_size()
     with pytest.raises(ValueError, match="at least one dimension"):
@@ -81,6 +108,16 @@ def body_errors() -> None:
         tc.all_gather_v(np.ones((2, 3 if rank == 1 else 4), np.float32))
     with pytest.raises(tc.CollectiveMismatchError, match="disagree on the dtype"):
         tc.all_to_all_v(np.ones(size, np.float64 if rank == 1 else np.float32))
+    # members that split a reduce_scatter differently all get an error
+    theirs = [1, 2, 3] if rank == 0 else [2, 1, 3]
+    with pytest.raises(tc.CollectiveMismatchError, match="disagree on the dtype or the block sizes"):
+        tc.reduce_scatter_v(np.ones(6), theirs)
+    with pytest.raises(tc.CollectiveMismatchError, match="disagree on the dtype or the block sizes"):
+        tc.reduce_scatter(np.empty(theirs[rank]), np.split(np.ones(6), np.cumsum(theirs)[:-1]))
+    with pytest.raises(ValueError, match="AVG is not defined"):
+        tc.reduce_scatter_v(np.ones(6, np.int64), [1, 2, 3], op=tc.ReduceOp.AVG)
+    with pytest.raises(tc.ArgumentMismatchError, match=rf"input_list\[{rank}\] .* must hold as many"):
+        tc.reduce_scatter(np.empty(5), [np.ones(1), np.ones(2), np.ones(3)])
     _, sizes = tc.all_gather_v(np.ones(1))
     assert sizes == [1] * size
 
@@ -88,6 +125,11 @@ def body_errors() -> None:
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
 def test_uneven(world_size):
     run_ranks(body_uneven, world_size, timeout=60)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_reduce_scatter_v(world_size):
+    run_ranks(body_reduce_scatter_v, world_size, timeout=60)
 
 
 def test_errors():

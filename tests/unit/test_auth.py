@@ -214,8 +214,9 @@ def test_reflected_server_proof_is_not_a_client_answer() -> None:
     (b"GET / HTTP/1.1\r\n", "does not speak"),
     (b"TCAU\x09H" + bytes(32), "version"),
     (b"TCAU\x01H" + bytes(46), "version"),  # the first handshake version: no binding, no key
-    (b"TCAU\x02A" + bytes(32), "unexpected handshake message"),
-    (b"TCAU\x02H" + bytes(8), "handshake with the client failed"),  # short, then EOF
+    (b"TCAU\x02H" + bytes(46), "version"),  # the second: the secret itself was the key
+    (b"TCAU\x03A" + bytes(32), "unexpected handshake message"),
+    (b"TCAU\x03H" + bytes(8), "handshake with the client failed"),  # short, then EOF
 ])
 def test_malformed_hello_is_rejected_promptly(payload: bytes, match: str) -> None:
     attacker, b = socket.socketpair()
@@ -313,15 +314,39 @@ def test_recv_exact_eof_and_timeout() -> None:
             recv_exact(a, 4, 1)
 
 
-def test_generate_secret_is_fresh_hex() -> None:
+def test_generate_secret_is_fresh_and_marked() -> None:
     first, second = generate_secret(), generate_secret()
-    assert len(first) == 64 and bytes.fromhex(first) and first != second
+    assert first.startswith("generated:") and first != second
+    assert len(bytes.fromhex(first.removeprefix("generated:"))) == 32
 
 
-def test_secret_bytes() -> None:
-    assert secret_bytes("abc") == b"abc"
-    assert secret_bytes(b"\x00\x01") == b"\x00\x01"
-    with pytest.raises(ValueError, match="empty"):
-        secret_bytes("")
+def test_a_generated_secret_is_its_own_key() -> None:
+    secret = generate_secret()
+    assert secret_bytes(secret) == secret.encode()
+    key = secret_bytes(secret)
+    assert secret_bytes(key) is key  # a key is never stretched again
+
+
+def test_a_user_set_secret_is_stretched_with_scrypt_once() -> None:
+    secret = "correct horse battery staple"
+    key = secret_bytes(secret)
+    assert key == hashlib.scrypt(secret.encode(), salt=b"tensorcomm job secret v1", n=1 << 15, r=8, p=1,
+                                 maxmem=64 << 20, dklen=32)
+    assert secret_bytes(secret.encode()) == key  # bytes are a secret too, not a key
+    assert secret_bytes(secret) is key  # cached: stretched once per process
+    assert secret_bytes(key) is key
+    # What looks generated but is not (a wrong length, upper case) is a user's secret.
+    for almost in ("generated:" + "ab" * 31, "generated:" + "AB" * 32):
+        assert secret_bytes(almost) != almost.encode()
+
+
+@pytest.mark.parametrize("short", ["", "Summer2024!", "0123456789abcde", b"\x00\x01", "\u00e9" * 7])
+def test_a_short_user_set_secret_is_refused_with_a_recipe(short: str | bytes) -> None:
+    with pytest.raises(ValueError, match=r"^TENSORCOMM_SECRET: .*at least 16 bytes.*secrets.token_hex\(32\)"):
+        secret_bytes(short, "TENSORCOMM_SECRET")
+
+
+def test_sixteen_bytes_are_enough_and_bad_types_are_named() -> None:
+    assert len(secret_bytes("0123456789abcdef")) == 32
     with pytest.raises(TypeError, match="str or bytes"):
         secret_bytes(123)  # type: ignore[arg-type]

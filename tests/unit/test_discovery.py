@@ -48,12 +48,24 @@ def test_master_address_is_read_whatever_the_source() -> None:
 
 
 def test_msrun_scheduler_address_is_the_fallback() -> None:
-    env = {"RANK_ID": "0", "RANK_SIZE": "2", "MS_SCHED_HOST": "10.0.0.1", "MS_SCHED_PORT": "8118"}
+    # the port after MindSpore's scheduler's own, which it holds when the script calls its init()
+    env = {"RANK_ID": "0", "RANK_SIZE": "2", "MS_SCHED_HOST": "10.0.0.1", "MS_SCHED_PORT": "8118",
+           "MS_ROLE": "MS_WORKER"}
     info = discover(env)
-    assert (info.master_addr, info.master_port) == ("10.0.0.1", 8118)
+    assert (info.master_addr, info.master_port, info.msrun_scheduler) == ("10.0.0.1", 8119, False)
     info = discover({**env, "MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "9000"})
     assert (info.master_addr, info.master_port) == ("10.0.0.2", 9000)
     assert discover({"MS_SCHED_HOST": "10.0.0.1"}).master_addr is None  # only under msrun
+    with pytest.raises(ValueError, match=r"MS_SCHED_PORT='65535': a port must be in 0..65534"):
+        discover({**env, "MS_SCHED_PORT": "65535"})
+
+
+def test_msrun_scheduler_process_is_told_apart() -> None:
+    env = {"RANK_ID": "0", "RANK_SIZE": "2", "MS_SCHED_HOST": "127.0.0.1", "MS_SCHED_PORT": "8118",
+           "MS_WORKER_NUM": "2", "MS_ROLE": "MS_SCHED"}
+    assert discover(env).msrun_scheduler
+    assert not discover({**env, "MS_ROLE": "MS_WORKER"}).msrun_scheduler
+    assert not discover({"RANK": "0", "WORLD_SIZE": "1"}).msrun_scheduler
 
 
 def test_tensorcomm_variables() -> None:

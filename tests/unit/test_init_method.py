@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tensorcomm.errors import AuthenticationError, RendezvousError
-from tensorcomm.rendezvous import Rendezvous, TCPStoreServer, register_scheme, rendezvous
+from tensorcomm.rendezvous import Rendezvous, TCPStoreServer, register_scheme, rendezvous, secret_bytes
 from tensorcomm.rendezvous.private import SecretDir, default_dir
 from tensorcomm.testing import free_port
 
@@ -120,14 +120,14 @@ def test_tcp_with_two_thread_ranks(private_env: dict[str, str]) -> None:
     rdvs = as_ranks(2, lambda rank: rendezvous(url, rank, 2, 5.0, environ=private_env))
     assert [r.rank for r in rdvs] == [0, 1] and {r.world_size for r in rdvs} == {2}
     assert rdvs[0].server is not None and rdvs[1].server is None
-    assert rdvs[0].secret == rdvs[1].secret and len(rdvs[0].secret) == 64
+    assert rdvs[0].secret == rdvs[1].secret and rdvs[0].secret.startswith(b"generated:")
     assert rdvs[0].secret_file is not None and rdvs[1].secret_file is None
     exchange_and_close(rdvs)
 
 
 def test_env_with_three_ranks_reads_everything_from_the_environment() -> None:
     base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "3",
-            "TENSORCOMM_SECRET": "s3cret", "TENSORCOMM_HOST_ID": "hostA"}
+            "TENSORCOMM_SECRET": "three-ranks-secret", "TENSORCOMM_HOST_ID": "hostA"}
 
     def join(rank: int) -> Rendezvous:
         return rendezvous("env://", None, None, 5.0,
@@ -136,7 +136,7 @@ def test_env_with_three_ranks_reads_everything_from_the_environment() -> None:
     rdvs = as_ranks(3, join)
     assert [(r.rank, r.local_rank, r.host_id) for r in rdvs] == [(0, 0, "hostA"), (1, 1, "hostA"),
                                                                  (2, 2, "hostA")]
-    assert {r.secret for r in rdvs} == {b"s3cret"}
+    assert {r.secret for r in rdvs} == {secret_bytes("three-ranks-secret")}
     exchange_and_close(rdvs)
 
 
@@ -157,9 +157,9 @@ def test_port_zero_needs_a_lone_hosting_process() -> None:
 
 
 def test_store_hosted_by_the_launcher() -> None:
-    with TCPStoreServer("127.0.0.1", 0, b"launcher-key") as server:
+    with TCPStoreServer("127.0.0.1", 0, "the-launcher-secret") as server:
         env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(server.port), "WORLD_SIZE": "2",
-               "TENSORCOMM_SECRET": "launcher-key", "TENSORCOMM_STORE_HOSTED": "1"}
+               "TENSORCOMM_SECRET": "the-launcher-secret", "TENSORCOMM_STORE_HOSTED": "1"}
         rdvs = as_ranks(2, lambda rank: rendezvous(None, rank, None, 5.0, environ={**env, "RANK": str(rank)}))
         assert rdvs[0].server is None and rdvs[1].server is None
         exchange_and_close(rdvs)
@@ -179,7 +179,7 @@ def test_loopback_hosts_generate_a_fresh_secret(host: str, private_env: dict[str
     except RendezvousError as exc:  # e.g. no IPv6 loopback in this sandbox
         pytest.skip(f"cannot serve on {host}: {exc}")
     with rdv:
-        assert len(rdv.secret) == 64 and bytes.fromhex(rdv.secret.decode())
+        assert bytes.fromhex(rdv.secret.decode().removeprefix("generated:"))
         assert rdv.secret_file is None  # a lone process shares it with nobody
 
 
@@ -199,10 +199,11 @@ def test_a_member_without_rank_0_names_the_file_it_waited_for(private_env: dict[
 
 def test_ranks_with_different_secrets_fail_authentication() -> None:
     port = free_port()
-    host = rendezvous(f"tcp://127.0.0.1:{port}", 0, 2, 5.0, environ={"TENSORCOMM_SECRET": "one"})
+    host = rendezvous(f"tcp://127.0.0.1:{port}", 0, 2, 5.0, environ={"TENSORCOMM_SECRET": "the-first-secret"})
     try:
         with pytest.raises(AuthenticationError):
-            rendezvous(f"tcp://127.0.0.1:{port}", 1, 2, 5.0, environ={"TENSORCOMM_SECRET": "two"})
+            rendezvous(f"tcp://127.0.0.1:{port}", 1, 2, 5.0,
+                       environ={"TENSORCOMM_SECRET": "the-second-secret"})
     finally:
         host.close()
 
@@ -210,13 +211,14 @@ def test_ranks_with_different_secrets_fail_authentication() -> None:
 def test_unreachable_store_names_the_address() -> None:
     port = free_port()
     with pytest.raises(RendezvousError, match=f"127.0.0.1:{port}"):
-        rendezvous(f"tcp://127.0.0.1:{port}", 1, 2, 0.2, environ={"TENSORCOMM_SECRET": "s"})
+        rendezvous(f"tcp://127.0.0.1:{port}", 1, 2, 0.2, environ={"TENSORCOMM_SECRET": "a-secret-for-tests"})
 
 
 def test_file_with_two_thread_ranks_shares_a_generated_secret(tmp_path) -> None:
     url = f"file://{tmp_path}/rdv%20store"
     rdvs = as_ranks(2, lambda rank: rendezvous(url, rank, 2, 5.0, environ={}))
-    assert rdvs[0].server is None and len(rdvs[0].secret) == 64 and rdvs[0].secret == rdvs[1].secret
+    assert rdvs[0].server is None and rdvs[0].secret.startswith(b"generated:")
+    assert rdvs[0].secret == rdvs[1].secret
     assert (tmp_path / "rdv store").exists()
     exchange_and_close(rdvs)
     assert not (tmp_path / "rdv store").exists()
@@ -224,9 +226,10 @@ def test_file_with_two_thread_ranks_shares_a_generated_secret(tmp_path) -> None:
 
 def test_file_uses_the_environment_secret(tmp_path: object) -> None:
     rdv = rendezvous(f"file://{tmp_path}/s", None, None, 1.0,
-                     environ={"RANK": "0", "WORLD_SIZE": "1", "TENSORCOMM_SECRET": "abc"})
+                     environ={"RANK": "0", "WORLD_SIZE": "1",
+                              "TENSORCOMM_SECRET": "the-file-rendezvous-secret"})
     with rdv:
-        assert rdv.secret == b"abc" and rdv.server is None
+        assert rdv.secret == secret_bytes("the-file-rendezvous-secret") and rdv.server is None
 
 
 def test_register_scheme() -> None:

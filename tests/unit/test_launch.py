@@ -47,10 +47,11 @@ def _script(tmp_path: Path, body: str, name: str = "rank.py") -> str:
     return str(path)
 
 
-def _launch(*args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
+def _launch(*args: str, stdin: str | None = None, **extra_env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tensorcomm", "run", *args],
                           capture_output=True, text=True, timeout=LAUNCH_TIMEOUT,
-                          env=_clean_env(**extra_env))
+                          env=_clean_env(**extra_env), input=stdin,
+                          stdin=subprocess.DEVNULL if stdin is None else None)
 
 
 def _alive(pid: int) -> bool:
@@ -183,7 +184,7 @@ def test_master_from_flags_then_tensorcomm_master_then_master_addr(
 
 
 def test_exported_master_addr_and_port_serve_two_nodes() -> None:
-    environ = {"MASTER_ADDR": "head", "MASTER_PORT": "29500", "TENSORCOMM_SECRET": "s"}
+    environ = {"MASTER_ADDR": "head", "MASTER_PORT": "29500", "TENSORCOMM_SECRET": "a-secret-for-tests"}
     assert env.resolve_settings(environ, nnodes=2, node_rank=1).master == ("head", 29500)
     with pytest.raises(env.LaunchConfigError, match="MASTER_PORT='p'"):
         env.resolve_settings({"MASTER_ADDR": "head", "MASTER_PORT": "p"})
@@ -193,15 +194,19 @@ def test_exported_master_addr_and_port_serve_two_nodes() -> None:
 
 def test_rank_env_for_second_node() -> None:
     base = {"PATH": "/bin", "RANK": "stale"}
-    settings = env.resolve_settings({"TENSORCOMM_SECRET": "s3"}, nprocs=3, nnodes=2, node_rank=1,
-                                    master="node0:29500")
+    settings = env.resolve_settings({"TENSORCOMM_SECRET": "secret-of-node-s3"}, nprocs=3, nnodes=2,
+                                    node_rank=1, master="node0:29500")
     store = env.StoreAddress("node0", 29500)
     envs = [env.rank_env(base, settings, store, local) for local in range(3)]
     assert [e["RANK"] for e in envs] == ["3", "4", "5"]
     assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "2"]
     assert {(e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["MASTER_ADDR"], e["MASTER_PORT"],
              e["TENSORCOMM_SECRET"], e["TENSORCOMM_STORE_HOSTED"], e["PYTHONUNBUFFERED"],
-             e["PATH"]) for e in envs} == {("6", "3", "node0", "29500", "s3", "1", "1", "/bin")}
+             e["PATH"]) for e in envs} == {("6", "3", "node0", "29500", "secret-of-node-s3", "1", "1",
+                                            "/bin")}
+    # msrun's names, which MindSpore programs read
+    assert [(e["RANK_ID"], e["RANK_SIZE"], e["DEVICE_ID"]) for e in envs] == \
+        [("3", "6", "0"), ("4", "6", "1"), ("5", "6", "2")]
     assert base == {"PATH": "/bin", "RANK": "stale"}
     with pytest.raises(ValueError, match="local_rank"):
         env.rank_env(base, settings, store, 3)
@@ -214,9 +219,9 @@ def test_store_address_is_the_bound_port() -> None:
     assert env.store_bind_address(one_node) == ("10.0.0.5", 0)
     assert env.store_address(one_node, 4321) == env.StoreAddress("10.0.0.5", 4321)
     assert env.store_address(env.resolve_settings({}), 99) == env.StoreAddress("127.0.0.1", 99)
-    node0 = env.resolve_settings({"TENSORCOMM_SECRET": "s"}, nnodes=2, master="head:29500")
+    node0 = env.resolve_settings({"TENSORCOMM_SECRET": "a-secret-for-tests"}, nnodes=2, master="head:29500")
     assert env.store_bind_address(node0) == ("0.0.0.0", 29500)  # reachable from other nodes
-    node1 = env.resolve_settings({"TENSORCOMM_SECRET": "s"}, nnodes=2, node_rank=1,
+    node1 = env.resolve_settings({"TENSORCOMM_SECRET": "a-secret-for-tests"}, nnodes=2, node_rank=1,
                                  master="head:29500")
     assert env.store_address(node1, None) == env.StoreAddress("head", 29500)
 
@@ -224,10 +229,10 @@ def test_store_address_is_the_bound_port() -> None:
 def test_flags_fall_back_to_env_and_win_over_it() -> None:
     environ = {"TENSORCOMM_NPROCS": "4", "TENSORCOMM_NNODES": "2", "TENSORCOMM_NODE_RANK": "1",
                "TENSORCOMM_MASTER": "[::1]:1234", "TENSORCOMM_JOB_TIMEOUT": "9",
-               "TENSORCOMM_SECRET": "abc"}
+               "TENSORCOMM_SECRET": "secret-abc-of-the-job"}
     settings = env.resolve_settings(environ)
     assert (settings.nprocs, settings.nnodes, settings.node_rank, settings.master,
-            settings.timeout, settings.secret) == (4, 2, 1, ("::1", 1234), 9.0, "abc")
+            settings.timeout, settings.secret) == (4, 2, 1, ("::1", 1234), 9.0, "secret-abc-of-the-job")
     assert not settings.hosts_store
     assert env.resolve_settings(environ, nprocs=2, node_rank=0).nprocs == 2
 
@@ -236,15 +241,17 @@ def test_single_node_defaults_and_fresh_secret() -> None:
     settings = env.resolve_settings({})
     assert (settings.nprocs, settings.nnodes, settings.node_rank, settings.master) == (1, 1, 0,
                                                                                        None)
-    assert len(settings.secret) == 64 and int(settings.secret, 16) >= 0
+    assert settings.secret.startswith("generated:") and len(bytes.fromhex(settings.secret[10:])) == 32
     assert env.store_bind_address(settings) == ("127.0.0.1", 0)
     assert env.resolve_settings({}).secret != settings.secret
 
 
 @pytest.mark.parametrize("kwargs, environ, message", [
     ({"nnodes": 2, "master": "h:1"}, {}, "TENSORCOMM_SECRET"),
-    ({"nnodes": 2}, {"TENSORCOMM_SECRET": "s"}, "--master"),
-    ({"nnodes": 2, "master": "h:0"}, {"TENSORCOMM_SECRET": "s"}, "non-zero port"),
+    ({"nnodes": 2}, {"TENSORCOMM_SECRET": "a-secret-for-tests"}, "--master"),
+    ({"nnodes": 2, "master": "h:0"}, {"TENSORCOMM_SECRET": "a-secret-for-tests"}, "non-zero port"),
+    ({"nnodes": 2, "master": "h:1"}, {"TENSORCOMM_SECRET": "Summer2024!"},
+     r"TENSORCOMM_SECRET: the job secret is 11 bytes long.*token_hex\(32\)"),
     ({"node_rank": 1}, {}, "--node-rank"),
     ({"master": "nohost"}, {}, "host:port"),
     ({"timeout": 0.0}, {}, "--timeout"),
@@ -263,10 +270,11 @@ def test_second_node_runs_ranks_with_global_numbers(tmp_path: Path) -> None:
         print(*(os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                           "MASTER_PORT", "TENSORCOMM_SECRET")))
     """)
-    result = _launch("-n", "2", *NODE1_OF_2, script, TENSORCOMM_SECRET="feed")
+    result = _launch("-n", "2", *NODE1_OF_2, script, TENSORCOMM_SECRET="feed-feed-feed-feed")
     assert result.returncode == 0, result.stderr
     assert sorted(result.stdout.splitlines()) == [
-        "[rank 2] 2 4 0 127.0.0.1 29999 feed", "[rank 3] 3 4 1 127.0.0.1 29999 feed"]
+        "[rank 2] 2 4 0 127.0.0.1 29999 feed-feed-feed-feed",
+        "[rank 3] 3 4 1 127.0.0.1 29999 feed-feed-feed-feed"]
     assert "store at" not in result.stderr  # only node 0 hosts the store
 
 
@@ -293,7 +301,7 @@ def test_single_node_hosts_store_and_shares_one_secret(tmp_path: Path, store: No
     assert len(lines) == 1, lines  # same port, same secret on every rank
     port, secret, hosted = lines.pop().split()
     assert f"tensorcomm: store at 127.0.0.1:{port}" in result.stderr
-    assert len(secret) == 64 and hosted == "1"
+    assert secret.startswith("generated:") and hosted == "1"
     assert _launch("-n", "1", script).stdout.split()[3] != secret  # fresh per job
 
 
@@ -316,9 +324,9 @@ def test_secret_from_env_is_passed_and_launcher_environ_untouched(
     before = dict(os.environ)
     assert cli.main(["run", "-n", "2", script]) == 0
     assert dict(os.environ) == before
-    monkeypatch.setenv("TENSORCOMM_SECRET", "given")
+    monkeypatch.setenv("TENSORCOMM_SECRET", "given-secret-16+")
     assert cli.main(["run", "-n", "2", script]) == 0
-    assert capfd.readouterr().out.count("] given\n") == 2
+    assert capfd.readouterr().out.count("] given-secret-16+\n") == 2
 
 
 # --- output ----------------------------------------------------------------------------------
@@ -332,7 +340,7 @@ def test_output_is_prefixed_per_stream_and_line(tmp_path: Path) -> None:
         print(f"err {rank}", file=sys.stderr)
         sys.stdout.buffer.write(b"bad \\xff\\xfe bytes")  # no newline at the end
     """)
-    result = _launch("-n", "2", *NODE1_OF_2, script, TENSORCOMM_SECRET="s")
+    result = _launch("-n", "2", *NODE1_OF_2, script, TENSORCOMM_SECRET="a-secret-for-tests")
     assert result.returncode == 0, result.stderr
     out = result.stdout.splitlines()
     for rank in (2, 3):
@@ -340,6 +348,21 @@ def test_output_is_prefixed_per_stream_and_line(tmp_path: Path) -> None:
         assert f"[rank {rank}] bad \ufffd\ufffd bytes" in out
         assert f"[rank {rank}] err {rank}" in result.stderr.splitlines()
     assert "err" not in result.stdout
+
+
+@pytest.mark.spawns
+def test_rank_0_reads_the_launchers_stdin_and_the_others_dev_null(tmp_path: Path) -> None:
+    script = _script(tmp_path, """\
+        import os, sys
+        print(f"read {sys.stdin.read()!r}")
+    """)
+    result = _launch("-n", "2", *NODE1_OF_2, script, stdin="10\n0\n", TENSORCOMM_SECRET="a-secret-for-tests")
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == ["[rank 2] read ''", "[rank 3] read ''"]  # node 1
+    result = _launch("-n", "3", "--nnodes", "2", "--node-rank", "0", "--master", f"127.0.0.1:{free_port()}",
+                     "--timeout", "5", script, stdin="10\n0\n", TENSORCOMM_SECRET="a-secret-for-tests")
+    assert sorted(result.stdout.splitlines()) == ["[rank 0] read '10\\n0\\n'", "[rank 1] read ''",
+                                                  "[rank 2] read ''"], result.stderr
 
 
 @pytest.mark.spawns
@@ -388,7 +411,7 @@ def test_exported_master_port_is_where_the_store_listens(tmp_path: Path) -> None
 @pytest.mark.spawns
 def test_exit_code_of_the_failing_rank(tmp_path: Path) -> None:
     script = _script(tmp_path, "import os, sys; sys.exit(5 if os.environ['RANK'] == '3' else 0)\n")
-    result = _launch("-n", "2", *NODE1_OF_2, script, TENSORCOMM_SECRET="s")
+    result = _launch("-n", "2", *NODE1_OF_2, script, TENSORCOMM_SECRET="a-secret-for-tests")
     assert result.returncode == 5
     assert "tensorcomm: rank 3 exited with code 5" in result.stderr
 
@@ -427,7 +450,7 @@ def test_failure_also_stops_what_an_exited_rank_left_running(tmp_path: Path) -> 
             time.sleep(0.2)  # rank 2 has exited by now
             sys.exit(1)
     """)
-    result = _launch("-n", "2", *NODE1_OF_2, script, TENSORCOMM_SECRET="s")
+    result = _launch("-n", "2", *NODE1_OF_2, script, TENSORCOMM_SECRET="a-secret-for-tests")
     assert result.returncode == 1, result.stderr
     _assert_gone([int(pid_file.read_text())])
 
@@ -440,7 +463,7 @@ def test_rank_killed_by_signal(tmp_path: Path) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)
     """)
-    result = _launch("-n", "2", *NODE1_OF_2, script, TENSORCOMM_SECRET="s")
+    result = _launch("-n", "2", *NODE1_OF_2, script, TENSORCOMM_SECRET="a-secret-for-tests")
     assert result.returncode == 128 + signal.SIGKILL
     assert "rank 2 was killed by SIGKILL (exit code 137)" in result.stderr
 
@@ -448,14 +471,15 @@ def test_rank_killed_by_signal(tmp_path: Path) -> None:
 @pytest.mark.spawns
 def test_program_that_cannot_start_exits_127(tmp_path: Path) -> None:
     result = _launch("-n", "2", *NODE1_OF_2, "--no-python", str(tmp_path / "missing"),
-                     TENSORCOMM_SECRET="s")
+                     TENSORCOMM_SECRET="a-secret-for-tests")
     assert result.returncode == 127 and "cannot start rank 2" in result.stderr
 
 
 @pytest.mark.spawns
 def test_job_timeout_stops_everything_with_124(tmp_path: Path) -> None:
     script = _script(tmp_path, "import time; time.sleep(60)\n")
-    result = _launch("-n", "2", *NODE1_OF_2, "--timeout", "0.5", script, TENSORCOMM_SECRET="s")
+    result = _launch("-n", "2", *NODE1_OF_2, "--timeout", "0.5", script,
+                     TENSORCOMM_SECRET="a-secret-for-tests")
     assert result.returncode == 124 and "timed out after 0.5 s" in result.stderr
 
 
@@ -468,7 +492,7 @@ def test_signal_to_launcher_stops_all_ranks(tmp_path: Path, signum: signal.Signa
         [sys.executable, "-m", "tensorcomm", "run", "-n", "3", *NODE1_OF_2,
          _script(tmp_path, SLEEPER), str(pids)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=_clean_env(TENSORCOMM_SECRET="s"))
+        env=_clean_env(TENSORCOMM_SECRET="a-secret-for-tests"))
     try:
         ranks = _wait_for_pids(pids, 3, launcher)
         launcher.send_signal(signum)
@@ -490,7 +514,7 @@ def test_ranks_die_with_a_killed_launcher(tmp_path: Path) -> None:
         [sys.executable, "-m", "tensorcomm", "run", "-n", "2", *NODE1_OF_2,
          _script(tmp_path, SLEEPER), str(pids)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env=_clean_env(TENSORCOMM_SECRET="s"))
+        env=_clean_env(TENSORCOMM_SECRET="a-secret-for-tests"))
     try:
         ranks = _wait_for_pids(pids, 2, launcher)  # type: ignore[arg-type]
     finally:

@@ -92,7 +92,7 @@ def test_a_tampered_address_stops_every_rank_with_an_error_saying_so() -> None:
 def test_a_rank_with_another_secret_refuses_and_every_rank_stops() -> None:
     foreign = ForeignStore()
     results = as_ranks(2, lambda rank: from_store(foreign, rank, 2, 30.0,
-                                                  secret=SECRET if rank == 0 else b"another-secret"))
+                                                  secret=SECRET if rank == 0 else b"another-secret-entirely"))
     close_all(results)
     assert all(isinstance(result, AuthenticationError) for result in results), results
     assert "rank 1 refused" in str(results[0]), results

@@ -23,10 +23,10 @@ from tensorcomm.rendezvous import (
     gate,
     tcp_store,
 )
-from tensorcomm.rendezvous.auth import handshake_client
+from tensorcomm.rendezvous.auth import handshake_client, secret_bytes
 from tensorcomm.testing import free_port
 
-SECRET = b"test-secret"
+SECRET = secret_bytes("store-unit-test-secret")  # the key, as handshakes use it
 # A factory returns a new handle onto the one store under test (another "process" of the job).
 Handles = Callable[..., Store]
 
@@ -284,7 +284,7 @@ def assert_dropped(sock: socket.socket) -> None:
 def test_wrong_secret_is_refused_and_server_keeps_serving(server: TCPStoreServer, caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="tensorcomm.store"):
         with pytest.raises(AuthenticationError, match="secret"):
-            TCPStore("127.0.0.1", server.port, b"wrong", timeout=2)
+            TCPStore("127.0.0.1", server.port, b"a-wrong-secret-here", timeout=2)
         assert_serves(server)
         # The server logs once it sees the refused client hang up, which may be after we return.
         deadline = time.monotonic() + 2

@@ -182,6 +182,46 @@ def test_scratch_is_reused_between_calls_bounded_and_freed_with_its_owner(monkey
     assert big.size == 128 and not np.shares_memory(big, scratch.take("inbox", 128, u8))
 
 
+def test_scratch_no_call_needed_whole_for_a_while_is_given_back(monkeypatch):
+    from tensorcomm.algorithms import base
+
+    clock = [1000.0]
+    monkeypatch.setattr(base, "_monotonic", lambda: clock[0])
+    u8 = np.dtype(np.uint8)
+    scratch = base.Scratch()
+
+    def call(nbytes: int) -> np.ndarray:  # a group's call: ``Ctx.of`` sweeps, then it takes
+        clock[0] += base.SCRATCH_IDLE * 0.6
+        if clock[0] >= scratch.sweep_at:
+            scratch.sweep(clock[0])
+        return scratch.take("inbox", nbytes, u8)
+
+    big = scratch.take("inbox", 1 << 20, u8)
+    other = scratch.take("outbox", 1 << 20, u8)
+    for _ in range(4):  # one shape repeated, for longer than the idle time: it stays
+        assert np.shares_memory(big, call(1 << 20))
+    assert np.shares_memory(big, call(4096))  # needed only in part: its idle time runs on
+    small = call(4096)  # 1.2 idle times since it was last needed whole: given back
+    assert not np.shares_memory(big, small) and small.base is not None and small.base.size == 4096
+    # "outbox" was not needed at all meanwhile: given back too.
+    assert not np.shares_memory(other, scratch.take("outbox", 64, u8))
+
+
+def test_a_call_gives_back_its_groups_idle_scratch(monkeypatch):
+    from tensorcomm.algorithms import base
+
+    clock = [1000.0]
+    monkeypatch.setattr(base, "_monotonic", lambda: clock[0])
+    team = base.Team(None, (0, 1), 0, 0, 10.0)  # type: ignore[arg-type]
+    kept = team.scratch.take("inbox", 1 << 20, np.dtype(np.uint8))
+    plan = base.Plan("all_reduce", None, "ring", lambda ctx: None)  # type: ignore[arg-type]
+    base.Ctx.of(team, 0, plan)
+    assert np.shares_memory(kept, team.scratch.take("inbox", 16, np.dtype(np.uint8)))
+    clock[0] += base.SCRATCH_IDLE + 1
+    base.Ctx.of(team, 1, plan)  # a call that takes no scratch: the sweep still runs
+    assert not team.scratch._held
+
+
 def test_wire_dtype_variable_is_checked():
     from tensorcomm.rendezvous.discovery import wire_dtype
 

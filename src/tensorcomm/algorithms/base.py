@@ -38,6 +38,10 @@ PROGRESS_PROBE_SECONDS = 1.0  # how long a stalled rank waits for peers to say w
 # ranks that both wait for the other (both think they are a gather's root, say) find out then.
 STALL_PROBE_SECONDS = 2.0
 ACK_STEP = (1 << STEP_BITS) - 1  # the step of acknowledgements (see ``Ctx.acknowledge``)
+# A scratch buffer no call needed whole for this long is given back (Scratch): a shape that
+# recurs less often pays for fresh pages once per recurrence (a 64 MiB TCP all_reduce took about
+# 24 ms more: benchmarks/results/scratch_soak_ab.txt).
+SCRATCH_IDLE = 30.0
 _NOTHING = np.empty(0, dtype=np.uint8)
 _BYTE = np.dtype(np.uint8)
 
@@ -108,23 +112,41 @@ class Scratch:
     Fresh memory costs a page fault per 4 KiB page on first touch, which on a VM took longer than
     the copy itself: the transport algorithms take their working buffers here instead of
     ``np.empty``. The group's calls run one at a time, so each purpose's buffer belongs to the
-    running call. Buffers above ``config.SCRATCH_KEEP_BYTES`` are not kept.
+    running call. A buffer no call has needed whole for ``SCRATCH_IDLE`` seconds is given back by
+    ``sweep`` at the group's next call (``Ctx.of`` runs it when one is due); the next take of its
+    purpose then allocates what it needs. A group thus holds what its
+    recent calls used, not the largest call it ever made, and a shape that recurs pays for fresh
+    pages at most once per ``SCRATCH_IDLE``.
+    Buffers above ``config.SCRATCH_KEEP_BYTES`` are not kept.
     """
 
-    __slots__ = ("_held",)
+    __slots__ = ("_held", "sweep_at")
 
     def __init__(self) -> None:
-        self._held: dict[str, np.ndarray] = {}
+        self._held: dict[str, list[Any]] = {}  # purpose -> [buffer, when a take last needed it whole]
+        self.sweep_at = 0.0  # when ``sweep`` is due next
 
     def take(self, purpose: str, count: int, dtype: np.dtype) -> np.ndarray:
         """``count`` elements of ``dtype`` (a ``np.dtype``) for ``purpose``, this call's to use."""
         nbytes = count * dtype.itemsize
-        held = self._held.get(purpose)
-        if held is None or held.size < nbytes:
+        now = _monotonic()
+        entry = self._held.get(purpose)
+        if entry is None or entry[0].size < nbytes:
             held = np.empty(nbytes, np.uint8)
             if nbytes <= config.SCRATCH_KEEP_BYTES:
-                self._held[purpose] = held
+                self._held[purpose] = [held, now]
+            return held.view(dtype)
+        held = entry[0]
+        if nbytes == held.size:
+            entry[1] = now
         return held[:nbytes].view(dtype)
+
+    def sweep(self, now: float) -> None:
+        """Give back the buffers no take needed whole for ``SCRATCH_IDLE`` seconds before ``now``;
+        the next sweep is due when the oldest of the others has been idle that long."""
+        for purpose in [p for p, (_, used) in self._held.items() if now - used >= SCRATCH_IDLE]:
+            del self._held[purpose]
+        self.sweep_at = min((used for _, used in self._held.values()), default=now) + SCRATCH_IDLE
 
     def clear(self) -> None:
         """Let go of every kept buffer."""
@@ -148,6 +170,8 @@ class Team:
             member shares this host and shared memory could be set up; else None.
         hier: the group's ``Hierarchy`` when it spans hosts that hold as many members each
             (``algorithms/hier.py``); else None.
+        whole: for a host or cross team of a hierarchical group, the global ranks of the whole
+            group (a timeout asks them too where they are); else empty.
         keep_going: a failed call must leave the caller's in-place arrays untouched or complete
             (the job goes on after failures: ``init(keep_going=True)``); else they are
             unspecified.
@@ -164,6 +188,7 @@ class Team:
     group_name: str = ""
     shm: Any = None
     hier: Hierarchy | None = None
+    whole: Sequence[int] = ()
     keep_going: bool = False
     size: int = field(init=False)
     scratch: Scratch = field(init=False, default_factory=Scratch)
@@ -229,8 +254,9 @@ class Ctx:
         deadline: ``time.monotonic()`` value the call must finish by.
 
     Made by ``Ctx.of`` from the group's team and the call's plan, which costs five attribute
-    stores and a clock read: every call makes one, so whatever only some calls need (the
-    messages' tags, the name for errors) is worked out where it is used.
+    stores, a clock read and a look at whether the group's scratch is due a sweep: every call
+    makes one, so whatever only some calls need (the messages' tags, the name for errors) is
+    worked out where it is used.
     """
 
     __slots__ = ("team", "plan", "seq", "signature", "deadline")
@@ -248,7 +274,10 @@ class Ctx:
         ctx.plan = plan
         ctx.seq = seq
         ctx.signature = plan.signature
-        ctx.deadline = _monotonic() + team.timeout
+        now = _monotonic()
+        ctx.deadline = now + team.timeout
+        if now >= team.scratch.sweep_at:  # scratch idle for long is given back (``Scratch``)
+            team.scratch.sweep(now)
         return ctx
 
     name = property(attrgetter("plan.label"), doc="The collective's name, for messages.")
@@ -342,17 +371,25 @@ class Ctx:
                     f"(found when the wait stalled)")
 
     def _who_is_missing(self) -> str:
-        """Ask the peers how far they got, to name the ranks that did not arrive at this call."""
-        me = self.ranks[self.rank]
-        reached = self.transport.progress(self.group_id, [r for r in self.ranks if r != me],
-                                          PROGRESS_PROBE_SECONDS)
-        silent = [rank for rank, answer in reached.items() if answer is None]
-        behind = [rank for rank, answer in reached.items() if answer is not None and answer[0] < self.seq]
+        """Ask the peers how far they got, to name the ranks that did not arrive at this call.
+
+        A host or cross team of a hierarchical group asks the whole group's members too: one
+        stopped on another host holds up its host-mates, who would otherwise look merely late
+        here. Ranks that do not answer are named first; those behind may be waiting for them.
+        """
+        team = self.team
+        me = team.ranks[team.rank]
+        asked = [rank for rank in dict.fromkeys((*team.ranks, *team.whole)) if rank != me]
+        reached = self.transport.progress(self.group_id, asked, PROGRESS_PROBE_SECONDS)
+        silent = [rank for rank in asked if reached.get(rank, ()) is None]
+        behind = [rank for rank in team.ranks if rank != me and (answer := reached.get(rank)) is not None
+                  and answer[0] < self.seq]
         parts = []
-        if behind:
-            parts.append(f"{_names(behind)} had not reached this call")
         if silent:
             parts.append(f"{_names(silent)} did not answer (stopped, hung or unreachable)")
+        if behind:
+            waiting = " (waiting for them, perhaps)" if silent else ""
+            parts.append(f"{_names(behind)} had not reached this call{waiting}")
         return "; ".join(parts)
 
     def send(self, peer: int, buf: np.ndarray, step: int = 0) -> None:

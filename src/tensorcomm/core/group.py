@@ -50,7 +50,7 @@ class Group:
 
     def __init__(self, name: str, ranks: Sequence[int], group_id: int, world: World,
                  shm: ShmDomain | None = None, hier: Hierarchy | None = None,
-                 parts: Sequence[Group] = ()) -> None:
+                 parts: Sequence[Group] = (), whole: Sequence[int] = ()) -> None:
         self._name = name
         self._ranks = tuple(ranks)
         self._group_id = group_id
@@ -62,8 +62,8 @@ class Group:
         self._team: Team | None = None
         if world.rank in self._index:
             self._team = Team(world.transport, self._ranks, self._index[world.rank], group_id,
-                              world.timeout, world.hosts_of(self._ranks), name, shm, hier,
-                              world.keep_going)
+                              world.timeout, world.hosts_of(self._ranks), name, shm, hier, whole,
+                              keep_going=world.keep_going)
         # One plan per call shape (``core/collectives.py`` makes them), gone with the group.
         self._plans: dict[Hashable, Plan] = {}
         self._shrinks = 0  # calls of shrink() so far: the members match them by this count

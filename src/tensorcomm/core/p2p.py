@@ -43,17 +43,18 @@ class P2PWork(Work):
         return self._done.is_set() or self._request.done()
 
 
-def isend(group: Group, array: np.ndarray, dst: int, tag: int) -> P2PWork:
-    """Start sending ``array`` to global rank ``dst``."""
+def isend(group: Group, array: np.ndarray, dst: int, tag: int, channel: int = 0) -> P2PWork:
+    """Start sending ``array`` to global rank ``dst`` (``channel``: see ``transports.base.p2p_tag``)."""
     group.group_rank(dst)
     world = group._world
     if world.forked is not None:
         raise world.forked
-    request = world.transport.isend(dst, as_bytes(np.ascontiguousarray(array)), p2p_tag(group._group_id, tag))
+    request = world.transport.isend(dst, as_bytes(np.ascontiguousarray(array)),
+                                      p2p_tag(group._group_id, tag, channel))
     return P2PWork(f"send to rank {dst}", request, world.timeout)
 
 
-def irecv(group: Group, array: np.ndarray, src: int | None, tag: int) -> P2PWork:
+def irecv(group: Group, array: np.ndarray, src: int | None, tag: int, channel: int = 0) -> P2PWork:
     """Post a receive into ``array`` from global rank ``src`` (``None``: any member)."""
     peer = ANY_SOURCE if src is None else src
     if src is not None:
@@ -63,6 +64,6 @@ def irecv(group: Group, array: np.ndarray, src: int | None, tag: int) -> P2PWork
         raise world.forked
     # Receive into scratch: a failed or partial message never touches the caller's array.
     scratch = np.empty_like(array, order="C")
-    request = world.transport.irecv(peer, as_bytes(scratch), p2p_tag(group._group_id, tag))
+    request = world.transport.irecv(peer, as_bytes(scratch), p2p_tag(group._group_id, tag, channel))
     source = "any rank" if src is None else f"rank {src}"
     return P2PWork(f"recv from {source}", request, world.timeout, scratch, array)

@@ -67,7 +67,7 @@ def allocate(group: Group, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarra
     segment = None
     try:
         segment = arena.establish(team.rank, team.size, team.size * block, world.rendezvous.secret,
-                                  *world.segment_exchange(prefix), team.timeout)
+                                  *world.segment_exchange(prefix, team.ranks), team.timeout)
     except ShmUnavailable as exc:
         log.warning("group %r: rank %d cannot make a shared array (%s); it gets a plain one",
                     target.name, world.rank, exc)

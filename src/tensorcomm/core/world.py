@@ -37,6 +37,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import sys
 import threading
 import time
 from collections import Counter
@@ -46,12 +47,13 @@ from typing import TYPE_CHECKING
 from .. import config, trace
 from ..algorithms import select
 from ..algorithms.base import Hierarchy, Plan
-from ..errors import AuthenticationError, CommTimeoutError, GroupAbortedError, RendezvousError
+from ..errors import AuthenticationError, CommTimeoutError, GroupAbortedError, PeerLostError, RendezvousError
 from ..rendezvous.init_method import Rendezvous, from_store, meets_through_mpi, rendezvous
 from ..rendezvous.own_store import address_of, reachable_address
 from ..rendezvous.store import PrefixStore, Store
 from ..signature import Signature
 from ..transports.shm import slots as shm_slots
+from ..transports.shm.arena import OutOfDescriptors
 from ..transports.shm.domain import ShmDomain, ShmUnavailable, open_domain
 from ..transports.tcp.mesh import connect_mesh
 from ..transports.tcp.transport import TcpTransport
@@ -69,6 +71,7 @@ MAX_GROUP_ID = (1 << 15) - 1
 ARRIVALS_KEY = "tensorcomm/arrivals"  # counts inits, across generations
 SERVER_KEY = "tensorcomm/server"  # on a store rank 0 hosts: the generation it was made for
 DESTROY_LINGER = 2.0  # seconds destroy() waits for the peers' goodbyes (see TcpTransport.close)
+POLL_FIRST, POLL_MAX = 0.001, 0.02  # seconds a set-up waits on the store between liveness checks
 
 _current: World | None = None
 _current_lock = threading.Lock()
@@ -150,7 +153,45 @@ class World:
         store = self.store
         if self.rank == ranks[0]:
             store.set(key, str(self.take_group_id()).encode())
-        return int(store.get(key, timeout=self.timeout))
+        else:
+            self._await_members({key: ranks[0]}, name or f"of ranks {list(ranks)}", "its id")
+        return int(store.get(key))
+
+    def _await_members(self, keys: dict[str, int], label: str, what: str) -> None:
+        """Wait until the store holds ``keys``, each set by the global rank it maps to, while
+        group ``label`` is made, as a shrink's agreement waits: a member whose link closes
+        (dead, or gone) is named at once, not at the timeout.
+
+        Raises:
+            PeerLostError: a member the keys wait for is lost (the lowest such rank).
+            CommTimeoutError: the world's timeout passed; names the ranks still missing.
+        """
+        members = frozenset(keys.values())
+        deadline = time.monotonic() + self.timeout
+        pause = POLL_FIRST
+        while True:
+            try:
+                self.store.wait(list(keys), timeout=pause)
+                return
+            except CommTimeoutError:
+                pass
+            gone = self.transport.lost_peers() & members
+            late = time.monotonic() >= deadline
+            if not gone and not late:
+                pause = min(2 * pause, POLL_MAX)
+                continue
+            # A member that posted its key and then left is not what this waits for.
+            missing = sorted({rank for key, rank in keys.items() if not self.store.check([key])})
+            dead = [rank for rank in missing if rank in gone]
+            if dead:
+                raise PeerLostError(dead[0], f"its connection closed while group {label!r} was being "
+                                             f"made (setting up {what}): it died or left the job")
+            if not missing:
+                return
+            if late:
+                raise CommTimeoutError(f"group {label!r}: ranks {missing} did not finish setting up "
+                                       f"{what} within {self.timeout:g} s (alive as far as this rank "
+                                       f"can tell: stopped, hung, or not calling this)")
 
     def take_group_id(self) -> int:
         """A group id nobody in this world has had (counted in the store).
@@ -189,13 +230,19 @@ class World:
             return None, []
         mine = members[self._hosts[self.rank]]
         local = mine.index(self.rank)
-        host = self._part(tuple(mine), f"{label}.host", f"{group_id}.host")
-        cross = self._part(tuple(members[h][local] for h in order), f"{label}.cross", f"{group_id}.cross")
+        host = self._part(tuple(mine), f"{label}.host", f"{group_id}.host", ranks)
+        cross = self._part(tuple(members[h][local] for h in order), f"{label}.cross", f"{group_id}.cross",
+                           ranks)
         # All members must agree: some running hierarchical calls and others flat ones would hang.
         prefix = f"hier/{group_id}/"
         self.store.set(prefix + str(self.rank), b"1" if host._shm is not None else b"0")
-        keys = [prefix + str(r) for r in ranks]
-        self.store.wait(keys, timeout=self.timeout)
+        keys = {prefix + str(r): r for r in ranks}
+        try:
+            self._await_members(keys, label, "its host and cross-host parts")
+        except BaseException as exc:
+            for part in (host, cross):
+                part._stop(GroupAbortedError(f"group {label!r} was not made: {exc}"))
+            raise
         if not all(self.store.get(key) == b"1" for key in keys):
             for part in (host, cross):
                 part._stop(GroupAbortedError(f"group {label!r} runs flat"))
@@ -204,10 +251,12 @@ class World:
                 for r, where in zip(ranks, hosts, strict=True)]
         return Hierarchy(host._member_team(), cross._member_team(), grid, select.pick), [host, cross]
 
-    def _part(self, ranks: tuple[int, ...], label: str, key: str) -> Group:
-        """An internal group of a hierarchical group (not registered, used by its calls only)."""
+    def _part(self, ranks: tuple[int, ...], label: str, key: str, whole: tuple[int, ...]) -> Group:
+        """An internal group of the hierarchical group of ``whole`` (not registered, used by its
+        calls only)."""
         group_id = self._agree_group_id(ranks, 0, key)
-        return Group(label, ranks, group_id, self, self._shared_memory(ranks, group_id, label))
+        return Group(label, ranks, group_id, self, self._shared_memory(ranks, group_id, label),
+                     whole=whole)
 
     def _shared_memory(self, ranks: tuple[int, ...], group_id: int, name: str) -> ShmDomain | None:
         """Set up the shared-memory domain of a group this rank belongs to, if it can have one.
@@ -215,6 +264,11 @@ class World:
         Every member calls this together. A group gets a domain when it has two or more members,
         all on this host and all allowed shared memory; if setting up fails on any member, every
         member gets None (the group uses TCP) and the failing one logs why.
+
+        Raises:
+            RendezvousError: a member ran out of file descriptors (on every member, naming the
+                descriptor limit and how to raise it).
+            PeerLostError: a member was lost meanwhile (named on every member).
         """
         if not self._can_share_memory(ranks):
             return None
@@ -223,12 +277,20 @@ class World:
         prefix = f"shm/{group_id}/"
         rank = ranks.index(self.rank)
         store.set(prefix + f"ready/{rank}", b"1" if domain is not None else b"0")
-        keys = [prefix + f"ready/{q}" for q in range(len(ranks))]
-        store.wait(keys, timeout=self.timeout)
-        if all(store.get(key) == b"1" for key in keys):
-            assert domain is not None
-            domain.settle_cma(self.cma, self.timeout)
-            return domain
+        keys = {prefix + f"ready/{q}": r for q, r in enumerate(ranks)}
+        try:
+            self._await_members(keys, name, "its shared memory")
+            if store.check([prefix + "fatal"]):
+                why = store.get(prefix + "fatal").decode()
+                raise RendezvousError(f"group {name!r} cannot be made: {why}")
+            if all(store.get(key) == b"1" for key in keys):
+                assert domain is not None
+                domain.settle_cma(self.cma, self.timeout)
+                return domain
+        except BaseException:
+            if domain is not None:
+                domain.close()
+            raise
         if domain is not None:
             domain.close()
         return None
@@ -246,26 +308,31 @@ class World:
         Every member calls this together; members may end up differently, so they must agree
         afterwards and all drop their domains unless all have one (``_shared_memory``, or the
         acknowledgements of ``core/elastic.py``). ``abandon()``, polled while waiting for the
-        others, says why to give up (or None); ``timeout`` defaults to the world's.
+        others, says why to give up (or None; by default: a member was lost); ``timeout``
+        defaults to the world's. A member out of file descriptors says so under
+        ``shm/<group id>/fatal`` before it gives up (``_shared_memory`` then fails the group).
         """
         if not self._can_share_memory(ranks):
             return None
         prefix = f"shm/{group_id}/"
         try:
             return open_domain(ranks.index(self.rank), ranks, name, self.rendezvous.secret,
-                               *self.segment_exchange(prefix, abandon),
+                               *self.segment_exchange(prefix, ranks, abandon),
                                self.timeout if timeout is None else timeout, _describe)
         except ShmUnavailable as exc:
-            log.warning("group %r: rank %d cannot use shared memory (%s); the group uses TCP",
-                        name, self.rank, exc)
+            log.warning("group %r: rank %d cannot use shared memory (%s)", name, self.rank, exc)
+            if isinstance(exc, OutOfDescriptors):  # before "failed": whoever sees that sees this
+                self.store.set(prefix + "fatal", f"rank {self.rank}: {exc}".encode())
             self.store.set(prefix + "failed", f"rank {self.rank}: {exc}".encode())
             return None
 
-    def segment_exchange(self, prefix: str, abandon: Callable[[], str | None] | None = None) -> tuple[
+    def segment_exchange(self, prefix: str, ranks: Sequence[int],
+                         abandon: Callable[[], str | None] | None = None) -> tuple[
             Callable[[str], None], Callable[[float], str | None], Callable[[], str | None]]:
-        """How the members of a new shared segment find its leader through the store, under
-        ``prefix``: ``publish``, ``lookup`` and ``failed`` for ``arena.establish``. ``failed``
-        reads the ``failed`` key a member sets when it gives up, else asks ``abandon()``."""
+        """How the members (global ``ranks``) of a new shared segment find its leader through the
+        store, under ``prefix``: ``publish``, ``lookup`` and ``failed`` for ``arena.establish``.
+        ``failed`` reads the ``failed`` key a member sets when it gives up, else asks
+        ``abandon()``, by default whether a member was lost."""
         store = self.store
 
         def publish(address: str) -> None:
@@ -280,7 +347,10 @@ class World:
         def failed() -> str | None:
             if store.check([prefix + "failed"]):
                 return store.get(prefix + "failed").decode()
-            return None if abandon is None else abandon()
+            if abandon is not None:
+                return abandon()
+            gone = self.transport.lost_peers() & frozenset(ranks)
+            return f"ranks {sorted(gone)} were lost" if gone else None
 
         return publish, lookup, failed
 
@@ -483,6 +553,12 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
         from ..rendezvous.discovery import discover
 
         info = discover()
+        if info.msrun_scheduler:
+            # msrun runs the script in its scheduler process too; it is no rank, and its work
+            # (MindSpore's scheduler, for a script that calls MindSpore's init() first) is done.
+            print("tensorcomm: msrun's scheduler process (MS_ROLE=MS_SCHED) is not a rank; it ends "
+                  "here", file=sys.stderr, flush=True)
+            raise SystemExit(0)
         seconds = _seconds(timeout, info.timeout or config.DEFAULT_TIMEOUT)
         chosen = _backend(backend, info.backend)
         if keep_going is not None and not isinstance(keep_going, bool):

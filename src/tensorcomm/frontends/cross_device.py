@@ -20,6 +20,11 @@ a list of them: every strategy sums those across processes with ``sparse_all_red
 process gets the coalesced rows (each row once, sorted, repeats summed), and processes outside the
 destinations get ``None``.
 
+TensorFlow's own objects work as TF programs spell them (``tf_values.py``; TensorFlow is never
+imported by tensorcomm): ``tf.distribute.ReduceOp.SUM``/``MEAN`` as the op, ``tf.Tensor`` and
+``tf.Variable`` (its current value) values, which come back as new ``tf.Tensor``s, and
+``tf.IndexedSlices``, which come back as coalesced ``tf.IndexedSlices``.
+
 Strategies: ``ReductionToOneDevice`` reduces onto one rank and broadcasts from there;
 ``AllReduceCrossDeviceOps(num_packs)`` and ``CollectiveAllReduce(bytes_per_pack)`` all-reduce
 batches fused into packs (``packing.py``) and fall back to reduce-to-one when the destinations
@@ -39,7 +44,7 @@ from ..algorithms import kernels
 from ..core import collectives
 from ..core.group import Group
 from ..types import ReduceOp as CoreReduceOp
-from . import packing, validate
+from . import packing, tf_values, validate
 from .arrays import Staged
 from .sparse import sparse_all_reduce
 
@@ -55,7 +60,8 @@ class ReduceOp(enum.Enum):
 
     @classmethod
     def parse(cls, value: Any, argument: str = "reduce_op") -> ReduceOp:
-        """Normalise a ``ReduceOp``, ``"sum"``/``"mean"`` (any case) or ``tensorcomm.ReduceOp.SUM/AVG``.
+        """Normalise a ``ReduceOp``, ``tf.distribute.ReduceOp``, ``"sum"``/``"mean"`` (any case) or
+        ``tensorcomm.ReduceOp.SUM/AVG``.
 
         Raises:
             TypeError: ``value`` is none of those types.
@@ -75,8 +81,22 @@ class ReduceOp(enum.Enum):
                 return cls(value.upper())
             except ValueError:
                 raise ValueError(f"{argument}: expected 'sum' or 'mean', got {value!r}") from None
-        raise TypeError(f"{argument}: expected a tensorcomm.cross_device.ReduceOp or 'sum'/'mean', "
-                        f"got {type(value).__name__}")
+        name = tf_values.op_name(value)
+        if name is not None:
+            return cls(name)
+        raise TypeError(f"{argument}: expected a tensorcomm.cross_device.ReduceOp, a "
+                        f"tf.distribute.ReduceOp or 'sum'/'mean', got {type(value).__name__}")
+
+
+def _result(like: Staged, tf: bool, array: np.ndarray) -> Any:
+    """``array`` as an array of ``like``'s kind (a ``tf.Tensor`` for TensorFlow's values)."""
+    return tf_values.tensor(array) if tf else like.adapter.new_like(like.obj, array)
+
+
+def _stage(value: Any, argument: str, fn: str) -> Staged:
+    """An array argument; a ``tf.Tensor`` or ``tf.Variable`` is read into numpy first."""
+    return validate.array(tf_values.to_numpy(value, argument, fn) if tf_values.is_tf(value) else value,
+                          argument, fn)
 
 
 @dataclass
@@ -86,9 +106,10 @@ class _Value:
     summed: np.ndarray  # C-contiguous, owned: collectives may reduce it in place
     replicas: int
     like: Staged  # the first replica; results are returned as arrays of its kind
+    tf: bool  # the first replica is TensorFlow's: results are tf.Tensors
 
     def result(self, array: np.ndarray | None) -> Any:
-        return None if array is None else self.like.adapter.new_like(self.like.obj, array)
+        return None if array is None else _result(self.like, self.tf, array)
 
 
 @dataclass(frozen=True)
@@ -116,39 +137,56 @@ class _Slices:
     dense_shape: tuple[int, ...]
     replicas: int
     like: Staged  # the first replica's values: results come back as arrays of its kind
+    tf: bool  # the first replica is a tf.IndexedSlices: so is the result
+
+
+def _slices_kind(value: Any) -> bool:
+    return isinstance(value, IndexedSlices) or tf_values.is_slices(value)
 
 
 def _is_slices(value: Any) -> bool:
-    return isinstance(value, IndexedSlices) or (
-        isinstance(value, (list, tuple)) and bool(value) and isinstance(value[0], IndexedSlices))
+    return _slices_kind(value) or (
+        isinstance(value, (list, tuple)) and bool(value) and _slices_kind(value[0]))
+
+
+def _dense_shape(replica: Any, argument: str, fn: str) -> tuple[int, ...]:
+    shape = replica.dense_shape
+    if shape is None:
+        raise ValueError(f"{fn}: {argument}.dense_shape is None; IndexedSlices need their dense shape")
+    if tf_values.is_tf(shape):
+        shape = tf_values.to_numpy(shape, f"{argument}.dense_shape", fn).tolist()
+    return tuple(shape)
 
 
 def _slices(value: Any, op: ReduceOp, fn: str) -> _Slices:
     replicas = value if isinstance(value, (list, tuple)) else [value]
-    if not all(isinstance(r, IndexedSlices) for r in replicas):
+    if not all(_slices_kind(r) for r in replicas):
         raise TypeError(f"{fn}: a value's replicas must all be IndexedSlices or all arrays, got "
                         f"{[type(r).__name__ for r in replicas]}")
-    shapes = {tuple(r.dense_shape) for r in replicas}
+    shapes = {_dense_shape(r, f"value[{i}]", fn) for i, r in enumerate(replicas)}
     if len(shapes) != 1:
         raise ValueError(f"{fn}: a value's IndexedSlices replicas must share one dense_shape, got "
                          f"{sorted(shapes)}")
-    values = [validate.array(r.values, f"value[{i}].values", fn) for i, r in enumerate(replicas)]
-    indices = [validate.array(r.indices, f"value[{i}].indices", fn).array for i, r in enumerate(replicas)]
+    values = [_stage(r.values, f"value[{i}].values", fn) for i, r in enumerate(replicas)]
+    indices = [_stage(r.indices, f"value[{i}].indices", fn).array for i, r in enumerate(replicas)]
     validate.same_dtype(values, values[0], "value", fn)
     kernels.check_op_dtype(CoreReduceOp.AVG if op is ReduceOp.MEAN else CoreReduceOp.SUM,
                            values[0].array.dtype, f"{fn}: reduce_op")
     return _Slices(np.concatenate([i.reshape(-1) for i in indices]),
-                   np.concatenate([v.array for v in values]), shapes.pop(), len(replicas), values[0])
+                   np.concatenate([v.array for v in values]), shapes.pop(), len(replicas), values[0],
+                   tf_values.is_slices(replicas[0]))
 
 
 def _reduce_slices(group: Group, value: _Slices, targets: tuple[int, ...] | None,
-                   total: int | None) -> IndexedSlices | None:
+                   total: int | None) -> Any:
     """Sum ``value`` across ``group`` (divided by ``total`` replicas for MEAN)."""
     indices, summed = sparse_all_reduce(value.indices, value.values, value.dense_shape, group=group)
     if targets is not None and group.rank not in targets:
         return None
     if total is not None:
         summed = np.divide(summed, total, dtype=summed.dtype)
+    if value.tf:
+        return tf_values.indexed_slices(summed, indices, value.dense_shape)
     return IndexedSlices(value.like.adapter.new_like(value.like.obj, summed), indices, value.dense_shape)
 
 
@@ -156,8 +194,7 @@ def _value(value: Any, op: ReduceOp, fn: str) -> _Value:
     replicas = value if isinstance(value, (list, tuple)) else [value]
     if not replicas:
         raise ValueError(f"{fn}: a value must hold at least one replica, got an empty list")
-    staged = [validate.array(r, "value" if r is value else f"value[{i}]", fn)
-              for i, r in enumerate(replicas)]
+    staged = [_stage(r, "value" if r is value else f"value[{i}]", fn) for i, r in enumerate(replicas)]
     validate.same_layout(staged, staged[0], "value", fn)
     dtype = staged[0].array.dtype
     # MEAN has the rule of AVG (no exact integer mean); SUM accepts what the core's SUM accepts.
@@ -170,7 +207,7 @@ def _value(value: Any, op: ReduceOp, fn: str) -> _Value:
         stack = np.stack([s.array for s in staged])
         # np.array, not ascontiguousarray: that one turns 0-d results into 1-d arrays.
         summed = np.array(np.add.reduce(stack, axis=0, dtype=wide), dtype=dtype, order="C")
-    return _Value(summed, len(staged), staged[0])
+    return _Value(summed, len(staged), staged[0], tf_values.is_tf(replicas[0]))
 
 
 def _destinations(value: Destinations, group: Group, fn: str) -> tuple[int, ...] | None:
@@ -227,8 +264,9 @@ class CrossDeviceOps:
             destinations: who receives the result (see the module docstring).
 
         Returns:
-            A new array of the first replica's kind on destination ranks, ``None`` elsewhere; for
-            ``IndexedSlices``, a new coalesced ``IndexedSlices`` (int64 indices).
+            A new array of the first replica's kind on destination ranks (a ``tf.Tensor`` for
+            TensorFlow's tensors and variables), ``None`` elsewhere; for ``IndexedSlices``, a new
+            coalesced ``IndexedSlices`` of the first replica's class (int64 indices).
 
         Raises:
             TypeError: a non-array value, or a bad ``reduce_op`` or destination type.
@@ -287,7 +325,8 @@ class CrossDeviceOps:
         Every process passes a ``tensor`` of the same shape and dtype; only ``src``'s values count.
 
         Returns:
-            A new array of ``tensor``'s kind on destination ranks, ``None`` elsewhere.
+            A new array of ``tensor``'s kind (a ``tf.Tensor`` for TensorFlow's) on destination
+            ranks, ``None`` elsewhere.
 
         Raises:
             TypeError: a non-array tensor, a non-int ``src``.
@@ -296,13 +335,13 @@ class CrossDeviceOps:
         fn = f"{type(self).__name__}.broadcast"
         group = validate.group(self._group, fn)
         root = validate.rank(src, "src", fn, group)
-        staged = validate.array(tensor, "tensor", fn)
+        staged = _stage(tensor, "tensor", fn)
         targets = _destinations(destinations, group, fn)
         buf = np.array(staged.array, order="C", copy=True)
         if targets != (root,):  # sending to nobody but oneself needs no message
             collectives.broadcast(group, buf, root, False)
         mine = targets is None or group.rank in targets
-        return staged.adapter.new_like(staged.obj, buf) if mine else None
+        return _result(staged, tf_values.is_tf(tensor), buf) if mine else None
 
     def _reduce_batch(self, group: Group, values: list[_Value],
                       targets: list[tuple[int, ...] | None]) -> list[np.ndarray | None]:

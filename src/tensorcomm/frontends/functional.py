@@ -18,9 +18,11 @@ from ..core import collectives, p2p
 from ..core.group import Group
 from ..core.work import Work
 from ..core.world import current_world
+from ..errors import ArgumentMismatchError
 from ..types import SUPPORTED_DTYPES, ReduceOp, ReduceOpLike
 from . import validate
 from .arrays import Staged
+from .uneven import reduce_scatter_counts
 
 _ndarray = np.ndarray
 _SUPPORTED = frozenset(SUPPORTED_DTYPES)
@@ -297,14 +299,27 @@ def scatter(tensor: Any, scatter_list: Any = None, src: int = 0, group: Any = No
 
 def reduce_scatter(output: Any, input_list: Any, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
                    async_op: bool = False) -> Work | None:
-    """Reduce ``input_list[i]`` across members into member ``i``'s ``output``."""
+    """Reduce ``input_list[i]`` across members into member ``i``'s ``output``.
+
+    The blocks may differ in size (MPI's ``Reduce_scatter`` with ``recvcounts``):
+    ``input_list[i]`` holds as many elements as member ``i``'s ``output``, every member passes
+    blocks of the same sizes, and a few int64s travel first so that members that disagree all get
+    a ``CollectiveMismatchError`` (that exchange finishes before an ``async_op`` call returns).
+    """
     fn = "reduce_scatter"
     g = _resolved(group, async_op, fn)
-    size = len(g._ranks)  # a resolved group's, without a call
+    size, rank = len(g._ranks), g._index[g._world.rank]  # a resolved group's, without calls
     out = Staged(output, (fn, "output"), True)
     inputs = validate.array_list(input_list, "input_list", fn, size)
-    validate.same_layout(inputs, out, "input_list", fn)
-    work = collectives.reduce_scatter(g, _joined(inputs), out.buf, (out.array.size,) * size, op, async_op, fn)
+    validate.same_dtype(inputs, out, "input_list", fn)
+    counts = [i.array.size for i in inputs]
+    if counts[rank] != out.array.size:
+        raise ArgumentMismatchError(f"{fn}: input_list[{rank}] ({inputs[rank].signature}) must hold as "
+                                    f"many elements as this rank's output ({out.signature})")
+    if counts.count(counts[0]) == size:
+        work = collectives.reduce_scatter(g, _joined(inputs), out.buf, counts, op, async_op, fn)
+    else:
+        work = reduce_scatter_counts(g, _joined(inputs), out.buf, counts, op, async_op, fn)
     if async_op or out.needs_commit:
         return _done(work, [out], async_op)
     return None

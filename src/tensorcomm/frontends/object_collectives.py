@@ -3,7 +3,8 @@
 **These functions unpickle what peers send.** Unpickling runs arbitrary code chosen by the sender,
 so use them only among processes you trust as much as your own (every rank of one job is
 authenticated by the job secret, but any rank of it can make every other rank run code). This
-module is the only place in tensorcomm that unpickles; array collectives never do.
+module and ``object_p2p.py`` (which uses its pickling) are the only places in tensorcomm that
+unpickle; array collectives never do.
 
 Objects travel as pickled bytes (uint8 arrays) through the array collectives: sizes first (a
 small collective of int64s, so every member knows every length), then the bytes in rounds of at

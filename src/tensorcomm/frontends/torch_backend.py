@@ -24,7 +24,6 @@ Imports torch; only ``tensorcomm.torch`` imports this module.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -35,8 +34,8 @@ from ..types import ReduceOp, ReduceOpLike
 from . import functional as F
 from .torch_c10d import BACKEND_NAME, register_cpu_backend
 from .torch_monitored import monitored_barrier
-from .torch_sparse import is_sparse, sparse_allreduce
-from .torch_work import TensorcommWork, timeout_seconds
+from .torch_sparse import SparseRunner, is_sparse
+from .torch_work import TensorcommWork, Value, timeout_seconds
 
 _OPS = {
     dist.ReduceOp.SUM: ReduceOp.SUM, dist.ReduceOp.AVG: ReduceOp.AVG,
@@ -178,6 +177,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         self._on_shutdown = on_shutdown
         self._group_name = ""
         self._group_desc = ""
+        self._sparse = SparseRunner(group, lambda: f"sparse-twin/{group._group_id}/{self._group_name}")
         # torch asks a process group which devices it serves (DCP, DeviceMesh, DTensor) and, from
         # 2.15, reads the CPU backend object (health check, flight recorder).
         self._backend = register_cpu_backend(self)
@@ -210,7 +210,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
                                f"serves CPU tensors")
         return self._backend or _BackendFacts()
 
-    def _work(self, work: Any, outputs: Sequence[torch.Tensor]) -> TensorcommWork:
+    def _work(self, work: Any, outputs: Value) -> TensorcommWork:
         return TensorcommWork(work, outputs)
 
     # -- reductions -------------------------------------------------------------------------
@@ -220,14 +220,14 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         """Reduce in place across the group (also ``allreduce(tensor, op)``).
 
         With several tensors per process, as on Gloo, every tensor ends with the reduction of
-        all of them on every member. Sparse COO tensors (SUM, AVG) run inline: ``torch_sparse.py``.
+        all of them on every member. Sparse COO tensors (SUM, AVG) run on a thread of their own,
+        in issue order: ``torch_sparse.py``.
         """
         _, run_async = _options(opts)
         reduce_op = _op_of(opts, op)
         if is_sparse(tensors):
             tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
-            sparse_allreduce(tensors, reduce_op, self._group)
-            return self._work(None, tensors)
+            return self._work(self._sparse.submit(tensors, reduce_op, wait=not run_async), tensors)
         if isinstance(tensors, torch.Tensor) or len(tensors) == 1:
             tensor = _one(tensors, "allreduce")
             return self._work(F.all_reduce(tensor, reduce_op, self._group, run_async), [tensor])
@@ -259,12 +259,23 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         work = F.all_reduce(flat, _op_of(options, None), self._group, run_async)
         return self._finish(work, unpack, tensors)
 
-    def _finish(self, work: Any, unpack: Any, outputs: Sequence[torch.Tensor]) -> TensorcommWork:
-        """Copy a flat result out now (inline call) or when the call succeeds (queued call)."""
+    def _finish(self, work: Any, unpack: Any, outputs: Value) -> TensorcommWork:
+        """Copy a flat result out now (inline call) or when the call succeeds (queued call).
+
+        The copies run in the caller's inference mode, whichever thread runs them: outputs made
+        under ``torch.inference_mode()`` take in-place writes only inside it, and the group's
+        worker thread is outside it.
+        """
+        inference = torch.is_inference_mode_enabled()
+
+        def copy_out() -> None:
+            with torch.inference_mode(inference):
+                unpack()
+
         if work is None:
-            unpack()
+            copy_out()
         else:
-            work._after(unpack)
+            work._after(copy_out)
         return self._work(work, outputs)
 
     def reduce(self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None, *,
@@ -287,42 +298,8 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         output = _one(output_tensors, "reduce_scatter")
         inputs = input_tensors if isinstance(output_tensors, torch.Tensor) else \
             _single(input_tensors, "reduce_scatter")
-        reduce_op = _op_of(opts, op)
-        if all(t.shape == output.shape for t in inputs):
-            work = F.reduce_scatter(output, list(inputs), reduce_op, self._group, run_async)
-            return self._work(work, [output])
-        return self._work(self._reduce_scatter_uneven(output, list(inputs), reduce_op, run_async), [output])
-
-    def _reduce_scatter_uneven(self, output: torch.Tensor, inputs: list[torch.Tensor],
-                               op: ReduceOpLike, run_async: bool) -> Any:
-        # The functional API's blocks are all of one size; blocks of different sizes are
-        # reduced as one all_reduce of all of them (n times the data of a reduce-scatter: this
-        # form is rare) and this rank's block is copied out.
-        group = self._group
-        if len(inputs) != group.size:
-            raise ValueError(f"reduce_scatter: input_list must hold {group.size} tensors (one per "
-                             f"group member), got {len(inputs)}")
-        dtypes = {t.dtype for t in inputs} | {output.dtype}
-        if len(dtypes) != 1:
-            raise ValueError(f"reduce_scatter: output and input_list must have one dtype, got "
-                             f"{sorted(str(d) for d in dtypes)}")
-        mine = inputs[group.rank]
-        if mine.numel() != output.numel():
-            raise ValueError(f"reduce_scatter: input_list[{group.rank}] ({list(mine.shape)}) must hold "
-                             f"as many elements as this rank's output ({list(output.shape)})")
-        flat = torch.cat([t.detach().reshape(-1) for t in inputs])
-        start = sum(t.numel() for t in inputs[:group.rank])
-
-        def unpack() -> None:
-            with torch.no_grad():
-                output.copy_(flat[start:start + output.numel()].view_as(output))
-
-        work = F.all_reduce(flat, op, group, run_async)
-        if work is None:
-            unpack()
-        else:
-            work._after(unpack)
-        return work
+        work = F.reduce_scatter(output, list(inputs), _op_of(opts, op), self._group, run_async)
+        return self._work(work, [output])
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                               opts: Any = None) -> TensorcommWork:
@@ -412,14 +389,15 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
                     for output, part in zip(outputs, joined, strict=True):
                         output.copy_(part)
 
-        return self._finish(work, unpack, [t for outputs in output_lists for t in outputs])
+        return self._finish(work, unpack, output_lists)  # Gloo's future yields the lists
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                           opts: Any = None) -> TensorcommWork:
-        """Concatenate everyone's tensor along dim 0 into ``output``."""
+        """Concatenate everyone's tensor along dim 0 into ``output``; the future yields its
+        per-member blocks, as Gloo's."""
         _, run_async = _options(opts)
         work = F.all_gather_into_tensor(output, input, self._group, run_async)
-        return self._work(work, [output])
+        return self._work(work, list(output.chunk(self._group.size)))
 
     _allgather_base = all_gather_single
 
@@ -446,16 +424,19 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
                         output.copy_(part.view_as(output))
 
         work = F.all_gather_into_tensor(joined, flat, self._group, run_async)
-        return self._finish(work, unpack, [t for outputs in output_lists for t in outputs])
+        return self._finish(work, unpack, output_lists)  # Gloo's future yields the lists
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                     opts: Any = None) -> TensorcommWork:
-        """``all_gather_single`` of several output/input pairs."""
+        """``all_gather_single`` of several output/input pairs; the future yields, as Gloo's, one
+        list per member of its block of every output."""
         _, run_async = _options(opts)
         work = None
         for output, tensor in _pairs(outputs, inputs, "allgather_into_tensor_coalesced"):
             work = F.all_gather_into_tensor(output, tensor, self._group, run_async)
-        return self._work(work, outputs)  # calls run in order: the last ends after the others
+        blocks = [output.chunk(self._group.size) for output in outputs]
+        # the calls run in order: the last ends after the others
+        return self._work(work, [[b[r] for b in blocks] for r in range(self._group.size)])
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]  # torch's stub: other names
 
@@ -564,6 +545,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         """Release this group (and the tensorcomm world, if this group created it)."""
+        self._sparse.close()
         callback, self._on_shutdown = self._on_shutdown, None
         if callback is not None:
             callback()

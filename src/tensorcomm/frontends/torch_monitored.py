@@ -1,25 +1,23 @@
 """``monitored_barrier``: a barrier that names the members that did not arrive.
 
-Group rank 0 waits for an arrival message from every other member, in rank order, within one
-deadline, then sends each a release message. A member missing at the deadline is named in the
-RuntimeError rank 0 raises: the first one, or every one with ``wait_all_ranks``. The others
-raise when no release comes in time. The messages travel on a tag of their own, so a barrier that
-failed leaves nothing that a later call could match.
+It meets on the job's store, not on the transport: every member but group rank 0 sets a key
+that says it arrived, rank 0 waits for those keys in rank order within one deadline, then sets
+a key that releases the others. A member missing at the deadline is named in the RuntimeError
+rank 0 raises: the first one, or every one with ``wait_all_ranks``. The others raise when no
+release comes in time. Keys are numbered per call and group (each member counts its own calls
+in the store), so a barrier that failed leaves nothing behind that a later call could take for
+its own: no receive stays posted, and a late arrival only sets a key of its own call. Each call
+leaves a few bytes per member in the store.
 
-numpy only; the torch backend's ``monitored_barrier`` calls this.
+numpy-free and torch-free; the torch backend's ``monitored_barrier`` calls this.
 """
 
 from __future__ import annotations
 
 import time
 
-import numpy as np
-
 from ..core.group import Group
 from ..errors import CommTimeoutError
-from . import functional as F
-
-_TAG = 2**31 - 7  # a user tag near the top of the range, which other calls rarely use
 
 
 def monitored_barrier(group: Group, timeout: float | None, wait_all_ranks: bool) -> None:
@@ -33,23 +31,24 @@ def monitored_barrier(group: Group, timeout: float | None, wait_all_ranks: bool)
     Raises:
         RuntimeError: a member did not arrive (rank 0), or rank 0 did not release this member.
     """
-    seconds = group._world.timeout if timeout is None else timeout
+    world = group._world
+    store = world.store
+    seconds = world.timeout if timeout is None else timeout
     deadline = time.monotonic() + seconds
+    base = f"monitored/{group._group_id}"
+    call = f"{base}/{store.add(f'{base}/calls/{group.rank}', 1)}"
     if group.rank != 0:
-        root = group.global_rank(0)
+        store.set(f"{call}/arrived/{group.rank}", b"1")
         try:
-            F.isend(np.zeros(1, np.uint8), root, group, _TAG).wait(seconds)
-            F.irecv(np.zeros(1, np.uint8), root, group, _TAG).wait(max(deadline - time.monotonic(), 0.0))
+            store.wait([f"{call}/released"], max(deadline - time.monotonic(), 0.0))
         except CommTimeoutError:
             raise RuntimeError(f"monitored_barrier: rank {group.rank} was not released by rank 0 "
                                f"within {seconds:g} s (a member did not arrive)") from None
         return
-    arrivals = {r: F.irecv(np.zeros(1, np.uint8), group.global_rank(r), group, _TAG)
-                for r in range(1, group.size)}
     missing = []
-    for rank, work in arrivals.items():
+    for rank in range(1, group.size):
         try:
-            work.wait(max(deadline - time.monotonic(), 0.0))
+            store.wait([f"{call}/arrived/{rank}"], max(deadline - time.monotonic(), 0.0))
         except CommTimeoutError:
             missing.append(rank)
             if not wait_all_ranks:
@@ -58,5 +57,4 @@ def monitored_barrier(group: Group, timeout: float | None, wait_all_ranks: bool)
         which = f"ranks {missing}" if wait_all_ranks else f"rank {missing[0]}"
         raise RuntimeError(f"monitored_barrier: {which} of group {group.name!r} did not arrive "
                            f"within {seconds:g} s")
-    for rank in arrivals:
-        F.isend(np.zeros(1, np.uint8), group.global_rank(rank), group, _TAG).wait()
+    store.set(f"{call}/released", b"1")

@@ -102,15 +102,19 @@ class TensorcommFuture(torch.futures.Future[Any]):
         super().add_done_callback(callback)
 
 
+Value = Sequence[Any]  # tensors, or lists of tensors (several output lists, as Gloo's)
+
+
 class TensorcommWork(dist.Work):
     """torch's ``Work`` over a tensorcomm ``Work``; the future's value is ``result``.
 
     Args:
         work: the pending call, or None for one that had nothing to do.
-        result: the tensors the future yields once the call succeeds.
+        result: what the future yields once the call succeeds: the output tensors, or lists of
+            them where Gloo's future yields lists of lists (``result()`` then refuses, as Gloo's).
     """
 
-    def __init__(self, work: Work | None, result: Sequence[torch.Tensor]) -> None:
+    def __init__(self, work: Work | None, result: Value) -> None:
         super().__init__()
         self._work = work
         self._future = TensorcommFuture(work)
@@ -150,7 +154,13 @@ class TensorcommWork(dist.Work):
         return None if self._work is None else self._work.exception()
 
     def result(self) -> list[torch.Tensor]:
-        """The call's output tensors, once it has finished (waits; raises its error)."""
+        """The call's output tensors, once it has finished (waits; raises its error).
+
+        Raises:
+            RuntimeError: the value is lists of tensors (Gloo's message: use the future).
+        """
+        if any(isinstance(item, list) for item in self._outputs):
+            raise RuntimeError("work result does not support list of lists, use .getFuture() instead")
         self.wait()
         return list(self._outputs)
 

@@ -2,7 +2,9 @@
 
 ``all_to_all_v`` (Horovod's ``alltoall`` with splits), ``all_gather_v``, ``gather_v`` and
 ``scatter_v`` exchange the sizes for the caller, then move the data with one core collective, so
-nobody pads by hand. Arrays are cut and joined along dim 0; every member passes the same dtype
+nobody pads by hand. ``reduce_scatter_v`` (MPI's ``Reduce_scatter`` with ``recvcounts``) gives
+member i ``splits[i]`` rows of the reduced tensor; there every member passes the same splits, and
+the header checks that they do. Arrays are cut and joined along dim 0; every member passes the same dtype
 and the same shape beyond dim 0. Results are new arrays; inputs are never modified.
 
 Sizes travel in a small header that every member gathers first (``all_gather`` of a few int64s,
@@ -19,10 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from ..algorithms import kernels
 from ..core import collectives
 from ..core.group import Group
+from ..core.work import Work
 from ..errors import CollectiveMismatchError
-from ..types import SUPPORTED_DTYPES
+from ..types import SUPPORTED_DTYPES, ReduceOp, ReduceOpLike
 from . import validate
 from .arrays import Staged
 
@@ -182,3 +186,63 @@ def scatter_v(tensor: Any = None, splits: Sequence[int] | None = None, src: int 
     row = int(np.prod(shape[1:], dtype=np.int64))
     collectives.scatter(g, x, out, (rows * row).tolist(), root, False)
     return out if staged is None else staged.adapter.new_like(staged.obj, out)
+
+
+def reduce_scatter_counts(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequence[int],
+                          op: ReduceOpLike, async_op: bool, fn: str) -> Work | None:
+    """Reduce ``send`` across the group; block ``q`` (``counts[q]`` elements) lands in member
+    ``q``'s ``out``, once the members have agreed on the counts.
+
+    The core's reduce_scatter compares only the total between members; blocks of different
+    sizes are checked here first (an all-gather of a few int64s, done before the call returns
+    even with ``async_op``), so members that split differently all get an error.
+
+    Raises:
+        ValueError: an op the dtype does not support (on the calling member, before any message).
+        CollectiveMismatchError: on every member, when members pass different dtypes or counts.
+    """
+    kernels.check_op_dtype(ReduceOp.parse(op, f"{fn}: op"), send.dtype, f"{fn}: op")
+    fingerprint = zlib.crc32(np.asarray(counts, dtype=np.int64).tobytes())
+    mine = np.array([SUPPORTED_DTYPES.index(send.dtype), fingerprint], dtype=np.int64)
+    table = np.empty((group.size, mine.size), dtype=np.int64)
+    collectives.all_gather(group, mine, table, [mine.size] * group.size, False)
+    differ = np.flatnonzero((table != table[0]).any(axis=1))
+    if differ.size:
+        raise CollectiveMismatchError(
+            f"{fn}: members disagree on the dtype or the block sizes: group ranks {differ.tolist()} "
+            f"differ from group rank 0 (this rank passed {send.dtype} blocks of {list(counts)} elements)")
+    return collectives.reduce_scatter(group, send, out, counts, op, async_op, fn)
+
+
+def reduce_scatter_v(tensor: Any, splits: Sequence[int] | None = None, op: ReduceOpLike = ReduceOp.SUM,
+                     group: Any = None) -> Any:
+    """Reduce ``tensor`` across members; member i gets rows ``splits[i]`` of the result (dim 0).
+
+    MPI's ``Reduce_scatter(sendbuf, recvbuf, recvcounts)``: every member passes a tensor of the
+    same shape and the same ``splits``; the rows of member i's block follow those of members
+    0..i-1.
+
+    Args:
+        tensor: array of at least one dimension.
+        splits: rows for each member, summing to ``tensor.shape[0]`` (``None``: equal parts).
+        op: the reduction, as ``all_reduce``'s.
+        group: a ``Group``, a group name, or ``None`` (the world).
+
+    Returns:
+        A new array of ``tensor``'s kind: this member's ``splits[rank]`` rows of the reduction.
+
+    Raises:
+        TypeError: a non-array tensor, bad ``splits`` types, a bad ``op``.
+        ValueError: ``splits`` of the wrong length or sum, a 0-d tensor, an op the dtype does not
+            support.
+        CollectiveMismatchError: members passed different dtypes, shapes or splits.
+    """
+    fn = "reduce_scatter_v"
+    g = validate.group(group, fn)
+    staged = validate.array(tensor, "tensor", fn)
+    rows = validate.split_sizes(splits, "splits", fn, g.size, _rows(staged, fn))
+    x = staged.array
+    row = _row_size(x)
+    out = np.empty((rows[g.rank], *x.shape[1:]), dtype=x.dtype)
+    reduce_scatter_counts(g, np.ascontiguousarray(x), out, [r * row for r in rows], op, False, fn)
+    return staged.adapter.new_like(staged.obj, out)

@@ -12,8 +12,8 @@ Variables the launcher *reads*; each is the fallback of a ``tensorcomm run`` fla
   address without a port means a free port (one node only).
 - ``TENSORCOMM_JOB_TIMEOUT`` (``--timeout``): wall-clock limit of the job in seconds; on expiry
   all ranks are stopped and the launcher exits 124. Default: none.
-- ``TENSORCOMM_SECRET`` (no flag): the job secret. Unset on one node: a fresh
-  ``secrets.token_hex(32)``. For nnodes > 1 it is required, the same on every node.
+- ``TENSORCOMM_SECRET`` (no flag): the job secret, at least 16 bytes. Unset on one node: a fresh
+  one (``rendezvous.auth.generate_secret``). For nnodes > 1 it is required, the same on every node.
 
 Variables the launcher *writes*, for each child only (the launcher's own ``os.environ`` is never
 modified); every other variable of the launcher's environment is inherited unchanged:
@@ -22,6 +22,8 @@ modified); every other variable of the launcher's environment is inherited uncha
 - ``WORLD_SIZE``: ``nprocs * nnodes``.
 - ``LOCAL_RANK``: index of the rank on its node, ``0..nprocs-1``.
 - ``LOCAL_WORLD_SIZE``: ``nprocs``.
+- ``RANK_ID``, ``RANK_SIZE``, ``DEVICE_ID``: ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` again,
+  under the names msrun exports and MindSpore programs read.
 - ``MASTER_ADDR``, ``MASTER_PORT``: where the job's store listens.
 - ``TENSORCOMM_SECRET``: the job secret, identical for every rank of the job.
 - ``TENSORCOMM_STORE_HOSTED``: ``1``: a launcher of this job serves the store; ranks only connect.
@@ -35,7 +37,6 @@ module adds the launcher's own.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -49,9 +50,10 @@ ENV_NODE_RANK = "TENSORCOMM_NODE_RANK"
 ENV_MASTER = "TENSORCOMM_MASTER"
 ENV_JOB_TIMEOUT = "TENSORCOMM_JOB_TIMEOUT"
 ENV_PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
+# msrun's names for the rank, the world size and the local rank, which MindSpore programs read.
+ENV_MS_RANK_ID, ENV_MS_RANK_SIZE, ENV_MS_DEVICE_ID = "RANK_ID", "RANK_SIZE", "DEVICE_ID"
 
 LOCAL_STORE_HOST = "127.0.0.1"  # one node: the store is reachable on loopback only
-SECRET_BYTES = 32  # 256-bit HMAC key, written as 64 hex digits
 
 
 class LaunchConfigError(ValueError):
@@ -164,8 +166,11 @@ def resolve_secret(environ: Mapping[str, str], nnodes: int) -> str:
     Several nodes cannot agree on a generated secret, so then it must come from the environment.
 
     Raises:
-        LaunchConfigError: missing with ``nnodes > 1``.
+        LaunchConfigError: missing with ``nnodes > 1``, or too short to be safe.
     """
+    # Imported here: the rest of the launcher's contract needs nothing of the rendezvous layer.
+    from tensorcomm.rendezvous.auth import check_secret, generate_secret
+
     secret = environ.get(config.ENV_SECRET, "")
     if not secret:
         if nnodes > 1:
@@ -173,7 +178,11 @@ def resolve_secret(environ: Mapping[str, str], nnodes: int) -> str:
                 f"--nnodes {nnodes} needs {config.ENV_SECRET} set to the same value on "
                 "every node, e.g. export "
                 f"{config.ENV_SECRET}=$(python -c 'import secrets; print(secrets.token_hex(32))')")
-        return secrets.token_hex(SECRET_BYTES)
+        return generate_secret()
+    try:
+        check_secret(secret, config.ENV_SECRET)
+    except ValueError as exc:
+        raise LaunchConfigError(str(exc)) from None
     return secret
 
 
@@ -259,10 +268,14 @@ def rank_env(base: Mapping[str, str], settings: LaunchSettings, store: StoreAddr
     if not 0 <= local_rank < settings.nprocs:
         raise ValueError(f"local_rank: expected 0..{settings.nprocs - 1}, got {local_rank}")
     env = dict(base)
+    rank, size = str(global_rank(settings, local_rank)), str(settings.world_size)
     env.update({
-        config.ENV_RANK: str(global_rank(settings, local_rank)),
-        config.ENV_WORLD_SIZE: str(settings.world_size),
+        config.ENV_RANK: rank,
+        config.ENV_WORLD_SIZE: size,
         config.ENV_LOCAL_RANK: str(local_rank),
+        ENV_MS_RANK_ID: rank,
+        ENV_MS_RANK_SIZE: size,
+        ENV_MS_DEVICE_ID: str(local_rank),
         config.ENV_LOCAL_WORLD_SIZE: str(settings.nprocs),
         config.ENV_MASTER_ADDR: store.host,
         config.ENV_MASTER_PORT: str(store.port),

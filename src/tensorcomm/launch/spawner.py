@@ -20,8 +20,11 @@ The process rules, in one place:
   launcher hosts the store, which the survivors need to agree: after its own ranks end it keeps
   serving while ranks of other nodes are still connected.
 - Every child is reaped and the store closed before returning, whatever happened.
-- Ranks read stdin from ``/dev/null``: several ranks cannot share the terminal, and a rank in its
-  own session has no controlling terminal anyway.
+- Global rank 0 reads the launcher's stdin (the same file, inherited), as under mpiexec and
+  srun, so a script that asks ``input()`` on rank 0 reads what the user types or pipes in; the
+  other ranks read ``/dev/null``, since several ranks cannot share one input. Rank 0 runs in a
+  session of its own, where the terminal is not its controlling terminal, so reading it raises
+  no job-control stop; a launcher started without stdin gives rank 0 ``/dev/null`` too.
 - Output (``Output``): each line of a rank goes to the launcher's stdout or stderr as the rank wrote
   it, prefixed ``[rank N] `` unless ``prefix`` is off, and only for the ranks in ``shown`` (all by
   default); with ``log_dir`` also, unprefixed, to ``<log_dir>/rank<N>.stdout`` and ``.stderr``.
@@ -117,6 +120,18 @@ def _peek(process: subprocess.Popen[bytes]) -> int | None:
     if status is None:
         return None
     return status.si_status if status.si_code == os.CLD_EXITED else -status.si_status
+
+
+def _stdin(rank: int) -> int | None:
+    """What a rank reads as stdin: the launcher's own (``None``: inherited) for global rank 0
+    when the launcher has one open, else ``/dev/null``."""
+    if rank == 0:
+        try:
+            os.fstat(0)
+        except OSError:  # started without stdin (closed fd 0)
+            return subprocess.DEVNULL
+        return None
+    return subprocess.DEVNULL
 
 
 def _pdeathsig_preexec() -> Callable[[], None] | None:
@@ -252,7 +267,7 @@ class _Job:
         for spec in self._specs:
             try:
                 process = subprocess.Popen(
-                    spec.argv, env=spec.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    spec.argv, env=spec.env, stdin=_stdin(spec.rank), stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE, start_new_session=True, preexec_fn=preexec)
             except OSError as exc:
                 self.say(f"cannot start rank {spec.rank} ({spec.argv[0]}): {exc.strerror}")
@@ -430,12 +445,11 @@ class _StoreServer(Protocol):
     def close(self) -> None: ...
 
 
-def _host_store(host: str, port: int, secret_hex: str) -> _StoreServer:
+def _host_store(host: str, port: int, secret: str) -> _StoreServer:
     """Start the job's store server; imported lazily so ``launch`` loads without ``rendezvous``."""
-    from tensorcomm.rendezvous.auth import secret_bytes
     from tensorcomm.rendezvous.tcp_store import TCPStoreServer
 
-    return TCPStoreServer(host, port, secret_bytes(secret_hex))
+    return TCPStoreServer(host, port, secret)
 
 
 def launch(settings: launch_env.LaunchSettings, argv: list[str], *,

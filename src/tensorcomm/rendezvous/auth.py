@@ -1,6 +1,7 @@
 """The per-job secret and the mutual, link-bound HMAC handshake run on every connection of a job.
 
-Owns: generating and normalising the job secret, the handshake both ends of a store connection
+Owns: generating the job secret and turning it into the MAC key (a user-set secret is checked
+and stretched with scrypt, a generated one used as it is), the handshake both ends of a store connection
 (``purpose=b"store"``), a shared-memory join (``b"shm"``) or a data link (``b"data"``) run before
 anything else, the :class:`Session` it yields, and the fixed-size socket read it is built on.
 Imports nothing from tensorcomm but ``errors``.
@@ -16,9 +17,13 @@ sends sizes an allocation past 255 bytes)::
     server -> client   REFUSE = MAGIC VERSION b"R" reason          (instead of PROOF or OK)
 
     transcript = len(purpose) purpose HELLO PROOF-without-its-mac
-    server_mac = HMAC-SHA256(secret, b"S" transcript)
-    client_mac = HMAC-SHA256(secret, b"C" transcript server_mac)
-    session key = HMAC-SHA256(secret, transcript server_mac client_mac b"session key")
+    server_mac = HMAC-SHA256(key, b"S" transcript)
+    client_mac = HMAC-SHA256(key, b"C" transcript server_mac)
+    session key = HMAC-SHA256(key, transcript server_mac client_mac b"session key")
+
+``key`` is :func:`secret_bytes` of the job secret: the server's proof is public to anyone who
+sends a HELLO, so a guessable secret would fall to offline guessing if ``key`` were the secret
+itself; scrypt makes each guess cost what deriving ``key`` cost a rank once.
 
 ``rank`` is the client's rank, ``target`` the rank it means to reach, ``address`` what it dialled
 and ``scope`` what the link is for (a group or generation); ``options`` are each side's wishes
@@ -37,6 +42,7 @@ a relay may forge one, which only stops the link, as closing it would).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import secrets
@@ -49,7 +55,7 @@ from dataclasses import dataclass
 from tensorcomm.errors import AuthenticationError, CommTimeoutError
 
 MAGIC = b"TCAU"
-VERSION = 2
+VERSION = 3  # 3: the key is the scrypt stretch of a user-set secret
 NONCE_BYTES = 32
 MAC_BYTES = 32  # SHA-256 digest size
 ANY_RANK = -1  # a rank field that names no rank (a store client, a store server)
@@ -67,9 +73,27 @@ _WRONG_ADDRESS, _WRONG_RANK, _WRONG_SCOPE, _BAD_MAC = 1, 2, 3, 4
 # A socket timeout above the platform's limit overflows; recv_exact waits in slices of this.
 _SLICE_SECONDS = 3600.0
 
+GENERATED = "generated:"  # what generate_secret() puts before its hex digits
+GENERATED_BYTES = 32  # random bytes in a generated secret
+MIN_SECRET_BYTES = 16  # 128 bits: a user-set secret shorter than this is refused
+SECRET_RECIPE = "python -c \"import secrets; print(secrets.token_hex(32))\""
+# A user-set secret is stretched with scrypt before any MAC: each guess a stranger tests offline
+# (against a handshake proof, or torch's store's announcement) costs 32 MiB and about 0.1 s of a
+# core, as it cost each rank once. The salt is a fixed label, not a random one: every rank, on
+# every host, and a launcher's store must derive the same key from the secret alone, before any
+# channel exists to agree on a salt (docs/security.md).
+SCRYPT_N, SCRYPT_R, SCRYPT_P = 1 << 15, 8, 1
+SCRYPT_MAXMEM = 64 << 20  # above scrypt's 128 * r * n bytes (32 MiB)
+SCRYPT_SALT = b"tensorcomm job secret v1"
+
 
 class HandshakeRefused(AuthenticationError):
     """The server closed the connection before proving anything (busy or closing): retry later."""
+
+
+class JobKey(bytes):
+    """A job's MAC key (what :func:`secret_bytes` returns), as opposed to a secret still to be
+    checked and stretched: stores and handshakes given one use it as it is."""
 
 
 @dataclass(frozen=True)
@@ -88,26 +112,66 @@ class Session:
 
 
 def generate_secret() -> str:
-    """Return a fresh job secret: the hex form of 32 random bytes."""
-    return secrets.token_hex(32)
+    """Return a fresh job secret: ``"generated:"`` and the hex form of 32 random bytes.
+
+    :func:`secret_bytes` uses a secret of this form as it is (it cannot be guessed, so
+    stretching it would buy nothing); any other secret is checked and stretched.
+    """
+    return GENERATED + secrets.token_hex(GENERATED_BYTES)
 
 
-def secret_bytes(secret: str | bytes) -> bytes:
-    """Return the HMAC key for ``secret``: bytes as given, a string as its UTF-8 encoding.
+def check_secret(secret: str | bytes, name: str = "secret") -> bytes:
+    """Return the bytes of a user-set ``secret`` (a string's UTF-8 encoding), refusing a short one.
 
     Raises:
         TypeError: ``secret`` is neither str nor bytes.
-        ValueError: ``secret`` is empty.
+        ValueError: ``secret`` is shorter than ``MIN_SECRET_BYTES`` (the message says how to make
+            a good one); ``name`` names it.
     """
     if isinstance(secret, str):
-        key = secret.encode("utf-8")
+        raw = secret.encode("utf-8")
     elif isinstance(secret, (bytes, bytearray)):
-        key = bytes(secret)
+        raw = bytes(secret)
     else:
-        raise TypeError(f"secret: expected str or bytes, got {type(secret).__name__}")
-    if not key:
-        raise ValueError("secret: the job secret must not be empty")
-    return key
+        raise TypeError(f"{name}: expected the job secret as str or bytes, got {type(secret).__name__}")
+    if len(raw) < MIN_SECRET_BYTES:
+        raise ValueError(
+            f"{name}: the job secret is {len(raw)} bytes long; at least {MIN_SECRET_BYTES} bytes "
+            f"(128 bits) are required, and a random one is best, since anyone who can reach a "
+            f"port of the job can test guesses of it offline. Make one with: {SECRET_RECIPE}")
+    return raw
+
+
+def secret_bytes(secret: str | bytes, name: str = "secret") -> JobKey:
+    """Return the job's MAC key for ``secret``: what every handshake and announcement uses.
+
+    A :class:`JobKey` is returned as it is, and so is a secret :func:`generate_secret` made
+    (its bytes). Any other secret is a user's: it is checked (:func:`check_secret`) and
+    stretched with scrypt, once per process (later calls return the cached key), so that each
+    offline guess of it costs a stranger what it cost this process once.
+
+    Raises:
+        TypeError: ``secret`` is neither str nor bytes.
+        ValueError: a user-set ``secret`` is too short; ``name`` names it.
+    """
+    if isinstance(secret, JobKey):
+        return secret
+    if isinstance(secret, str) and _generated(secret):
+        return JobKey(secret.encode("ascii"))
+    return _stretch(check_secret(secret, name))
+
+
+def _generated(secret: str) -> bool:
+    """Whether ``secret`` has the form :func:`generate_secret` gives."""
+    digits = secret[len(GENERATED):]
+    return (secret.startswith(GENERATED) and len(digits) == 2 * GENERATED_BYTES
+            and all(c in "0123456789abcdef" for c in digits))
+
+
+@functools.lru_cache(maxsize=4)
+def _stretch(raw: bytes) -> JobKey:
+    return JobKey(hashlib.scrypt(raw, salt=SCRYPT_SALT, n=SCRYPT_N, r=SCRYPT_R, p=SCRYPT_P,
+                                 maxmem=SCRYPT_MAXMEM, dklen=MAC_BYTES))
 
 
 def recv_exact(sock: socket.socket, n: int, timeout: float | None) -> bytes:

@@ -21,8 +21,12 @@ The first launcher whose variables are present names the rank and world size::
 
 Read whatever the source::
 
-    MASTER_ADDR, MASTER_PORT   where the store listens; for msrun, MS_SCHED_HOST and
-                               MS_SCHED_PORT when MASTER_* are unset
+    MASTER_ADDR, MASTER_PORT   where the store listens; for msrun, when MASTER_* are unset,
+                               MS_SCHED_HOST and the port after MS_SCHED_PORT (MindSpore's
+                               scheduler holds MS_SCHED_PORT itself when the script calls its
+                               init())
+    MS_ROLE                    (msrun) "MS_SCHED" in msrun's scheduler process, which runs the
+                               script too but is no rank: ``msrun_scheduler``
     TENSORCOMM_SECRET          the per-job HMAC key (hex); the launcher sets it
     TENSORCOMM_SECRET_DIR      the private directory for a generated secret when TENSORCOMM_SECRET
                                is unset (docs/security.md); else $XDG_RUNTIME_DIR/tensorcomm; else
@@ -67,8 +71,8 @@ rank: 0). A variable that is set but malformed (not an
 integer, negative, rank not below world size, port outside 0..65535, empty) is a ValueError
 naming the variable and its value. msrun exports ``RANK`` as the index *on the node*, which is
 why a lone ``RANK`` next to msrun's variables does not count as torchrun. msrun also runs the
-script in its scheduler process (``MS_ROLE=MS_SCHED``, ``RANK_ID=0``); nothing here tells that
-process apart from worker 0 yet.
+script in its scheduler process (``MS_ROLE=MS_SCHED``, ``RANK_ID=0``), which ``init()`` ends
+(exit status 0) instead of making it a second rank 0.
 """
 
 from __future__ import annotations
@@ -120,6 +124,7 @@ SLURM_RANK, SLURM_SIZE, SLURM_LOCAL_RANK = "SLURM_PROCID", "SLURM_NTASKS", "SLUR
 MS_RANK, MS_SIZE = "RANK_ID", "RANK_SIZE"
 MS_NODE_ID, MS_WORKER_NUM = "MS_NODE_ID", "MS_WORKER_NUM"
 MS_SCHED_HOST, MS_SCHED_PORT = "MS_SCHED_HOST", "MS_SCHED_PORT"
+MS_ROLE, MS_SCHEDULER_ROLE = "MS_ROLE", "MS_SCHED"
 TORCH_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 TORCH_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 XDG_RUNTIME_DIR = "XDG_RUNTIME_DIR"
@@ -155,6 +160,7 @@ class JobInfo:
     mpi_launcher: str | None = None  # the MPI launcher's variable that is set (PMI_RANK...), else None
     slurm_nodelist: str | None = None  # under srun: the step's (else job's) node list, compressed
     slurm_job_id: int | None = None  # under srun
+    msrun_scheduler: bool = False  # msrun's scheduler process (MS_ROLE=MS_SCHED): not a rank
     keep_going: bool = False  # failed calls leave in-place arrays untouched or complete
     cma: bool = True  # ranks on one host may read each other's memory directly
 
@@ -206,13 +212,17 @@ def discover(environ: Mapping[str, str] | None = None) -> JobInfo:
         _check_below(env, source.rank, rank, source.size, world_size)
         if source.local_rank and source.local_size:
             _check_below(env, (source.local_rank,), local_rank, (source.local_size,), local_world_size)
-    addr_var, port_var = ENV_MASTER_ADDR, ENV_MASTER_PORT
+    addr_var, port_var, port_offset = ENV_MASTER_ADDR, ENV_MASTER_PORT, 0
     if source is not None and source.name == "msrun":
         addr_var = ENV_MASTER_ADDR if ENV_MASTER_ADDR in env else MS_SCHED_HOST
-        port_var = ENV_MASTER_PORT if ENV_MASTER_PORT in env else MS_SCHED_PORT
+        if ENV_MASTER_PORT not in env and MS_SCHED_PORT in env:
+            # MindSpore's scheduler listens on MS_SCHED_PORT when the script calls its init().
+            port_var, port_offset = MS_SCHED_PORT, 1
     master_port = _int(env, port_var, minimum=0)
-    if master_port is not None and master_port > 65535:
-        raise ValueError(f"{port_var}={env[port_var]!r}: a port must be in 0..65535")
+    if master_port is not None:
+        master_port += port_offset
+        if master_port > 65535:
+            raise ValueError(f"{port_var}={env[port_var]!r}: a port must be in 0..{65535 - port_offset}")
     return JobInfo(
         rank=rank,
         world_size=world_size,
@@ -236,6 +246,7 @@ def discover(environ: Mapping[str, str] | None = None) -> JobInfo:
         slurm_nodelist=(next((env[n] for n in SLURM_NODELISTS if env.get(n, "").strip()), None)
                         if SLURM_RANK in env else None),
         slurm_job_id=_first_int(env, SLURM_JOB_IDS, minimum=0) if SLURM_RANK in env else None,
+        msrun_scheduler=env.get(MS_ROLE, "").strip() == MS_SCHEDULER_ROLE,
         keep_going=_flag(env, ENV_KEEP_GOING),
         cma=_auto_or_off(env, ENV_CMA),
     )

@@ -47,12 +47,17 @@ Handshake = Callable[[socket.socket, str], Callable[[], None] | None]
 (serving the connection), which runs in the same thread once the pending slot is given back."""
 
 
+def descriptor_limit() -> str:
+    """This process's descriptor limit and how to raise it, for messages."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return (f"descriptor limit RLIMIT_NOFILE = {soft}, hard limit {hard}; raise it with `ulimit -n` "
+            f"before starting the job, or with resource.setrlimit(resource.RLIMIT_NOFILE, ...) in it")
+
+
 def describe_error(exc: OSError) -> str:
     """Describe a failed ``accept`` or connect, naming the descriptor limit when that is the cause."""
     if exc.errno == errno.EMFILE:
-        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        return (f"this process is out of file descriptors (descriptor limit RLIMIT_NOFILE = {soft}; "
-                f"raise it with `ulimit -n`)")
+        return f"this process is out of file descriptors ({descriptor_limit()})"
     if exc.errno == errno.ENFILE:
         return "the system is out of file descriptors (descriptor limit fs.file-max reached)"
     return str(exc)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from tensorcomm.config import ENV_SECRET, ENV_SECRET_DIR, ENV_STORE_HOSTED, MAX_TIMEOUT
 from tensorcomm.errors import AuthenticationError, CommError, RendezvousError
 from tensorcomm.rendezvous import slurm
-from tensorcomm.rendezvous.auth import generate_secret, secret_bytes
+from tensorcomm.rendezvous.auth import JobKey, generate_secret, secret_bytes
 from tensorcomm.rendezvous.discovery import JobInfo, discover
 from tensorcomm.rendezvous.own_store import own_store, refuse
 from tensorcomm.rendezvous.private import (
@@ -185,10 +185,11 @@ def from_store(store: Store, rank: int | None, world_size: int | None, timeout: 
     if rank is None or world_size is None:
         raise ValueError("store: rank= and world_size= must be given with a store")
     rank, world_size = resolve_ranks("store", rank, world_size, info)
+    given = None if secret is None else secret_bytes(secret)  # refused before the store counts us
     generation = (store.add(JOINS_KEY, 1) - 1) // world_size
     scoped = PrefixStore(f"tensorcomm/{generation}", store)
-    if secret is not None:
-        key, secret_file = secret_bytes(secret), None
+    if given is not None:
+        key, secret_file = given, None
     else:
         host = getattr(store, "host", "127.0.0.1")
         try:
@@ -298,7 +299,7 @@ def _tcp_rendezvous(scheme: str, host: str, port: int, rank: int, world_size: in
             return Rendezvous(store, rank, world_size, info.local_rank, info.host_id, secret)
         secret = secret_bytes(generate_secret())
     else:
-        directory, secret = None, secret_bytes(info.secret)
+        directory, secret = None, secret_bytes(info.secret, ENV_SECRET)
     server = TCPStoreServer(host, port, secret) if hosting else None
     secret_file = None
     try:
@@ -326,7 +327,8 @@ def _join_with_secret_file(scheme: str, host: str, port: int, directory: SecretD
     refused: bytes | None = None
     retry_at = 0.0
     while True:
-        secret = directory.read(name)
+        found = directory.read(name)
+        secret = None if found is None else JobKey(found)
         now = time.monotonic()
         if secret is not None and (secret != refused or now >= retry_at):
             try:
@@ -348,7 +350,7 @@ def _join_with_secret_file(scheme: str, host: str, port: int, directory: SecretD
 
 
 def secret_via_store(scheme: str, store: Store, host: str, rank: int, info: JobInfo,
-                     timeout: float) -> tuple[bytes, SecretFile | None]:
+                     timeout: float) -> tuple[JobKey, SecretFile | None]:
     """The job secret for ranks that meet on a store strangers may read (torch's TCPStore).
 
     ``TENSORCOMM_SECRET`` if set. Otherwise rank 0 writes a fresh secret to a private file and
@@ -369,7 +371,7 @@ def secret_via_store(scheme: str, store: Store, host: str, rank: int, info: JobI
             directory is not private, rank 0 is on another host, or its file did not appear.
     """
     if info.secret is not None:
-        return secret_bytes(info.secret), None
+        return secret_bytes(info.secret, ENV_SECRET), None
     _check_local(scheme, host, info)
     directory = _secret_dir(scheme, info)
     if rank == 0:
@@ -395,7 +397,7 @@ def secret_via_store(scheme: str, store: Store, host: str, rank: int, info: JobI
                                   f"cannot leave its host; {SECRET_HINT}")
         found = directory.read(name)
         if found is not None and _fingerprint(found) == fingerprint:
-            return found, None
+            return JobKey(found), None
         if time.monotonic() >= deadline:
             raise RendezvousError(f"{scheme}: rank 0's secret did not appear in "
                                   f"{os.path.join(directory.path, name)} within {timeout:g} s (do all "
@@ -500,12 +502,12 @@ def _file_secret(store: Store, rank: int, info: JobInfo) -> bytes:
     Safe only because the file is this user's alone (``FileStore`` refuses any other).
     """
     if info.secret is not None:
-        return secret_bytes(info.secret)
+        return secret_bytes(info.secret, ENV_SECRET)
     if rank == 0:
         secret = secret_bytes(generate_secret())
         store.set(FILE_SECRET_KEY, secret)
         return secret
-    return store.get(FILE_SECRET_KEY)
+    return JobKey(store.get(FILE_SECRET_KEY))
 
 
 def _file_handler(url: str, rank: int | None, world_size: int | None, timeout: float,

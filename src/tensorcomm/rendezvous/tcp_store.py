@@ -127,13 +127,15 @@ class TCPStoreServer:
     Args:
         host: the address to bind, exactly (no wildcard unless given one).
         port: the port; 0 picks a free one, see ``.port``.
-        secret: the job's HMAC key.
+        secret: the job secret, or its key from ``auth.secret_bytes`` (a user-set secret is
+            checked and stretched as ``secret_bytes`` says).
 
     Raises:
         RendezvousError: the address cannot be bound (in use, not local).
+        ValueError: a user-set ``secret`` is too short.
     """
 
-    def __init__(self, host: str, port: int, secret: bytes) -> None:
+    def __init__(self, host: str, port: int, secret: str | bytes) -> None:
         self._secret = secret_bytes(secret)
         self.host = host
         try:
@@ -336,7 +338,7 @@ class TCPStore(Store):
 
     Args:
         host, port: where the server listens; it may start later.
-        secret: the job's HMAC key.
+        secret: the job secret, or its key (as for :class:`TCPStoreServer`).
         timeout: seconds to keep retrying the connection (the handshake then has up to
             ``config.HANDSHAKE_TIMEOUT``), and the default for ``get``/``wait`` and other requests.
 
@@ -346,7 +348,7 @@ class TCPStore(Store):
         AuthenticationError: the server and this process disagree on the secret.
     """
 
-    def __init__(self, host: str, port: int, secret: bytes, timeout: float = 300.0) -> None:
+    def __init__(self, host: str, port: int, secret: str | bytes, timeout: float = 300.0) -> None:
         super().__init__(timeout)
         if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
             raise ValueError(f"port: expected an int in 1..65535, got {port!r}")

@@ -21,8 +21,9 @@ from ..signature import Signature
 ANY_SOURCE = -1
 
 # Tag layout: collective messages carry (group id, call sequence number, step within the call);
-# point-to-point messages set the top bit and carry (group id, user tag). Transports read the
-# group id back to fail every pending message of an aborted group.
+# point-to-point messages set the top bit and carry (channel, group id, user tag), the channel
+# keeping the object point-to-point calls' messages apart from arrays sent with the same user tag.
+# Transports read the group id back to fail every pending message of an aborted group.
 GROUP_BITS = 15
 SEQ_BITS = 32
 STEP_BITS = 16
@@ -37,9 +38,12 @@ def collective_tag(group_id: int, seq: int, step: int) -> int:
     return (group_id << (SEQ_BITS + STEP_BITS)) | ((seq & ((1 << SEQ_BITS) - 1)) << STEP_BITS) | step
 
 
-def p2p_tag(group_id: int, user_tag: int) -> int:
-    """Tag of a user send/recv on a group; disjoint from every collective tag."""
-    return P2P_FLAG | (group_id << 32) | (user_tag & 0xFFFFFFFF)
+P2P_CHANNEL_BITS = 15  # bits 47..61, above the group id
+
+
+def p2p_tag(group_id: int, user_tag: int, channel: int = 0) -> int:
+    """Tag of a user send/recv on a group (``channel`` 0: arrays); disjoint from every collective tag."""
+    return P2P_FLAG | (channel << (32 + GROUP_BITS)) | (group_id << 32) | (user_tag & 0xFFFFFFFF)
 
 
 def call_of_tag(tag: int) -> tuple[int, int] | None:

@@ -20,8 +20,9 @@ import json
 import socket
 from typing import Any
 
+from ...config import ENV_SECRET
 from ...errors import RendezvousError
-from ...rendezvous.auth import generate_secret, secret_bytes
+from ...rendezvous.auth import JobKey, generate_secret, secret_bytes
 from ...rendezvous.discovery import discover
 from ...rendezvous.init_method import Rendezvous
 from ...rendezvous.tcp_store import TCPStore, TCPStoreServer
@@ -81,12 +82,14 @@ def _check_launcher(mpi_rank: int, mpi_size: int) -> None:
 
 def _meet(comm: object, rank: int, size: int, timeout: float) -> Rendezvous:
     info = discover()
+    # Checked (and stretched) on every rank before any message, so a refused secret stops them all.
+    given = None if info.secret is None else secret_bytes(info.secret, ENV_SECRET)
     digest = hashlib.sha256(info.host_id.encode()).digest()
     hosts = _gather_hosts(comm, digest, size, timeout)
     server = None
     announcement, bind = b"", ""
     if rank == 0:
-        secret = secret_bytes(info.secret) if info.secret is not None else secret_bytes(generate_secret())
+        secret = secret_bytes(generate_secret()) if given is None else given
         one_host = all(h == digest for h in hosts)
         bind = info.master_addr or ("127.0.0.1" if one_host else "0.0.0.0")
         reach = info.master_addr or ("127.0.0.1" if one_host else socket.gethostname())
@@ -101,12 +104,12 @@ def _meet(comm: object, rank: int, size: int, timeout: float) -> Rendezvous:
     if "error" in fields:
         raise RendezvousError(f"backend='mpi': rank 0 could not serve the store: {fields['error']}")
     if fields["secret"] is not None:
-        secret = bytes.fromhex(fields["secret"])
-    elif info.secret is None:
+        secret = JobKey(bytes.fromhex(fields["secret"]))
+    elif given is None:
         raise RendezvousError("backend='mpi': TENSORCOMM_SECRET is set on rank 0 but not on rank "
                               f"{rank}; set it on every rank or on none")
     else:
-        secret = secret_bytes(info.secret)
+        secret = given
     host = fields["host"]
     if server is not None and bind == "0.0.0.0" and not _routable(host):
         # Rank 0 reaches its own store on loopback when its host name gives no other address.

@@ -18,10 +18,16 @@ Why this shape:
   (``socket.send_fds``) together with every member's pid. A process that does not know the job
   secret never gets the descriptor.
 - Abstract sockets have no file permissions (anyone on the host can connect, and read the name
-  in ``/proc/net/unix``), so both sides also check the other's uid (``SO_PEERCRED``) and refuse
-  a process of another user before the handshake. The leader authenticates connections
-  concurrently, each within ``config.HANDSHAKE_TIMEOUT``, a bounded number at a time, so a
-  silent local connection delays no member.
+  in ``/proc/net/unix``), so both sides also check the other's uid (``SO_PEERCRED``): the leader
+  takes every waiting connection at once and closes another user's there and then, so a flood
+  of them cannot keep its backlog (``SOMAXCONN``) full; a member whose connect finds the backlog
+  full anyway (``EAGAIN``), or nobody listening yet, retries until its deadline. The leader
+  authenticates its own user's connections concurrently, each within
+  ``config.HANDSHAKE_TIMEOUT``, a bounded number at a time, so a silent local connection delays
+  no member.
+- A process short of file descriptors (each group holds a few per member) raises
+  ``OutOfDescriptors``, naming ``RLIMIT_NOFILE``, before it starts: a limit to raise, not a
+  reason to fall back quietly (the core fails the group's set-up on every member).
 - Pids come from the kernel (``SO_PEERCRED``), not from what a peer claims. Members in another
   pid namespace (the pid the leader reports for itself differs from the one the kernel shows)
   refuse the segment, since liveness checks would watch the wrong processes.
@@ -42,6 +48,7 @@ import fcntl
 import logging
 import mmap
 import os
+import resource
 import secrets
 import select
 import socket
@@ -53,7 +60,7 @@ from collections.abc import Callable
 from ...config import HANDSHAKE_TIMEOUT
 from ...errors import AuthenticationError
 from ...rendezvous import auth
-from ...rendezvous.gate import Gate, describe_error
+from ...rendezvous.gate import Gate, describe_error, descriptor_limit, out_of_descriptors
 
 log = logging.getLogger("tensorcomm.shm")
 
@@ -61,10 +68,20 @@ PURPOSE = b"shm"
 _OFFER = struct.Struct("<QQ")  # segment bytes, number of members; then one u64 pid per member
 _MAX_MEMBERS = 1 << 16
 _POLL = 0.05  # seconds between checks of the store while waiting for members
+_RETRY_FIRST = 0.001  # seconds before a member connects again to a full backlog (then doubling)
+_ACCEPT_BATCH = 256  # connections the leader takes in one turn before it looks at the store again
+# Descriptors a set-up takes at most: the leader's segment, its mapping's copy, listener, wake-up
+# pipe and selector, plus one per member; a member's socket, the segment received and its copy.
+_LEADER_FDS, _MEMBER_FDS = 7, 4
 
 
 class ShmUnavailable(RuntimeError):
     """Shared memory cannot be set up for this group; the caller should fall back to TCP."""
+
+
+class OutOfDescriptors(ShmUnavailable):
+    """This process has too few file descriptors left to set up a group's shared memory; the
+    message names ``RLIMIT_NOFILE`` and how to raise it."""
 
 
 class Arena:
@@ -159,12 +176,32 @@ def establish(rank: int, size: int, nbytes: int, secret: bytes, publish: Callabl
     deadline = time.monotonic() + timeout
     try:
         if rank == 0:
+            _check_descriptors(_LEADER_FDS + size)
             return _lead(size, nbytes, secret, publish, failed, deadline, initialize)
+        _check_descriptors(_MEMBER_FDS)
         return _join(rank, size, nbytes, secret, lookup, failed, deadline)
     except ShmUnavailable:
         raise
-    except (OSError, ValueError, AuthenticationError) as exc:
+    except OSError as exc:
+        if out_of_descriptors(exc):
+            raise OutOfDescriptors(describe_error(exc)) from exc
         raise ShmUnavailable(f"{type(exc).__name__}: {exc}") from exc
+    except (ValueError, AuthenticationError) as exc:
+        raise ShmUnavailable(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _check_descriptors(needed: int) -> None:
+    """Raise OutOfDescriptors unless ``needed`` more descriptors fit under ``RLIMIT_NOFILE``."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return
+    try:
+        used = len(os.listdir("/proc/self/fd")) - 1  # less the one listing the directory
+    except OSError:  # no /proc: the calls themselves will say (EMFILE)
+        return
+    if used + needed > soft:
+        raise OutOfDescriptors(f"this process is out of file descriptors: {used} are open and setting "
+                               f"up shared memory takes up to {needed} more ({descriptor_limit()})")
 
 
 def _lead(size: int, nbytes: int, secret: bytes, publish: Callable[[str], None],
@@ -185,7 +222,7 @@ def _lead(size: int, nbytes: int, secret: bytes, publish: Callable[[str], None],
         members = _Members(size, secret, deadline, address)
         try:
             listener.bind("\0" + address)
-            listener.listen(size)
+            listener.listen(socket.SOMAXCONN)
             publish(address)
             socks = members.gather(listener, failed)
             pids = [os.getpid()] + [pid for _, pid in socks]
@@ -253,16 +290,34 @@ class _Members:
             ready = {fd for fd, _ in poller.poll(1000 * min(_POLL, self._deadline - now))}
             if self._wake_read in ready:
                 os.read(self._wake_read, 64)
-            if listener.fileno() not in ready:
-                continue
-            listener.setblocking(False)
+            if listener.fileno() in ready:
+                self._accept(listener)
+
+    def _accept(self, listener: socket.socket) -> None:
+        """Take the connections waiting (up to a batch): another user's is closed at once, so a
+        flood of them cannot keep the backlog full; this user's goes to the gate.
+
+        Raises:
+            ShmUnavailable: accepting failed (OutOfDescriptors: for want of descriptors).
+        """
+        listener.setblocking(False)
+        for _ in range(_ACCEPT_BATCH):
             try:
                 sock, _ = listener.accept()
-            except BlockingIOError:  # the connection went away before we took it
-                continue
+            except BlockingIOError:  # none left (or one went away before we took it)
+                return
             except OSError as exc:
-                raise ShmUnavailable(f"cannot accept members: {describe_error(exc)}") from exc
-            self._gate.admit(sock, "a local process", self._handshake)
+                error = OutOfDescriptors if out_of_descriptors(exc) else ShmUnavailable
+                raise error(f"cannot accept members: {describe_error(exc)}") from exc
+            try:
+                pid, uid = _peer_credentials(sock)
+            except OSError:  # it went away meanwhile
+                sock.close()
+                continue
+            if uid != os.geteuid():
+                self._gate.refuse(sock, f"pid {pid}", f"it runs as uid {uid}, not as this user")
+            else:
+                self._gate.admit(sock, "a local process", self._handshake)
 
     def close(self) -> None:
         """Close every member's socket; connections still authenticating are closed when done."""
@@ -311,7 +366,7 @@ def _join(rank: int, size: int, nbytes: int, secret: bytes, lookup: Callable[[fl
         if remaining <= 0:
             raise ShmUnavailable("the shared-memory leader did not publish its address in time")
         address = lookup(min(_POLL, remaining))
-    sock = _connect_leader(address, rank, secret, deadline)
+    sock = _connect_leader(address, rank, secret, failed, deadline)
     try:
         header_bytes = _OFFER.size + 8 * size
         sock.settimeout(max(0.01, deadline - time.monotonic()))
@@ -341,12 +396,18 @@ def _join(rank: int, size: int, nbytes: int, secret: bytes, lookup: Callable[[fl
         sock.close()
 
 
-def _connect_leader(address: str, rank: int, secret: bytes, deadline: float) -> socket.socket:
+def _connect_leader(address: str, rank: int, secret: bytes, failed: Callable[[], str | None],
+                    deadline: float) -> socket.socket:
     """Connect to the leader, check it runs as this user, authenticate and say our rank.
 
-    Retries while the leader is too busy with other connections to take ours.
+    Retries until ``deadline`` while the leader's backlog is full (``EAGAIN``: a flood of other
+    connections), nobody listens on its name (``ECONNREFUSED``) or it closed the connection
+    before its proof (too busy to take ours); gives up at once when ``failed()`` has a reason.
+
+    Raises:
+        ShmUnavailable: ``failed()`` gave a reason, or the deadline passed (naming why).
     """
-    pause = _POLL
+    pause = _RETRY_FIRST
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
@@ -356,12 +417,15 @@ def _connect_leader(address: str, rank: int, secret: bytes, deadline: float) -> 
             auth.handshake_client(sock, secret, max(0.01, deadline - time.monotonic()), PURPOSE,
                                   address=address, rank=rank, target=0)
             return sock
-        except auth.HandshakeRefused:
+        except (BlockingIOError, ConnectionRefusedError, auth.HandshakeRefused) as exc:
             sock.close()
+            reason = failed()
+            if reason is not None:
+                raise ShmUnavailable(reason) from None
             if time.monotonic() + pause >= deadline:
-                raise
+                raise ShmUnavailable(f"could not reach the shared-memory leader in time: {exc}") from exc
             time.sleep(pause)
-            pause = min(2 * pause, 1.0)
+            pause = min(2 * pause, _POLL)
         except BaseException:
             sock.close()
             raise

@@ -61,13 +61,14 @@ class Driving:
         deadline = NO_DEADLINE if timeout is None else time.monotonic() + timeout
         if self.closing:  # nothing moves any more; close() failed what was pending
             return done()
+        last_look = False
         with self._state_lock:  # ``_cv``'s lock
             self._wanted += 1
             try:
                 while True:
                     if done():
                         return True
-                    if not self._driving:
+                    if not self._driving:  # past the deadline too: drive (and poll) once more
                         self._driving = True
                         self.driver = threading.get_ident()
                         break
@@ -76,7 +77,12 @@ class Driving:
                         self.poke()
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
-                        return False
+                        if last_look:
+                            return done()
+                        # Past the deadline: what arrived before it may still be unread (this
+                        # process was descheduled, say). Give the driver ``LINGER`` to read it
+                        # or to hand over the role for one more poll here.
+                        last_look, remaining = True, LINGER
                     self.sleepers += 1
                     try:
                         self._cv.wait(None if deadline == NO_DEADLINE else remaining)

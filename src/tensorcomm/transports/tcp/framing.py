@@ -3,13 +3,15 @@
 Header (little endian, 64 bytes): magic ``u32``, kind ``u32``, tag ``u64``, payload length ``u64``,
 then the sender's call signature (five ``i64``: collective, dtype, count, op, root; all zero for
 point-to-point messages), which the receiver compares with its own call's.
-A header with the wrong magic, an unknown kind or a length past its kind's limit is a protocol
-error that closes the link; nothing is allocated from an unchecked length. Received headers are
+A header with the wrong magic, an unknown kind or a length past its kind's limit (a data frame:
+this host's memory, ``MAX_FRAME_BYTES``) is a protocol error that closes the link; nothing is
+allocated from an unchecked length. Received headers are
 authenticated and decoded in one step (``sealing.Sealer.open_header``).
 """
 
 from __future__ import annotations
 
+import os
 import struct
 
 from ...signature import NO_SIGNATURE, Signature
@@ -24,7 +26,19 @@ KIND_PROBE_REPLY = 5  # the answer: payload is PROBE_REPLY, the header carries t
 KINDS = (KIND_DATA, KIND_BYE, KIND_ABORT, KIND_PROBE, KIND_PROBE_REPLY)
 PROBE_REPLY = struct.Struct("<q")  # the latest call sequence number started, -1 for none
 MAX_ABORT_BYTES = 64 << 10  # an abort payload (transports.base.encode_abort)
-MAX_FRAME_BYTES = 1 << 40  # one message: far above any array a CPU host holds, far below 2**60
+
+
+def _memory_bytes() -> int:
+    """This host's physical memory (1 TiB where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 1 << 40
+
+
+# One data frame: no more than this host's memory, since no receive could hold more, and a frame
+# that arrives before its receive is buffered in memory allocated from its length.
+MAX_FRAME_BYTES = min(1 << 40, _memory_bytes())
 
 
 class BadFrame(ConnectionError):

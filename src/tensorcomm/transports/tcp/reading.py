@@ -101,7 +101,12 @@ class Reading(TcpState):
         with self._lock:
             request = self._match.pop_posted(link.peer, tag)
             if request is None:
-                spare = self._take_spare(nbytes)
+                try:
+                    spare = self._take_spare(nbytes)
+                except MemoryError:  # the link fails, with why
+                    raise framing.BadFrame(
+                        f"cannot allocate {nbytes} bytes for a message it sent before its receive was "
+                        f"posted (out of memory)") from None
                 entry = Unexpected(memoryview(spare).cast("B"), signature, False, spare)  # type: ignore[arg-type]
                 self._match.queue(link.peer, tag, entry)
         if request is None:

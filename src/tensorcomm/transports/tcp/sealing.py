@@ -145,7 +145,9 @@ class Sealer:
             raise framing.BadFrame(f"bad frame header (magic {magic:#x}, kind {kind})")
         limit = framing.MAX_FRAME_BYTES if kind == framing.KIND_DATA else framing.MAX_ABORT_BYTES
         if nbytes > limit:
-            raise framing.BadFrame(f"frame of {nbytes} bytes exceeds the {limit}-byte limit")
+            what = "more than this host's memory" if kind == framing.KIND_DATA else "past the limit"
+            raise framing.BadFrame(f"it sent a frame of {nbytes} bytes, {what} ({limit} bytes): "
+                                   f"refused before allocating anything")
         # ``tuple.__new__``: a Signature without its Python ``__new__`` frame
         signature = None if fields == _NO_SIGNATURE else tuple.__new__(Signature, fields)
         return kind, frame_tag, nbytes, signature, (header, number, head[_HEADER_SIZE:])

@@ -96,13 +96,16 @@ class TcpTransport(Sending, Reading, Receiving, Control):
         self._role.start()
 
     def _drive(self, done: Callable[[], bool], deadline: float) -> bool:
-        """Read and write every link until ``done()`` or ``deadline`` (driver only); return ``done()``."""
+        """Read and write every link until ``done()`` or ``deadline`` (driver only); return ``done()``.
+
+        Once the deadline has passed the links are polled one last time without waiting: what
+        arrived before it (while this thread was descheduled, say) is read, not taken for a timeout.
+        """
         poller, by_fd, links = self._poller, self._by_fd, self._links.values()
         while not done():
             now = time.monotonic()
             wait = deadline - now
-            if wait <= 0:
-                return done()
+            last = wait <= 0
             for link in links:
                 want = 0 if link.closed else _POLLIN | (select.POLLOUT if link.queue else 0)
                 if link.queue:
@@ -113,10 +116,10 @@ class TcpTransport(Sending, Reading, Receiving, Control):
                     else:
                         poller.unregister(link.fd)
                     link.polled = want
-            if wait <= 0:
+            if wait <= 0 and not last:
                 self._overdue(now)
                 continue
-            events = poller.poll(None if wait == NO_DEADLINE else max(1, int(wait * 1000 + 1)))
+            events = poller.poll(0 if last else None if wait == NO_DEADLINE else max(1, int(wait * 1000 + 1)))
             for fd, event in events:
                 found = by_fd.get(fd)
                 if found is None:
@@ -145,4 +148,6 @@ class TcpTransport(Sending, Reading, Receiving, Control):
                     link.closed = True
             if not events:
                 self._overdue(time.monotonic())
+            if last:
+                return done()
         return True
