@@ -5,8 +5,9 @@ copies cost. A copy does not run at one rate: ``measure`` times, at each size, w
 processes at once (as the ranks of a collective copy side by side), the four kinds of copy the
 same-host designs are made of:
 
-    private   a process's array into its own shared region (publishing into a slot): through
-              the caches while the size fits them, from memory beyond
+    private   a process's array into another of its arrays, again and again (publishing into a
+              slot, the own block, a reduction): through the caches while the size fits them,
+              from memory beyond
     cross     out of a region another core has just written (taking from a peer's slot)
     cma       ``process_vm_readv`` of another process's array (a direct read)
     memory    a copy from an array that is in no cache (the floor of every copy once arrays
@@ -79,7 +80,7 @@ def _worker(rank: int, ranks: int, size: int, region: Any, where: Any, start: An
         start.wait()
         t0 = time.perf_counter()
         for _ in range(reps):
-            mine[...] = src
+            dst[...] = src
         best["private"] = min(best["private"], (time.perf_counter() - t0) / reps)
         spent = 0.0
         for _ in range(rounds):  # publish, then take what the peer has just published
