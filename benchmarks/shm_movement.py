@@ -4,8 +4,8 @@ Usage: python benchmarks/shm_movement.py [--sizes 64K,1M,16M] [--collectives all
 
 Per collective and size (the whole buffer, as ``tensorcomm bench`` counts it): the median time
 per call over batches (a batch's time is the slowest rank's), the copy bound of that call
-(``tensorcomm.bench.bound``: the bytes a rank must copy at the copy rate measured with two
-processes copying at once) and the ratio. For comparisons with MPICH use ``tensorcomm bench
+(``tensorcomm.bench.bound``: its cheapest design's copies run alone, two processes at once)
+and the ratio. For comparisons with MPICH use ``tensorcomm bench
 --compare mpi``; this script exists to iterate quickly.
 """
 
@@ -83,10 +83,10 @@ def main() -> None:
         return
     from tensorcomm.bench import bound
 
-    rates = bound.measure(sizes, 2)
+    designs = bound.measure(names, sizes, 2)
     print(f"{'collective':<15}{'size':>10}{'time(us)':>11}{'bound(us)':>11}{'÷ bound':>9}")
     for (name, size), us in times.items():
-        floor = bound.bound_us(name, size, 2, rates) or float("nan")
+        floor = bound.bound_us(designs.get((name, size), {})) or float("nan")
         print(f"{name:<15}{size:>10}{us:>11.1f}{floor:>11.1f}{us / floor:>9.2f}")
 
 

@@ -7,9 +7,9 @@ Runs each collective at 2 ranks through the public API with the shared-memory wa
 (``Slots._block``, entered when a peer's counter is not there yet, and ``Slots._sleep``, a futex
 sleep), and prints per rank and call: the time per call, the part of it spent blocked in waits,
 the blocked waits, futex sleeps and (minor) page faults per call. Time not blocked is this rank's
-own work (copies, reductions, Python). Also prints, at each size, the rates of the four kinds of
-copy ``bench.bound`` measures: private, *cross-core* (out of a buffer the other process has just
-written, as a collective's receiver copies), ``process_vm_readv``, and from memory.
+own work (copies, reductions, Python). Also prints, per collective and size, what each design's
+copies take alone (``bench.bound``: the same copies on the same kinds of buffers, both processes
+at once, without the protocol), the floor that work is measured against.
 """
 
 from __future__ import annotations
@@ -93,13 +93,10 @@ def main() -> None:
         print("\n".join(lines))
     from tensorcomm.bench import bound
 
-    rates = bound.measure(sizes, 2)
-    for size in sizes:
-        r = rates[size]
-        print(f"copy {size:>10} B, GB/s (bench.bound, 2 at once): private {r.private / 1e9:6.2f}, out of "
-              f"the other process's fresh writes {r.cross / 1e9:6.2f}, process_vm_readv {r.cma / 1e9:6.2f}, "
-              f"from memory {r.memory / 1e9:6.2f}")
-
+    designs = bound.measure(args.collectives.split(","), sizes, 2)
+    for (name, size), times in designs.items():
+        print(f"copies alone (bench.bound, 2 at once), {name} {size} B: " +
+              ", ".join(f"{design} {us:.1f} us" for design, us in sorted(times.items())))
 
 if __name__ == "__main__":
     main()

@@ -1,194 +1,317 @@
-"""The copy bound: how fast this host can move a collective's bytes, measured beside the collectives.
+"""The copy bound: what a same-host collective's copies cost, run the way its designs run them.
 
-The same-host collectives only copy (and, for the reductions, add), so their floor is what their
-copies cost. A copy does not run at one rate: ``measure`` times, at each size, with ``ranks``
-processes at once (as the ranks of a collective copy side by side), the four kinds of copy the
-same-host designs are made of:
+The same-host collectives copy (all_reduce and reduce_scatter also add, at about the speed of a
+copy). A copy's cost depends on where its bytes lie: in this core's caches, in the other core's
+(a slot a peer has just written), in memory, behind ``process_vm_readv`` from an array in 4 KiB
+or in 2 MiB pages. So ``measure`` does not price copies at rates taken elsewhere: it runs each
+design's copies themselves, ``ranks`` processes at once, on arrays allocated as the bench
+allocates them (numpy, huge pages from 4 MiB where the host gives them), on a shared region laid
+out like the slots, in the design's order, again and again. Where a design waits for its peers,
+the processes meet at a barrier, untimed. A design's time is the sum over its phases of the
+slowest process's fastest run of the phase: the copies alone, without the protocol (posts, waits,
+checks) and without Python between them beyond one numpy call or system call per copy.
 
-    private   a process's array into another of its arrays, again and again (publishing into a
-              slot, the own block, a reduction): through the caches while the size fits them,
-              from memory beyond
-    cross     out of a region another core has just written (taking from a peer's slot)
-    cma       ``process_vm_readv`` of another process's array (a direct read)
-    memory    a copy from an array that is in no cache (the floor of every copy once arrays
-              exceed the caches), reported beside the others
+Per rank ``r`` of ``n``, ``S`` the call's bytes as the bench counts them (all blocks), ``b = S/n``
+(each member's block or part), ``|`` between phases, broadcast's root rank 0:
 
-``bound_us`` prices the cheapest design for a call: per rank, ``S`` the row's size (all blocks),
-``n`` ranks, ``b = S / n``; a reduction of ``n`` rows of ``b`` counts as ``(n + 1) / 2`` private
-copies of ``b`` (it reads ``n`` rows and writes one); docs/algorithms.md derives them:
+- all_gather. slots: publish ``send`` | copy the peers' slots out; the own block. cma: read the
+  peers' ``send``; the own block. shared: copy the peers' ``send`` and the own block.
+- all_to_all. slots: publish the blocks for the peers | copy block ``r`` out of each peer's slot;
+  the own block. cma: read block ``r`` of each peer's ``send``; the own block. shared: copy them.
+- reduce_scatter. slots: publish (2 ranks: the peer's block alone) | reduce block ``r`` of every
+  slot into ``out``. cma: per 512 KiB, read the peers' terms and reduce them with the own ones.
+  shared: reduce block ``r`` of every ``send`` into ``out``.
+- all_reduce. slots: publish | reduce part ``r`` into the OUT area | copy every part out of the
+  OUT areas. cma: reduce part ``r`` in place, the peers' terms read 512 KiB at a time | read the
+  peers' parts. shared: reduce part ``r`` in place | copy the peers' parts.
+- broadcast, one phase. slots: the root publishes call ``k`` while the receivers take call
+  ``k - 1``. cma: each receiver reads every part but its own, which the root writes into it.
+  shared: the same by numpy.
 
-    collective      through the slots                               direct reads
-    all_gather      b private + b private + (n-1) b cross          b private + (n-1) b cma
-    all_to_all      b private + (n-1) b private + (n-1) b cross    b private + (n-1) b cma
-    reduce_scatter  (n-1) b private + (n+1) b / 2 private          (n-1) b cma + (n+1) b / 2 private
-    all_reduce      reduce_scatter's + b private + (n-1) b cross   reduce_scatter's + (n-1) b cma
-    broadcast       max(S private, S cross): root and receivers     (n-1) S / n cma
-                    copy at once
+The bound of a call (``bound_us``) is its cheapest design: slots or direct reads on plain arrays
+(direct reads where the kernel allows them), the in-place design on shared arrays.
 
-With ``shared`` (the arrays are ``tensorcomm.zeros`` arrays, which peers read in place) the
-publishing copies vanish: every byte a rank takes is one cross-core copy. The bench prints
-tensorcomm's time over that bound (``summary``) below its table.
-
-Imports numpy, the standard library, ``results`` and ``transports.shm.cma``.
+Imports numpy, the standard library, ``check``, ``results``, ``transports.shm.cma`` and
+``algorithms.shm_cma`` (its chunk size).
 """
 
 from __future__ import annotations
 
+import mmap
 import multiprocessing
 import os
 import time
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
+from ..algorithms.shm_cma import CHUNK_BYTES
 from ..transports.shm import cma
+from . import check
 from .results import TENSORCOMM, Row
 
-REPEAT_BYTES = 64 << 20  # bytes each process copies per timed batch and kind (at least one copy)
-MAX_REPS = 20_000  # copies per timed batch and kind, however small they are
-BATCHES = 5
-COLD_BYTES = 128 << 20  # the memory rate copies from arrays cycled through this many bytes
+COLLECTIVES = ("all_gather", "all_to_all", "reduce_scatter", "all_reduce", "broadcast")
+PLAIN, SHARED = ("slots", "cma"), ("shared",)
+REPEAT_BYTES = 256 << 20  # bytes each process moves per design and size, at least MIN_REPS calls
+MIN_REPS, MAX_REPS = 5, 200
+_F32 = np.dtype(np.float32)
+
+Phase = Callable[[int], None]  # one phase of a design on this rank, given the repetition's index
 
 
-class Rates(NamedTuple):
-    """Bytes per second per process, ``ranks`` processes copying at once (see the docstring)."""
+class _Rank:
+    """One process's buffers for one size: the shared region (every rank's slot area, twice
+    ``S``, then, for shared arrays, its two arrays), the peers' pids and array addresses."""
 
-    private: float
-    cross: float
-    cma: float  # 0.0 where process_vm_readv is not allowed
-    memory: float
+    def __init__(self, rank: int, ranks: int, size: int, region: mmap.mmap, book: Any, shared: bool) -> None:
+        self.r, self.n, self.size = rank, ranks, size
+        self.b = size // ranks // 64 * 64
+        per = 4 * size if shared else 2 * size
+        whole = np.frombuffer(region, dtype=np.uint8).reshape(ranks, per)
+        self.slots = whole[:, :2 * size]  # row q: rank q's slot area (IN, then OUT)
+        self.arrays = [(row[2 * size:3 * size], row[3 * size:]) for row in whole] if shared else []
+        self.book = book
+        self.pid = os.getpid()
+        self.chunk = min(CHUNK_BYTES, max(64, self.b))
+        self.scratch = np.zeros((ranks, self.chunk), np.uint8)
+
+    def offer(self, a: np.ndarray) -> None:
+        """Publish where this rank's input lies, for the peers' direct reads."""
+        self.book[3 * self.r] = self.pid
+        self.book[3 * self.r + 1] = a.ctypes.data
+
+    def read(self, dst: np.ndarray, q: int, offset: int) -> None:
+        """``dst.nbytes`` bytes of rank ``q``'s input from byte ``offset`` on, into ``dst``."""
+        cma.read(int(self.book[3 * q]), dst.ctypes.data, int(self.book[3 * q + 1]) + offset, dst.nbytes)
+
+    def write(self, src: np.ndarray, q: int, offset: int) -> None:
+        """``src`` into rank ``q``'s input from byte ``offset`` on."""
+        cma.write(int(self.book[3 * q]), src.ctypes.data, int(self.book[3 * q + 1]) + offset, src.nbytes)
 
 
-def _worker(rank: int, ranks: int, size: int, region: Any, where: Any, start: Any, queue: Any) -> None:
-    """One process of ``measure``: its best seconds per byte of each kind of copy."""
-    shared = np.frombuffer(region, dtype=np.uint8).reshape(ranks, size)
-    mine, theirs = shared[rank], shared[(rank + 1) % ranks]
-    src = np.ones(size, np.uint8)
-    dst = np.zeros(size, np.uint8)
-    cold = np.ones(max(2, COLD_BYTES // size) * size, np.uint8).reshape(-1, size)
-    where[2 * rank], where[2 * rank + 1] = os.getpid(), src.ctypes.data
-    reps = max(1, min(MAX_REPS, REPEAT_BYTES // size))
-    rounds = min(reps, 16)  # cross-core copies take two barriers each
-    mine[...] = src
-    dst[...] = theirs  # touch every page first
-    start.wait()
-    peer = (rank + 1) % ranks
-    pid, address, local = int(where[2 * peer]), int(where[2 * peer + 1]), dst.ctypes.data
-    best = dict.fromkeys(Rates._fields, float("inf"))
-    for _ in range(BATCHES):
-        start.wait()
-        t0 = time.perf_counter()
-        for _ in range(reps):
+def _add(rows: Sequence[np.ndarray], out: np.ndarray) -> None:
+    """``out`` = the sum of ``rows`` (bytes read as float32), as the reductions make it."""
+    f = [row.view(_F32) for row in rows]
+    np.add(f[0], f[1], out=out.view(_F32))
+    for more in f[2:]:
+        np.add(out.view(_F32), more, out=out.view(_F32))
+
+
+def _block(a: np.ndarray, q: int, b: int) -> np.ndarray:
+    return a[q * b:(q + 1) * b]
+
+
+def _copies(*pairs: tuple[np.ndarray, np.ndarray]) -> Phase:
+    """A phase of numpy copies, each ``(destination, source)``."""
+    def run(i: int) -> None:
+        for dst, src in pairs:
             dst[...] = src
-        best["private"] = min(best["private"], (time.perf_counter() - t0) / reps)
-        spent = 0.0
-        for _ in range(rounds):  # publish, then take what the peer has just published
-            mine[...] = src
-            start.wait()
-            t0 = time.perf_counter()
-            dst[...] = theirs
-            spent += time.perf_counter() - t0
-            start.wait()
-        best["cross"] = min(best["cross"], spent / rounds)
-        t0 = time.perf_counter()
-        for i in range(reps):
-            dst[...] = cold[i % len(cold)]
-        best["memory"] = min(best["memory"], (time.perf_counter() - t0) / reps)
-        start.wait()
-        try:
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                cma.read(pid, local, address, size)
-            best["cma"] = min(best["cma"], (time.perf_counter() - t0) / reps)
-        except cma.CmaError:  # not allowed here: no rate
-            pass
-    queue.put({kind: seconds / size for kind, seconds in best.items()})
+    return run
 
 
-def measure(sizes: Sequence[int], ranks: int = 2) -> dict[int, Rates]:
-    """The four copy rates for each size, with ``ranks`` processes copying at once: each
-    process's fastest batch, and the slowest process's (a bound is what the host can do; batches
-    slowed by other work on a shared machine do not lower it)."""
+def _sum(rows: Sequence[np.ndarray], out: np.ndarray) -> Phase:
+    return lambda i: _add(rows, out)
+
+
+def _designs(k: _Rank, collective: str, mine: tuple[np.ndarray, np.ndarray],
+             cma_ok: bool) -> dict[str, list[Phase]]:
+    """This rank's phases of each design of ``collective`` (see the module docstring); ``mine``:
+    its plain arrays (input, output; the output is empty for in-place collectives)."""
+    r, n, b, size, slots = k.r, k.n, k.b, k.size, k.slots
+    peers = [q for q in range(n) if q != r]
+    a, out = mine
+    ins = [x for x, _ in k.arrays]  # every rank's shared arrays, when timed
+    outs = [y for _, y in k.arrays]
+
+    def reads(*wanted: tuple[np.ndarray, int, int]) -> Phase:
+        """A phase of direct reads, each ``(destination, rank, byte offset in its input)``."""
+        def run(i: int) -> None:
+            for dst, q, offset in wanted:
+                k.read(dst, q, offset)
+        return run
+
+    def reduce_read(dst: np.ndarray) -> Phase:
+        """Block ``r`` of every rank's input reduced into ``dst``, the peers' terms read a chunk
+        at a time (``shm_cma``'s reductions)."""
+        own = _block(a, r, b)
+
+        def run(i: int) -> None:
+            for x in range(0, b, k.chunk):
+                y = min(b, x + k.chunk)
+                for q in peers:
+                    k.read(k.scratch[q, :y - x], q, r * b + x)
+                _add([own[x:y], *(k.scratch[q, :y - x] for q in peers)], dst[x:y])
+        return run
+
+    designs: dict[str, list[Phase]] = {}
+    if collective == "all_gather":
+        own = _copies((_block(out, r, b), a))
+        designs["slots"] = [_copies((slots[r, :b], a)),
+                            _copies(*((_block(out, q, b), slots[q, :b]) for q in peers)), own]
+        if cma_ok:
+            designs["cma"] = [reads(*((_block(out, q, b), q, 0) for q in peers)), own]
+        if ins:
+            designs["shared"] = [_copies(*((_block(outs[r], q, b), ins[q][:b]) for q in peers),
+                                         (_block(outs[r], r, b), ins[r][:b]))]
+    elif collective == "all_to_all":
+        def packed(q: int, j: int) -> np.ndarray:  # where rank q's slot holds its block for rank j
+            at = (j - (j > q)) * b
+            return slots[q, at:at + b]
+        designs["slots"] = [_copies(*((packed(r, j), _block(a, j, b)) for j in peers)),
+                            _copies(*((_block(out, q, b), packed(q, r)) for q in peers),
+                                    (_block(out, r, b), _block(a, r, b)))]
+        if cma_ok:
+            designs["cma"] = [reads(*((_block(out, q, b), q, r * b) for q in peers)),
+                              _copies((_block(out, r, b), _block(a, r, b)))]
+        if ins:
+            designs["shared"] = [_copies(*((_block(outs[r], q, b), _block(ins[q], r, b)) for q in range(n)))]
+    elif collective in ("reduce_scatter", "all_reduce"):
+        if n == 2:  # the peer's block alone goes through the slots
+            publish = _copies((slots[r, :b], _block(a, 1 - r, b)))
+            terms = [_block(a, r, b), slots[1 - r, :b]]
+        else:
+            publish = _copies((slots[r, :n * b], a[:n * b]))
+            terms = [_block(slots[q], r, b) for q in range(n)]
+        if collective == "reduce_scatter":
+            designs["slots"] = [publish, _sum(terms, out[:b])]
+            if cma_ok:
+                designs["cma"] = [reduce_read(out[:b])]
+            if ins:
+                designs["shared"] = [_sum([_block(ins[q], r, b) for q in range(n)], outs[r][:b])]
+        else:  # all_reduce: own part reduced into the OUT area, then every part copied out
+            parts = slots[:, size:size + b]
+            designs["slots"] = [publish, _sum(terms, parts[r]),
+                                _copies(*((_block(a, q, b), parts[q]) for q in range(n)))]
+            if cma_ok:
+                designs["cma"] = [reduce_read(_block(a, r, b)),
+                                  reads(*((_block(a, q, b), q, q * b) for q in peers))]
+            if ins:
+                designs["shared"] = [_sum([_block(ins[q], r, b) for q in range(n)], _block(ins[r], r, b)),
+                                     _copies(*((_block(ins[r], q, b), _block(ins[q], q, b)) for q in peers))]
+    elif collective == "broadcast":
+        def slots_phase(i: int) -> None:  # the root fills one half while the receivers take the other
+            half = size * (i & 1 if r == 0 else 1 - (i & 1))
+            if r == 0:
+                slots[0, half:half + size] = a
+            else:
+                a[...] = slots[0, half:half + size]
+
+        def cma_phase(i: int) -> None:  # the root writes part q into receiver q, which reads the rest
+            for p in range(n):
+                if r == 0 and p:
+                    k.write(_block(a, p, b), p, p * b)
+                elif r and p != r:
+                    k.read(_block(a, p, b), 0, p * b)
+        designs["slots"] = [slots_phase]
+        if cma_ok:
+            designs["cma"] = [cma_phase]
+        if ins:  # the same split, by numpy
+            given = [(_block(ins[q], q, b), _block(ins[0], q, b)) for q in peers] if r == 0 else \
+                [(_block(ins[r], p, b), _block(ins[0], p, b)) for p in range(n) if p != r]
+            designs["shared"] = [_copies(*given)]
+    return designs
+
+
+def _worker(rank: int, ranks: int, size: int, collectives: Sequence[str], shared: bool, region: mmap.mmap,
+            book: Any, barrier: Any, queue: Any) -> None:
+    """One process of ``measure`` at one size: per collective and design, its fastest run of each phase."""
+    np.seterr(all="ignore")  # sums of sums overflow after a while; the time is the same
+    k = _Rank(rank, ranks, size, region, book, shared)
+    k.slots[rank] = 1
+    for x, y in k.arrays:
+        x[...], y[...] = 1, 0
+    reps = max(MIN_REPS, min(MAX_REPS, REPEAT_BYTES // size))
+    found: dict[str, dict[str, list[float]]] = {}
+    for collective in collectives:
+        counts = check.layout(collective, size // 4, ranks, rank)
+        a, out = (np.zeros(count or 0, _F32).view(np.uint8) for count in counts)  # as the bench's
+        a[...] = 1
+        k.offer(a)
+        barrier.wait()
+        probe = np.zeros(8, np.uint8)
+        try:  # may this process read its peers? (the same answer on every rank here)
+            k.read(probe, (rank + 1) % ranks, 0)
+            cma_ok = True
+        except cma.CmaError:
+            cma_ok = False
+        designs = _designs(k, collective, (a, out), cma_ok)
+        found[collective] = {}
+        for design in sorted(designs):  # every rank in one order
+            phases = designs[design]
+            best = [float("inf")] * len(phases)
+            for i in range(reps):
+                for p, phase in enumerate(phases):
+                    barrier.wait()
+                    t0 = time.perf_counter()
+                    phase(i)
+                    best[p] = min(best[p], time.perf_counter() - t0)
+            found[collective][design] = best
+        barrier.wait()
+    queue.put(found)
+
+
+def measure(collectives: Sequence[str], sizes: Sequence[int], ranks: int = 2,
+            shared: bool = False) -> dict[tuple[str, int], dict[str, float]]:
+    """Microseconds of each design's copies per call of each collective at each size (see the
+    module docstring), ``ranks`` processes at once; ``shared``: the in-place design on shared
+    arrays too. Collectives without designs here are left out."""
+    known = [c for c in dict.fromkeys(collectives) if c in COLLECTIVES]
     context = multiprocessing.get_context("fork")
-    rates: dict[int, Rates] = {}
+    found: dict[tuple[str, int], dict[str, float]] = {}
     for size in sorted(set(sizes)):
-        region = context.RawArray("B", ranks * size)
-        where = context.RawArray("q", 2 * ranks)
-        start = context.Barrier(ranks)
-        queue = context.Queue()
-        workers = [context.Process(target=_worker, args=(r, ranks, size, region, where, start, queue))
+        if not known:
+            break
+        region = mmap.mmap(-1, ranks * size * (4 if shared else 2))
+        book = context.RawArray("q", 3 * ranks)
+        barrier, queue = context.Barrier(ranks), context.Queue()
+        workers = [context.Process(target=_worker,
+                                   args=(r, ranks, size, known, shared, region, book, barrier, queue))
                    for r in range(ranks)]
         for w in workers:
             w.start()
-        results = [queue.get(timeout=300) for _ in workers]
+        results = [queue.get(timeout=600) for _ in workers]
         for w in workers:
             w.join(timeout=30)
-        slowest = {kind: max(result[kind] for result in results) for kind in Rates._fields}
-        rates[size] = Rates(*(1.0 / slowest[kind] for kind in Rates._fields))  # inf: 0.0, none
-    return rates
+        region.close()
+        for collective in known:
+            for design in results[0][collective]:
+                phases = zip(*(result[collective][design] for result in results), strict=True)
+                found.setdefault((collective, size), {})[design] = sum(max(p) for p in phases) * 1e6
+    return found
 
 
-def design_us(collective: str, size: int, ranks: int, rates: Rates, design: str) -> float | None:
-    """Microseconds of ``design``'s copies (``"slots"``, ``"cma"`` or ``"shared"``) for one call,
-    at ``rates``; None for a collective without a formula here or a design the host lacks."""
-    n, b = ranks, size / ranks
-    if design == "cma" and not rates.cma:
-        return None
-    take = {"slots": rates.cross, "cma": rates.cma, "shared": rates.cross}[design]
-    publish = 0.0 if design != "slots" else 1.0  # copies into shared memory before the take
-    reduce = (n + 1) * b / 2 / rates.private
-    if collective == "all_gather":
-        seconds = b / rates.private + publish * b / rates.private + (n - 1) * b / take
-    elif collective == "all_to_all":
-        seconds = b / rates.private + publish * (n - 1) * b / rates.private + (n - 1) * b / take
-    elif collective in ("reduce_scatter", "all_reduce"):
-        # the slots' reduction takes the peers' terms as it reads them; a direct read copies first
-        seconds = publish * (n - 1) * b / rates.private + reduce + \
-            (0.0 if design == "slots" else (n - 1) * b / take)
-        if collective == "all_reduce":
-            seconds += publish * b / rates.private + (n - 1) * b / take
-    elif collective == "broadcast":
-        seconds = max(size / rates.private, size / take) if design == "slots" else \
-            (n - 1) * size / n / take if design == "cma" else size / take
-    else:
-        return None
-    return seconds * 1e6
+def bound_us(designs: dict[str, float], shared: bool = False) -> float | None:
+    """The bound of one call: its cheapest design of those ``measure`` timed (``shared``: the
+    in-place design), or None where none was timed."""
+    times = [designs[d] for d in (SHARED if shared else PLAIN) if d in designs]
+    return min(times) if times else None
 
 
-def bound_us(collective: str, size: int, ranks: int, rates: dict[int, Rates],
-             shared: bool = False) -> float | None:
-    """The copy bound of one call in microseconds: the cheapest design's copies (slots or direct
-    reads; ``shared``: in place) at the rates measured for ``size`` (the closest measured size),
-    or None without a formula."""
-    if not rates:
-        return None
-    at = rates[min(rates, key=lambda s: abs(np.log2(s) - np.log2(max(size, 1))))]
-    designs = ("shared",) if shared else ("slots", "cma")
-    costs = [c for d in designs if (c := design_us(collective, size, ranks, at, d)) is not None]
-    return min(costs) if costs else None
+def _nearest(found: dict[tuple[str, int], dict[str, float]], collective: str, size: int) -> dict[str, float]:
+    sizes = [s for c, s in found if c == collective]
+    return found[(collective, min(sizes, key=lambda s: abs(s - size)))] if sizes else {}
 
 
 def summary(rows: Sequence[Row], ranks: int, shared: bool = False) -> list[str]:
-    """The table of tensorcomm's time over the copy bound, per collective and size, measuring the
-    copy rates now (a few seconds); no lines when no row has a bound."""
-    mine = [r for r in rows if r.library == TENSORCOMM and r.time_us
-            and design_us(r.collective, r.size, ranks, Rates(1, 1, 1, 1), "slots") is not None]
+    """The table of tensorcomm's time over the copy bound, per collective and size, timing the
+    designs' copies now (seconds); no lines when no row has a bound."""
+    mine = [r for r in rows if r.library == TENSORCOMM and r.time_us and r.collective in COLLECTIVES]
     if not mine:
         return []
-    rates = measure([r.size for r in mine], ranks)
-    title = (f"# tensorcomm time / copy bound (the cheapest design's copies for {ranks} ranks"
-             + (" on shared arrays" if shared else ", through the slots or direct reads")
-             + ", each at the rate its kind of copy ran at just now, in GB/s per process; "
-               "docs/algorithms.md)")
-    columns = (f"# {'collective':<14}{'size(B)':>12}{'private':>9}{'cross':>7}{'cma':>7}{'memory':>8}"
-               f"{'bound(us)':>11}{'time(us)':>11}{'÷ bound':>9}")
+    found = measure([r.collective for r in mine], [r.size for r in mine], ranks, shared)
+    designs = SHARED if shared else PLAIN
+    title = (f"# tensorcomm time / copy bound (each design's copies run alone, {ranks} processes at once,"
+             + (" on shared arrays" if shared else "") + ", in us per call; docs/algorithms.md)")
+    columns = f"# {'collective':<14}{'size(B)':>12}" + "".join(f"{d:>10}" for d in designs) + \
+        f"{'bound(us)':>11}{'time(us)':>11}{'÷ bound':>9}"
     lines = ["#", title, columns]
     for row in mine:
-        floor = bound_us(row.collective, row.size, ranks, rates, shared)
-        assert floor is not None and row.time_us is not None
-        r = rates[row.size]
-        lines.append(f"  {row.collective:<14}{row.size:>12}{r.private / 1e9:>9.1f}{r.cross / 1e9:>7.1f}"
-                     f"{r.cma / 1e9:>7.1f}{r.memory / 1e9:>8.1f}{floor:>11.1f}{row.time_us:>11.1f}"
+        timed = _nearest(found, row.collective, row.size)
+        floor = bound_us(timed, shared)
+        if floor is None or row.time_us is None:
+            continue
+        cells = "".join(f"{timed[d]:>10.1f}" if d in timed else f"{'-':>10}" for d in designs)
+        lines.append(f"  {row.collective:<14}{row.size:>12}{cells}{floor:>11.1f}{row.time_us:>11.1f}"
                      f"{row.time_us / floor:>8.2f}x")
-    return lines
+    return lines if len(lines) > 3 else []
