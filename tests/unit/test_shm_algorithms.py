@@ -488,3 +488,27 @@ def test_a_failed_multi_round_shm_scan_leaves_the_array_untouched():
         np.testing.assert_array_equal(array, original)
     finally:
         group.close()
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float16, np.float32, np.complex128])
+@pytest.mark.parametrize("count", [0, 1, 63, 64, 65, 1000])
+def test_copies_in_pieces_keep_every_element(monkeypatch, dtype, count):
+    """``shm_common.copy`` splits large copies (below glibc's non-temporal threshold): with tiny
+    pieces, arrays of any length come out whole, the last piece short."""
+    from tensorcomm.algorithms import shm_common
+
+    monkeypatch.setattr(shm_common, "PIECE_BYTES", 64)
+    src = np.arange(count).astype(dtype)
+    dst = np.zeros(count, dtype)
+    pieces = []
+    original = np.ndarray.__setitem__
+
+    class Recorder(np.ndarray):
+        def __setitem__(self, key, value):  # each piece the copy makes
+            pieces.append(np.asarray(value).nbytes)
+            original(self, key, value)
+
+    shm_common.copy(dst.view(Recorder), src)
+    np.testing.assert_array_equal(dst, src)
+    assert sum(pieces) == src.nbytes and all(size <= max(64, src.itemsize) for size in pieces)
+    assert len(pieces) == (-(-src.nbytes // 64) if src.nbytes > 64 else 1)

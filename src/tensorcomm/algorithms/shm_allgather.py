@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import CollectiveMismatchError
 from .allgather import bounds
 from .base import Ctx, Plan, Team
-from .shm_common import Journal, Read, Stream, domain, run_rounds
+from .shm_common import Journal, Read, Stream, copy, domain, run_rounds
 
 
 def _check_sizes(ctx: Ctx, counts: Sequence[int], itemsize: int, senders: Sequence[int],
@@ -80,7 +80,7 @@ def _copy_rounds(ctx: Ctx, out: np.ndarray, offsets: Sequence[int], senders: Seq
             size = starts[q + 1] - starts[q]
             b = min(hi, size)
             if lo < b:
-                raw[starts[q] + lo:starts[q] + b] = d.inbox[q][in_slot][:b - lo]
+                copy(raw[starts[q] + lo:starts[q] + b], d.inbox[q][in_slot][:b - lo])
 
     return read
 
@@ -95,7 +95,7 @@ def _copy_slots(out: np.ndarray, slots: Any, offsets: Sequence[int], skip: int) 
         return
     for q, slot in enumerate(slots):
         if q != skip:
-            out[offsets[q]:offsets[q + 1]] = slot
+            copy(out[offsets[q]:offsets[q + 1]], slot)
 
 
 def all_gather(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> None:
@@ -116,21 +116,21 @@ def all_gather(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence[int
     elif d.size == 2:  # one view per member: one word to check, one copy out
         in_slot = d.next_round()
         views, q = slots[in_slot], 1 - r
-        views[r][...] = send
+        copy(views[r], send)
         d.start(ctx, send.nbytes)
         if d.extent(q, ctx) != expected[q]:
             _check_sizes(ctx, counts, send.itemsize, d.peers, d.extents(ctx))
-        out[offsets[q]:offsets[q + 1]] = views[q]
+        copy(out[offsets[q]:offsets[q + 1]], views[q])
     else:
         in_slot = d.next_round()
         mine = slots[in_slot][r]
-        mine[...] = send
+        copy(mine, send)
         d.start(ctx, send.nbytes)
         extents = d.extents(ctx)
         if extents != expected:
             _check_sizes(ctx, counts, send.itemsize, d.peers, extents)
         _copy_slots(out, slots[in_slot], offsets, r)
-    out[offsets[r]:offsets[r + 1]] = send
+    copy(out[offsets[r]:offsets[r + 1]], send)
 
 
 def gather(ctx: Ctx, send: np.ndarray, out: np.ndarray | None, counts: Sequence[int], root: int) -> None:
@@ -154,7 +154,7 @@ def gather(ctx: Ctx, send: np.ndarray, out: np.ndarray | None, counts: Sequence[
     else:
         in_slot = d.next_round()
         if r != root:
-            slots[in_slot][r][...] = send
+            copy(slots[in_slot][r], send)
         d.start(ctx, send.nbytes)
         if r != root:
             return
@@ -164,4 +164,4 @@ def gather(ctx: Ctx, send: np.ndarray, out: np.ndarray | None, counts: Sequence[
         if extents != expected:
             _check_sizes(ctx, counts, send.itemsize, d.peers, extents)
         _copy_slots(out, slots[in_slot], offsets, root)
-    out[offsets[root]:offsets[root + 1]] = send
+    copy(out[offsets[root]:offsets[root + 1]], send)

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .base import Ctx, Plan, Team
-from .shm_common import Journal, Op, Reduction, load, no_domain, part_size, reduce_rows
+from .shm_common import Journal, Op, Reduction, copy, load, no_domain, part_size, reduce_rows
 
 # Bytes of one pipelined chunk (at most one IN slot; through the OUT regions, chunks of one size
 # near it). Large enough that the two posts and waits per chunk cost little; the benchmark suite
@@ -379,7 +379,7 @@ def _through_out(ctx: Ctx, s: Pipelined, x: np.ndarray, writes: bool) -> None:
 
     def publish(j: int) -> None:
         a, b = part_of(j, 1 - r)
-        mine[a:b] = x[a:b]
+        copy(mine[a:b], x[a:b])
         d.post()  # A(j)
 
     d.next_round()  # no IN slot: the round only keeps the members' counts alike
@@ -400,17 +400,17 @@ def _through_out(ctx: Ctx, s: Pipelined, x: np.ndarray, writes: bool) -> None:
                 d.wait(peers, base + 2 + 2 * j, ctx)  # B(j)
                 a, b = part_of(j, 1 - r)
                 copied = j + 1
-                x[a:b] = theirs[a:b]
+                copy(x[a:b], theirs[a:b])
         d.wait(peers, base + 2 * chunks, ctx)  # B(last): a member that writes has waited for it
     except BaseException:
         for j in range(copied):
             a, b = part_of(j, 1 - r)
-            x[a:b] = mine[a:b]
+            copy(x[a:b], mine[a:b])
         raise
     if writes:
         for j in range(chunks):
             a, b = part_of(j, r)
-            x[a:b] = mine[a:b]
+            copy(x[a:b], mine[a:b])
 
 
 def reduce_direct(ctx: Ctx, x: np.ndarray, root: int, op: Op) -> None:

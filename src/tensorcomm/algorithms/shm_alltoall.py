@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import CollectiveMismatchError
 from .allgather import bounds
 from .base import Ctx, Plan, Team
-from .shm_common import Journal, Stream, domain, run_rounds
+from .shm_common import Journal, Stream, copy, domain, run_rounds
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +115,7 @@ def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.n
         started = in_slot = d.next_round()
         s.header_slots[in_slot][...] = header
         for j, place in zip(d.peers, s.outgoing[in_slot], strict=True):
-            place[...] = send[send_offsets[j]:send_offsets[j + 1]]
+            copy(place, send[send_offsets[j]:send_offsets[j + 1]])
         d.start(ctx, s.nbytes)
         # this member's stream fits one slot (``outgoing``): do the peers', with this member's
         # block where ``uniform`` has it (two members: one extent, the peer's two header words)?
@@ -126,8 +126,8 @@ def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.n
             fits = max(d.extents(ctx)) <= d.slot_bytes and s.places[in_slot].tolist() == uniform[0]
         if fits:
             for q, block in zip(d.peers, uniform[1][in_slot], strict=True):
-                out[recv_offsets[q]:recv_offsets[q + 1]] = block
-            out[recv_offsets[r]:recv_offsets[r + 1]] = send[send_offsets[r]:send_offsets[r + 1]]
+                copy(out[recv_offsets[q]:recv_offsets[q + 1]], block)
+            copy(out[recv_offsets[r]:recv_offsets[r + 1]], send[send_offsets[r]:send_offsets[r + 1]])
             return
     raw = out.view(np.uint8)
     taken: list[tuple[int, int, int]] = []  # (peer, start, stop) of this member's block in its stream
@@ -153,15 +153,15 @@ def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.n
     def read(in_slot: int, lo: int, hi: int, journal: Journal | None) -> None:
         if whole:
             for q, slot in zip(d.peers, whole[0], strict=True):
-                out[recv_offsets[q]:recv_offsets[q + 1]] = slot
+                copy(out[recv_offsets[q]:recv_offsets[q + 1]], slot)
             return
         for q, start, stop in taken:
             a, b = max(lo, start), min(hi, stop)
             if a < b:
                 base = recv_offsets[q] * itemsize
-                raw[base + a - start:base + b - start] = d.inbox[q][in_slot][a - lo:b - lo]
+                copy(raw[base + a - start:base + b - start], d.inbox[q][in_slot][a - lo:b - lo])
 
     blocks = [send[send_offsets[j]:send_offsets[j + 1]] for j in d.peers]
     run_rounds(ctx, Stream.of(blocks, start=header_bytes), read, verify=verify, header=header,
                started=started)
-    out[recv_offsets[r]:recv_offsets[r + 1]] = send[send_offsets[r]:send_offsets[r + 1]]
+    copy(out[recv_offsets[r]:recv_offsets[r + 1]], send[send_offsets[r]:send_offsets[r + 1]])

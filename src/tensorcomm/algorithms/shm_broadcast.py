@@ -21,7 +21,7 @@ import numpy as np
 
 from .allgather import bounds
 from .base import Ctx, Plan, Team
-from .shm_common import Journal, Stream, domain, run_rounds
+from .shm_common import Journal, Stream, copy, domain, run_rounds
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +56,10 @@ def broadcast(ctx: Ctx, x: np.ndarray, root: int) -> None:
     if views is not None:  # one round, the root's slot read in place
         in_slot = d.next_round()
         if d.rank == root:
-            views[in_slot][...] = x
+            copy(views[in_slot], x)
         d.start(ctx)  # nobody reads extents in one round
         if d.rank != root:
-            x[...] = views[in_slot]
+            copy(x, views[in_slot])
         return
     if s.staged:
         staged(ctx, x, root)
@@ -75,7 +75,7 @@ def broadcast(ctx: Ctx, x: np.ndarray, root: int) -> None:
         if lo < b:
             if journal is not None:
                 journal.save(0, lo, b)
-            raw[lo:b] = source[in_slot][:b - lo]
+            copy(raw[lo:b], source[in_slot][:b - lo])
 
     run_rounds(ctx, Stream.of([]), read, [x])
 
@@ -103,16 +103,16 @@ def staged(ctx: Ctx, x: np.ndarray, root: int) -> None:
     is_root = d.rank == root
     d.next_round()
     if ahead and is_root:
-        region[...] = x.view(np.uint8)
+        copy(region, x.view(np.uint8))
     d.start(ctx)
     if is_root:
         if not ahead:
-            region[...] = x.view(np.uint8)
+            copy(region, x.view(np.uint8))
         d.post()
     else:
         d.post()
         d.wait((root,), d.posts, ctx)
-        x.view(np.uint8)[...] = region
+        copy(x.view(np.uint8), region)
     d.last_broadcast = (d.posts, half) if x.nbytes <= half_bytes else None
 
 
@@ -164,14 +164,14 @@ def scatter(ctx: Ctx, send: np.ndarray | None, out: np.ndarray, counts: Sequence
         whole, block = views[in_slot]
         if r == root:
             assert send is not None
-            whole[...] = send
+            copy(whole, send)
         d.start(ctx)  # nobody reads extents in one round
-        out[...] = block
+        copy(out, block)
         return
     if r == root:
         assert send is not None
         run_rounds(ctx, Stream.of([send]), lambda in_slot, lo, hi, journal: None)
-        out[...] = send[offsets[root]:offsets[root + 1]]
+        copy(out, send[offsets[root]:offsets[root + 1]])
         return
     start, stop = offsets[r] * itemsize, offsets[r + 1] * itemsize
     raw = out.view(np.uint8)
@@ -180,6 +180,6 @@ def scatter(ctx: Ctx, send: np.ndarray | None, out: np.ndarray, counts: Sequence
     def read(in_slot: int, lo: int, hi: int, journal: Journal | None) -> None:
         a, b = max(lo, start), min(hi, stop)
         if a < b:
-            raw[a - start:b - start] = source[in_slot][a - lo:b - lo]
+            copy(raw[a - start:b - start], source[in_slot][a - lo:b - lo])
 
     run_rounds(ctx, Stream.of([]), read)  # ``out`` is an output only: no journal

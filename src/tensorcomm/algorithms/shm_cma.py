@@ -40,7 +40,7 @@ import numpy as np
 from ..errors import CollectiveMismatchError
 from .allgather import bounds
 from .base import Ctx, Plan, Team
-from .shm_common import Op, Reduction, domain, load, part_size, reduce_rows
+from .shm_common import Op, Reduction, copy, domain, load, part_size, reduce_rows
 
 # Bytes of peer terms read per step of a reduction: the terms stay in the caches between the
 # read and the arithmetic, as UCX's CMA pieces of 512 KiB do for MPICH.
@@ -108,7 +108,7 @@ def _take(d: Any, table: list[list[int]], q: int, k: int, offset: int, dst: np.n
     into ``dst`` (C-contiguous)."""
     address, alloc, start = table[q][WORDS * k:WORDS * k + 3]
     if alloc:
-        dst.view(_BYTE)[...] = d.shared_view(q, alloc - 1)[start + offset:start + offset + dst.nbytes]
+        copy(dst.view(_BYTE), d.shared_view(q, alloc - 1)[start + offset:start + offset + dst.nbytes])
     elif dst.nbytes:
         d.read(q, _address(dst), address + offset, dst.nbytes)
 
@@ -117,7 +117,7 @@ def _give(d: Any, table: list[list[int]], q: int, k: int, offset: int, src: np.n
     """Copy ``src`` into member ``q``'s published array ``k`` from byte ``offset`` on."""
     address, alloc, start = table[q][WORDS * k:WORDS * k + 3]
     if alloc:
-        d.shared_view(q, alloc - 1)[start + offset:start + offset + src.nbytes] = src.view(_BYTE)
+        copy(d.shared_view(q, alloc - 1)[start + offset:start + offset + src.nbytes], src.view(_BYTE))
     elif src.nbytes:
         d.write(q, _address(src), address + offset, src.nbytes)
 
@@ -184,7 +184,7 @@ def all_gather(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence[int
     s: Reads = ctx.plan.state
     d, offsets = s.d, s.offsets
     r = d.rank
-    out[offsets[r]:offsets[r + 1]] = send
+    copy(out[offsets[r]:offsets[r + 1]], send)
     table = _publish(ctx, s, send, extra=(send.nbytes,))
     for q in d.peers:
         if table[q][WORDS] != counts[q] * send.itemsize:
@@ -218,7 +218,7 @@ def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.n
     d, recv = s.d, s.offsets
     r, itemsize = d.rank, send.itemsize
     sent = bounds(send_counts)
-    out[recv[r]:recv[r + 1]] = send[sent[r]:sent[r + 1]]
+    copy(out[recv[r]:recv[r + 1]], send[sent[r]:sent[r + 1]])
     table = _publish(ctx, s, send, extra=[b * itemsize for b in sent])
     for q in d.peers:
         lo, hi = table[q][WORDS + r], table[q][WORDS + r + 1]
@@ -298,4 +298,4 @@ def broadcast(ctx: Ctx, x: np.ndarray, root: int) -> None:
                 _take(d, table, root, 0, parts[q] * itemsize, target[parts[q]:parts[q + 1]])
     _done(ctx, d)
     if target is not x:
-        x[...] = target
+        copy(x, target)

@@ -33,10 +33,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..types import PremulSum, ReduceOp
+from . import kernels
 from .base import Ctx, Plan, Team
-from .kernels import Reduction, load, reduction
+from .kernels import Reduction, reduction
 
-__all__ = ["Reduction", "load", "reduction"]  # kernels' reduction descriptor, for the shm_* modules
+__all__ = ["Reduction", "reduction"]  # kernels' reduction descriptor, for the shm_* modules
 
 Op = ReduceOp | PremulSum
 
@@ -62,6 +63,33 @@ def part_size(count: int, size: int, itemsize: int) -> int:
     align = max(1, 64 // itemsize)
     each = -(-count // size)
     return max(align, -(-each // align) * align)
+
+
+# numpy copies through glibc's memmove, which moves more than a threshold it derives from the
+# caches (768 KiB-1 MiB on the 2-core VM) with non-temporal stores: they bypass the caches, so a
+# peer that reads the bytes next fetches them from memory, and a copy into lines a peer has just
+# read ran at 8 GB/s instead of 55 (2 ranks each writing 1 MiB into its slot and reading the
+# other's). ``copy`` keeps every piece below it.
+PIECE_BYTES = 512 << 10
+
+
+def copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src`` for 1-D arrays of one length, in pieces of at most ``PIECE_BYTES``,
+    so that the bytes land in the caches (see ``PIECE_BYTES``)."""
+    if dst.nbytes <= PIECE_BYTES:
+        dst[...] = src
+        return
+    step = max(1, PIECE_BYTES // dst.itemsize)
+    for a in range(0, dst.size, step):
+        dst[a:a + step] = src[a:a + step]
+
+
+def load(red: Reduction, dst: np.ndarray, src: np.ndarray) -> None:
+    """``kernels.load`` (``src`` into ``dst`` as terms), its plain copies through ``copy``."""
+    if red.raw:
+        copy(dst, src)
+    else:
+        kernels.load(red, dst, src)
 
 
 # -- reductions -----------------------------------------------------------------------------------
@@ -149,7 +177,7 @@ class Stream(NamedTuple):
         for offset, raw in self.pieces:
             a, b = max(lo, offset), min(hi, offset + raw.size)
             if a < b:
-                slot[a - lo:b - lo] = raw[a - offset:b - offset]
+                copy(slot[a - lo:b - lo], raw[a - offset:b - offset])
 
 
 Read = Callable[[int, int, int, "Journal | None"], None]

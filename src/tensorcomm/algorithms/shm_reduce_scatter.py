@@ -19,7 +19,7 @@ import numpy as np
 
 from .allgather import bounds
 from .base import Ctx, Plan, Team
-from .shm_common import Journal, Op, Reduction, Stream, domain, load, reduce_rows, run_rounds
+from .shm_common import Journal, Op, Reduction, Stream, copy, domain, load, reduce_rows, run_rounds
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +89,7 @@ def reduce_scatter(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence
         d, offsets, ufunc = s.d, s.offsets, s.red.ufunc
         r = d.rank
         mine, theirs = s.rows[d.next_round()]
-        mine[...] = send[offsets[1 - r]:offsets[2 - r]]  # the peer's block of this member's terms
+        copy(mine, send[offsets[1 - r]:offsets[2 - r]])  # the peer's block of this member's terms
         d.start(ctx)  # nobody reads extents in one round
         own = send[offsets[r]:offsets[r + 1]]
         if r == 0:  # in member order, so both members compute the same bits
