@@ -385,6 +385,41 @@ def test_an_array_just_over_the_chunk_size_takes_one_chunk_through_the_out_regio
         g.close()
 
 
+@pytest.mark.parametrize("keep_going", [False, True])
+def test_two_members_reduce_arrays_larger_than_the_out_region_through_its_ring(keep_going):
+    """Where a failed call may leave arrays partly written, the OUT regions are rings of
+    ``RING`` chunks: an array eight times their size still goes through them, each chunk's
+    place reused many times; where failed calls keep arrays, the array goes through the slots."""
+    g = ShmGroup(2, out=2048, keep_going=keep_going)  # 3 chunks of 96 float32 fit, 2000 do not
+    count = 2000
+    plans = []
+
+    def body(ctx: Ctx, x: np.ndarray, root: int | None) -> None:
+        if root is None:
+            run_algorithm(ctx, shm_allreduce.pipelined, x, ReduceOp.SUM)
+        else:
+            run_algorithm(ctx, shm_allreduce.reduce_pipelined, x, root, ReduceOp.SUM)
+        plans.append(ctx.plan.state)
+
+    try:
+        inputs = [rank_data(r, count, np.float32) for r in range(2)]
+        expected = reduce_reference(ReduceOp.SUM, inputs)
+        for root in (None, 0, 1):
+            arrays = [a.copy() for a in inputs]
+            sig = signature("all_reduce", np.dtype(np.float32), count, ReduceOp.SUM) if root is None \
+                else signature("reduce", np.dtype(np.float32), count, ReduceOp.SUM, root)
+            g.call(lambda ctx, arrays=arrays, root=root: body(ctx, arrays[ctx.rank], root), sig)
+            for r in range(2):
+                if root is None or r == root:
+                    _close(arrays[r], expected, ReduceOp.SUM)
+                else:
+                    np.testing.assert_array_equal(arrays[r], inputs[r])
+            assert [(p.in_out, p.ring) for p in plans[-2:]] == [(not keep_going, not keep_going)] * 2
+            assert plans[-1].chunks > 3 * shm_allreduce.RING
+    finally:
+        g.close()
+
+
 # staged in OUT; through the OUT regions, a failure after a chunk was copied in; streamed
 @pytest.mark.parametrize("count, chunks_done", [(100, 1), (100, 2), (2000, 3)])
 def test_a_failed_all_reduce_leaves_the_array_untouched(count, chunks_done):

@@ -38,6 +38,9 @@ from .shm_common import Journal, Op, Reduction, copy, load, no_domain, part_size
 # near it). Large enough that the two posts and waits per chunk cost little; the benchmark suite
 # is where to tune it.
 CHUNK_BYTES = 1 << 20
+# Chunks an OUT region holds at once in ``_through_out`` where a failed call may leave the array
+# partly written: the region is a ring, so a call of any size stays in the caches.
+RING = 3
 
 
 def _rows(stacked: np.ndarray) -> Any:
@@ -240,8 +243,10 @@ class Pipelined:
         part: elements of each member's part of a chunk.
         chunks: the number of chunks (at least one).
         staged: every reduced part of the call fits the OUT regions (copied out at the end).
-        in_out: two members, raw terms, and the whole array fits the OUT region: the call runs
-            through the OUT regions alone (``_through_out``).
+        in_out: two members, raw terms, and the whole array fits the OUT region or ``ring``:
+            the call runs through the OUT regions alone (``_through_out``).
+        ring: a failed call may leave the array partly written (not ``Team.keep_going``):
+            ``_through_out`` uses the OUT regions as rings of ``RING`` chunks.
     """
 
     d: Any
@@ -252,22 +257,23 @@ class Pipelined:
     chunks: int
     staged: bool
     in_out: bool
+    ring: bool
 
 
 def prepare_pipelined(team: Team, plan: Plan, x: np.ndarray, *rest: Any) -> Pipelined:
     """``pipelined``'s (and ``reduce_pipelined``'s) state."""
     d, red = _domain(team, plan), _reduction(plan)
     itemsize, target = red.acc.itemsize, min(d.slot_bytes, CHUNK_BYTES)
-    in_out = d.size == 2 and red.raw and x.nbytes <= d.out_bytes
-    if in_out:  # no slot to fit: chunks of one size, near the target (no 3 KB tail after 1 MiB)
-        align = 2 * max(1, 64 // itemsize)  # two parts of whole cache lines
-        chunk = max(align, -(-x.size // max(1, round(x.nbytes / target)) // align) * align)
-    else:
-        chunk = target // itemsize
+    align = 2 * max(1, 64 // itemsize)  # two parts of whole cache lines
+    # through the OUT regions no slot bounds a chunk: chunks of one size near the target
+    even = max(align, -(-x.size // max(1, round(x.nbytes / target)) // align) * align)
+    ring = not team.keep_going and RING * even * itemsize <= d.out_bytes
+    in_out = d.size == 2 and red.raw and (ring or x.nbytes <= d.out_bytes)
+    chunk = even if in_out else target // itemsize
     part = part_size(chunk, d.size, itemsize)
     chunks = max(1, -(-x.size // chunk))
     return Pipelined(d, red, red._replace(in_acc=True), chunk, part, chunks,
-                     chunks * part * itemsize <= d.out_bytes, in_out)
+                     chunks * part * itemsize <= d.out_bytes, in_out, ring)
 
 
 def pipelined(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
@@ -352,34 +358,44 @@ def pipelined(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
 
 
 def _through_out(ctx: Ctx, s: Pipelined, x: np.ndarray, writes: bool) -> None:
-    """``pipelined`` on two members with raw terms, ``x`` at most the OUT region: chunk ``j``
-    of ``x`` has the same place in each member's OUT region, which holds the member's terms for
-    its peer's part (the caller's bytes) and its own reduced part.
+    """``pipelined`` on two members with raw terms, through the OUT regions: chunk ``j`` of
+    ``x`` has one place in each member's OUT region (its place in ``x``, or with ``s.ring`` its
+    place in a ring of ``RING`` chunks), which holds the member's terms for its peer's part (the
+    caller's bytes) and its own reduced part.
 
     After the call's first post (nobody reads the OUT regions of an earlier call any more) a
     member publishes chunk ``j``'s peer part and posts A(j); after the peer's A(j) it reduces its
     own part of ``x`` with the peer's terms into its OUT region and posts B(j), publishes chunk
     ``j + 1``, and after the peer's B(j) copies the peer's reduced part of chunk ``j`` into
-    ``x`` while it is still in the caches. That part's old bytes are the terms this member
-    published, so a later failure puts them back from its OUT region: ``x`` is left untouched.
-    Its own parts are copied in last, after the final wait, when nothing can fail any more.
-    Nothing in an OUT region is written twice in a call, and the next call writes it only after
-    its first wait, when the peer has finished reading this one.
+    ``x`` while it is still in the caches.
+
+    Without ``s.ring`` (the group keeps failed calls' arrays untouched or complete) nothing in an
+    OUT region is written twice in a call: the peer part's old bytes in ``x`` are the terms this
+    member published, so a later failure puts them back from its OUT region, and the own parts
+    are copied into ``x`` last, after the final wait, when nothing can fail any more. With
+    ``s.ring`` each own part goes into ``x`` right after it is reduced, and a member writes a
+    chunk's place again only after the peer's A of the chunk before (posted after the peer
+    copied out the chunk three before: ``RING`` = 3). The next call writes an OUT region only
+    after its first wait, when the peer has finished reading this one.
     """
-    d, in_acc, chunk, part, chunks = s.d, s.in_acc, s.chunk, s.part, s.chunks
+    d, in_acc, chunk, part, chunks, ring = s.d, s.in_acc, s.chunk, s.part, s.chunks, s.ring
     r, peers, size = d.rank, d.peers, x.size
     acc = s.red.acc
-    mine = d.outbox[r][:x.nbytes].view(acc)
-    theirs = d.outbox[1 - r][:x.nbytes].view(acc)
+    held = min(size, RING * chunk) if ring else size
+    mine = d.outbox[r][:held * acc.itemsize].view(acc)
+    theirs = d.outbox[1 - r][:held * acc.itemsize].view(acc)
 
-    def part_of(j: int, q: int) -> tuple[int, int]:
+    def part_of(j: int, q: int) -> tuple[int, int, int]:
+        """Part ``q`` of chunk ``j``: its bounds in ``x`` and how far its place in the OUT
+        regions lies from them."""
         lo = j * chunk
         length = min(chunk, size - lo)
-        return lo + min(q * part, length), lo + min((q + 1) * part, length)
+        shift = (j % RING - j) * chunk if ring else 0
+        return lo + min(q * part, length), lo + min((q + 1) * part, length), shift
 
     def publish(j: int) -> None:
-        a, b = part_of(j, 1 - r)
-        copy(mine[a:b], x[a:b])
+        a, b, o = part_of(j, 1 - r)
+        copy(mine[a + o:b + o], x[a:b])
         d.post()  # A(j)
 
     d.next_round()  # no IN slot: the round only keeps the members' counts alike
@@ -390,27 +406,29 @@ def _through_out(ctx: Ctx, s: Pipelined, x: np.ndarray, writes: bool) -> None:
         publish(0)
         for j in range(chunks):
             d.wait(peers, base + 1 + 2 * j, ctx)  # A(j)
-            a, b = part_of(j, r)
-            reduce_rows(in_acc, (x[a:b], theirs[a:b]) if r == 0 else (theirs[a:b], x[a:b]),  # type: ignore[arg-type]
-                        mine[a:b])
+            a, b, o = part_of(j, r)
+            own, peer = x[a:b], theirs[a + o:b + o]
+            reduce_rows(in_acc, (own, peer) if r == 0 else (peer, own), mine[a + o:b + o])  # type: ignore[arg-type]
             d.post()  # B(j)
+            if ring and writes:
+                copy(x[a:b], mine[a + o:b + o])
             if j + 1 < chunks:
                 publish(j + 1)
             if writes:
                 d.wait(peers, base + 2 + 2 * j, ctx)  # B(j)
-                a, b = part_of(j, 1 - r)
+                a, b, o = part_of(j, 1 - r)
                 copied = j + 1
-                copy(x[a:b], theirs[a:b])
+                copy(x[a:b], theirs[a + o:b + o])
         d.wait(peers, base + 2 * chunks, ctx)  # B(last): a member that writes has waited for it
     except BaseException:
-        for j in range(copied):
-            a, b = part_of(j, 1 - r)
-            copy(x[a:b], mine[a:b])
+        for j in range(0 if ring else copied):
+            a, b, o = part_of(j, 1 - r)
+            copy(x[a:b], mine[a + o:b + o])
         raise
-    if writes:
+    if writes and not ring:
         for j in range(chunks):
-            a, b = part_of(j, r)
-            copy(x[a:b], mine[a:b])
+            a, b, o = part_of(j, r)
+            copy(x[a:b], mine[a + o:b + o])
 
 
 def reduce_direct(ctx: Ctx, x: np.ndarray, root: int, op: Op) -> None:
