@@ -135,26 +135,24 @@ def _shm_one_slot(team: Team, nbytes: int) -> bool:
 # them through the slots, where the kernel lets them (``ShmDomain.cma``). Below, two copies
 # through the caches beat one kernel copy: process_vm_readv moves 10-15 GB/s from arrays in 4 KiB
 # pages here, 35-55 GB/s from arrays numpy backs with 2 MiB pages (from 4 MiB up), a copy in the
-# caches 40-60 GB/s; above, the slots' two copies cost as much memory traffic as one direct read,
-# and a broadcast's root and receivers copy at once instead of in turn. Where the crossover lies
-# moves from run to run with where the arrays land (huge pages or not: process_vm_readv of a 4 MiB
-# array ran at 16 GB/s in one run, 49 in the next). Measured on 2 cores, 2 members, the rows
-# alternating batch by batch in the same ranks, slots / direct reads, us per call (load 2.5-3.5):
-# broadcast 4 MiB 508 / 106, all_to_all 4 MiB 276 / 204, all_gather 4 MiB 369 / 207, all_reduce
-# 16 MiB 1921 / 2875, 32 MiB 4036 / 3447, 64 MiB 14936 / 9101; reduce_scatter's slots reduce in
-# the caches (111 us at 4 MiB, 753 at 16 in the bench beside MPICH), so it reads directly only
-# where its input outgrows them. ``tensorcomm tune`` measures where the crossover lies on a host.
-CMA_BYTES = {"all_reduce": 32 << 20, "reduce_scatter": 32 << 20, "all_gather": 4 << 20,
-             "broadcast": 4 << 20, "all_to_all": 4 << 20}
+# caches 40-60 GB/s (the slots copy in pieces that stay in them: ``shm_common.copy``); above, the
+# slots' two copies cost more memory traffic than one direct read, and a broadcast's root and
+# receivers copy at once instead of in turn. Measured on 2 cores, 2 members, the rows alternating
+# batch by batch in the same ranks, slots / direct reads, us per call (load 1-2.5): broadcast
+# 4 MiB 123 / 148, 8 MiB 279 / 188; all_gather 4 MiB 161 / 185, 8 MiB 336 / 304, 32 MiB 4235 /
+# 3248; all_to_all 2 MiB 91 / 103, 4 MiB 176 / 155; reduce_scatter 16 MiB 861 / 1014, 32 MiB
+# 2857 / 3163, 64 MiB 4177 / 3175; all_reduce 32 MiB 4144 / 5305, 48 MiB 6931 / 7443, 64 MiB
+# 8657 / 6016. Where the crossover lies moves with where the arrays land (huge pages or not);
+# ``tensorcomm tune`` measures it on a host.
+CMA_BYTES = {"all_reduce": 64 << 20, "reduce_scatter": 64 << 20, "all_gather": 8 << 20,
+             "broadcast": 8 << 20, "all_to_all": 4 << 20}
 # A group with shared arrays (``tensorcomm.empty``) reads from these sizes up: a shared array is
 # copied once, through the caches, straight from its owner's block, which beats the slots' two
-# copies from 1 MiB (2 members, us per call on shared / plain arrays, load 3-4.5: all_gather
-# 26 / 39, all_to_all 26 / 78, broadcast 24 / 132, reduce_scatter 24 / 32 at 1 MiB), all_to_all
-# from 256 KiB (9.7 / 33.4; there the slots' single wait won for the others: all_gather 45.8 /
-# 9.0, reduce_scatter 23.5 / 12.7). All-reduce's three waits cost more than the copy saved up to
-# its direct-read size (256 KiB: 58 / 16, 16 MiB: 2180 / 1441): shared arrays leave it there.
-SHARED_BYTES = {"reduce_scatter": 1 << 20, "all_gather": 1 << 20, "broadcast": 1 << 20,
-                "all_to_all": 256 << 10, "all_reduce": CMA_BYTES["all_reduce"]}
+# copies from 1 MiB (2 members, us per call through the slots / directly, on shared arrays,
+# alternating, load 1.5: all_gather 67 / 61, all_to_all 75 / 68, broadcast 49 / 42,
+# reduce_scatter 66 / 63, all_reduce 97 / 70 at 1 MiB; at 256 KiB the slots' single wait wins:
+# all_to_all 29 / 33, all_reduce 31 / 36).
+SHARED_BYTES = dict.fromkeys(CMA_BYTES, 1 << 20)
 
 
 def _can_read(team: Team, nbytes: int) -> bool:
