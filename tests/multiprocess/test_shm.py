@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tensorcomm as tc
-from tensorcomm.testing import run_ranks, spawn_ranks
+from tensorcomm.testing import reduce_reference, run_ranks, spawn_ranks
 from tensorcomm.transports.shm import slots
 
 pytestmark = [pytest.mark.multiprocess,
@@ -161,10 +161,18 @@ def _dev_shm() -> set[str]:
 KEEP_GOING = {"TENSORCOMM_KEEP_GOING": "1"}  # failed calls keep arrays untouched or complete
 
 
+def _through_the_ring() -> bool:
+    """Whether the latest call went through the OUT regions used as rings (``_through_out``)."""
+    state = tc.WORLD._target()._last_plan.state
+    return bool(state.in_out and state.ring)
+
+
 def body_kill_mid_pipeline(victim: int) -> dict:
     rank = tc.get_rank()
     x = np.arange(8 << 20, dtype=np.float32) + rank  # 32 MiB: beyond one slot
     original = x.copy()
+    tc.all_reduce(x)
+    ring = _through_the_ring()
     tc.all_reduce(np.ones(4, np.float32))
     if rank == victim:
         threading.Timer(0.02, os.kill, args=(os.getpid(), signal.SIGKILL)).start()
@@ -177,24 +185,54 @@ def body_kill_mid_pipeline(victim: int) -> dict:
         elapsed = time.monotonic() - started
         complete = np.array_equal(x, sum(np.arange(8 << 20, dtype=np.float32) + r
                                          for r in range(tc.get_world_size())))
-        return {"rank": exc.rank, "elapsed": elapsed,
+        return {"rank": exc.rank, "elapsed": elapsed, "ring": ring,
                 "untouched_or_complete": bool(np.array_equal(x, original) or complete)}
     raise AssertionError("no PeerLostError")
 
 
-# 3 ranks: streamed through the slots; 2 ranks: through the OUT regions (``_through_out``)
+# 3 ranks: streamed through the slots; 2 ranks: through the OUT regions (``_through_out``), as
+# rings where failed calls may leave arrays partly written
+@pytest.mark.parametrize("mode", ["keep_going", "default"])
 @pytest.mark.parametrize("world_size", [3, 2])
-def test_sigkill_mid_pipeline_is_noticed_and_leaves_arrays_and_dev_shm_clean(world_size):
+def test_sigkill_mid_pipeline_is_noticed_and_leaves_arrays_and_dev_shm_clean(world_size, mode):
     before = _dev_shm()
+    keep = mode == "keep_going"
     outcomes = spawn_ranks(body_kill_mid_pipeline, world_size, 1, timeout=90, comm_timeout=60,
-                           env={**KEEP_GOING, "TENSORCOMM_CMA": "off"})
+                           env={**(KEEP_GOING if keep else {}), "TENSORCOMM_CMA": "off"})
     assert outcomes[1].exitcode == -signal.SIGKILL
     for outcome in outcomes[:1] + outcomes[2:]:
         assert outcome.ok, outcome.output
         assert outcome.result["rank"] == 1
         assert outcome.result["elapsed"] < 5, outcome.result
-        assert outcome.result["untouched_or_complete"], outcome.result
+        assert outcome.result["ring"] == (world_size == 2 and not keep), outcome.result
+        assert outcome.result["untouched_or_complete"] or not keep, outcome.result
     assert _dev_shm() == before
+
+
+def body_ring_all_reduce() -> None:
+    """Two members, raw terms, arrays of several ring chunks: all_reduce and reduce to each root
+    through the OUT regions, in the caller's dtype, odd lengths."""
+    rank, size = tc.get_rank(), tc.get_world_size()
+    cases = ((np.float32, tc.ReduceOp.SUM, 1_000_003), (np.int32, tc.ReduceOp.MAX, 777_777),
+             (np.float64, tc.ReduceOp.PROD, 500_001), (np.uint8, tc.ReduceOp.BXOR, 5_000_011))
+    for dtype, op, count in cases:
+        inputs = [((np.arange(count) * (r + 3)) % 5 + 1).astype(dtype) for r in range(size)]
+        expected = reduce_reference(op, inputs)
+        x = inputs[rank].copy()
+        tc.all_reduce(x, op=op)
+        assert _through_the_ring() != (os.environ.get("TENSORCOMM_KEEP_GOING") == "1")
+        np.testing.assert_array_equal(x, expected, err_msg=f"{np.dtype(dtype)} {op}")
+        for root in range(size):
+            y = inputs[rank].copy()
+            tc.reduce(y, dst=root, op=op)
+            np.testing.assert_array_equal(y, expected if rank == root else inputs[rank])
+
+
+@pytest.mark.parametrize("mode", ["keep_going", "default"])
+def test_two_members_reduce_through_out_region_rings(mode):
+    run_ranks(body_ring_all_reduce, 2, timeout=120,
+              env={"TENSORCOMM_ALGORITHMS": "all_reduce=shm_pipelined,reduce=shm_pipelined",
+                   **(KEEP_GOING if mode == "keep_going" else {})})
 
 
 def body_kill_broadcast_root(count: int) -> dict:
