@@ -264,10 +264,12 @@ def test_stacked_views_show_every_members_slot_as_one_row_each():
     for q, peer in enumerate(domains):
         peer.inbox[q][1][64:64 + 40] = np.full(10, q + 0.5, np.float32).view(np.uint8)
         peer.outbox[q][:8] = np.array([q], np.int64).view(np.uint8)
-    rows = d.stacked(1, np.dtype(np.float32), 10, offset=64)
-    assert rows.shape == (3, 10) and rows.dtype == np.float32
-    np.testing.assert_array_equal(rows[:, 0], [0.5, 1.5, 2.5])
-    np.testing.assert_array_equal(d.stacked(0, np.dtype(np.int64), 1, region="out")[:, 0], [0, 1, 2])
-    with pytest.raises(ValueError, match="do not fit"):
+    stacked = d.stacked(1, np.dtype(np.float32), 10, offset=64)
+    assert stacked.shape == (3, 10) and stacked.dtype == np.float32
+    np.testing.assert_array_equal(stacked[:, 0], [0.5, 1.5, 2.5])
+    np.testing.assert_array_equal(d.stacked_out(np.dtype(np.int64), 1)[:, 0], [0, 1, 2])
+    with pytest.raises(ValueError, match="do not fit one IN slot"):
         d.stacked(0, np.dtype(np.float32), 1025)
+    with pytest.raises(ValueError, match="do not fit one OUT region"):
+        d.stacked_out(np.dtype(np.float32), 2047, offset=8)
     close_all(domains)

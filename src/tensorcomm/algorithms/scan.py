@@ -37,7 +37,7 @@ import numpy as np
 from ..types import PremulSum, ReduceOp
 from .base import Ctx, Plan, Team
 from .kernels import combine
-from .shm_common import Journal, Reduction, load, no_domain, reduce_rows
+from .shm_common import Journal, Reduction, load, no_domain, reduce_terms
 from .wire import chunk_elements, scratch, spans
 
 Op = ReduceOp | PremulSum
@@ -142,7 +142,7 @@ class Prefix:
         count: how many members' slots this member reduces (``terms``).
         chunk: elements of one round (one slot's worth in the accumulation dtype).
         rounds: rounds of the call.
-        rows: per IN slot, the first ``count`` members' slots, when one round holds the call.
+        firsts: per IN slot, the first ``count`` members' slots, when one round holds the call.
     """
 
     d: Any
@@ -150,7 +150,7 @@ class Prefix:
     count: int
     chunk: int
     rounds: int
-    rows: tuple[np.ndarray, np.ndarray] | None
+    firsts: tuple[np.ndarray, np.ndarray] | None
 
 
 def prepare_prefix(inclusive: bool) -> Callable[..., Prefix]:
@@ -163,11 +163,11 @@ def prepare_prefix(inclusive: bool) -> Callable[..., Prefix]:
         count = terms(d.rank, inclusive)
         chunk = max(1, d.slot_bytes // red.acc.itemsize)
         rounds = max(1, -(-x.size // chunk))
-        rows = None
+        firsts = None
         if rounds == 1:
             stacked = [d.stacked(p, red.acc, x.size) for p in (0, 1)]
-            rows = (stacked[0][:count], stacked[1][:count])
-        return Prefix(d, red, count, chunk, rounds, rows)
+            firsts = (stacked[0][:count], stacked[1][:count])
+        return Prefix(d, red, count, chunk, rounds, firsts)
     return prepare
 
 
@@ -178,12 +178,12 @@ def shm_prefix(inclusive: bool) -> Callable[[Ctx, np.ndarray, Op], None]:
         s: Prefix = ctx.plan.state
         d, red, count, chunk = s.d, s.red, s.count, s.chunk
         mine = d.inbox[d.rank]
-        if s.rows is not None:  # one round: the common case, in a straight line
+        if s.firsts is not None:  # one round: the common case, in a straight line
             in_slot = d.next_round()
             load(red, mine[in_slot][:x.size * red.acc.itemsize].view(red.acc), x)
             d.start(ctx)
             if count:
-                reduce_rows(red, s.rows[in_slot], x)
+                reduce_terms(red, s.firsts[in_slot], x)
             return
         journal = Journal(d, [x]) if count and ctx.team.keep_going else None
         base = d.posts
@@ -200,7 +200,7 @@ def shm_prefix(inclusive: bool) -> Callable[[Ctx, np.ndarray, Op], None]:
                 if count:
                     if journal is not None:
                         journal.save(0, lo * x.itemsize, hi * x.itemsize)
-                    reduce_rows(red, d.stacked(in_slot, red.acc, hi - lo)[:count], x[lo:hi])
+                    reduce_terms(red, d.stacked(in_slot, red.acc, hi - lo)[:count], x[lo:hi])
         except BaseException:
             if journal is not None:
                 journal.restore()

@@ -2,7 +2,7 @@
 
 Every member copies its terms into its own IN slot; the same slot of every member is one strided
 ``(members, k)`` array (``ShmDomain.stacked``), so a member reduces all terms with one numpy call
-(``shm_common.reduce_rows``), in member order, whatever the number of members.
+(``shm_common.reduce_terms``), in member order, whatever the number of members.
 
 ``direct`` serves contributions that fit one IN slot: each member copies its array into its slot
 (alternating between its two slots from call to call, so no closing barrier is needed), waits for
@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .base import Ctx, Plan, Team
-from .shm_common import Journal, Op, Reduction, copy, load, no_domain, part_size, reduce_rows
+from .shm_common import Journal, Op, Reduction, copy, load, no_domain, part_size, reduce_terms
 
 # Bytes of one pipelined chunk (at most one IN slot; through the OUT regions, chunks of one size
 # near it). Large enough that the two posts and waits per chunk cost little; the benchmark suite
@@ -48,23 +48,24 @@ RING = 3
 KEEP_GOING_RING_BYTES = 16 << 20
 
 
-def _rows(stacked: np.ndarray) -> Any:
-    """``stacked`` as ``reduce_rows`` takes it fastest: two members as a pair of rows."""
+def _terms_of(stacked: np.ndarray) -> Any:
+    """Every member's terms (``stacked``) as ``reduce_terms`` takes them fastest: two members as
+    a pair of arrays."""
     return (stacked[0], stacked[1]) if len(stacked) == 2 else stacked
 
 
-def _copy_parts(red: Reduction, out_rows: np.ndarray, part: int, x: np.ndarray) -> None:
-    """Copy member q's reduced part (row q of ``out_rows``, in the accumulation dtype) to
+def _copy_parts(red: Reduction, out_parts: np.ndarray, part: int, x: np.ndarray) -> None:
+    """Copy member q's reduced part (row q of ``out_parts``, in the accumulation dtype) to
     ``x[q * part:]``, for every member at once (two numpy calls)."""
     full, rest = divmod(x.size, part)
     if red.acc == x.dtype:
-        x[:full * part].reshape(full, part)[...] = out_rows[:full]
+        x[:full * part].reshape(full, part)[...] = out_parts[:full]
         if rest:
-            x[full * part:] = out_rows[full, :rest]
+            x[full * part:] = out_parts[full, :rest]
     else:
-        np.copyto(x[:full * part].reshape(full, part), out_rows[:full], casting="unsafe")
+        np.copyto(x[:full * part].reshape(full, part), out_parts[:full], casting="unsafe")
         if rest:
-            np.copyto(x[full * part:], out_rows[full, :rest], casting="unsafe")
+            np.copyto(x[full * part:], out_parts[full, :rest], casting="unsafe")
 
 
 def _domain(team: Team, plan: Plan) -> Any:
@@ -86,16 +87,16 @@ class Direct:
     Attributes:
         d: the group's domain.
         red: the reduction.
-        rows: per IN slot, every member's slot as ``reduce_rows`` takes it.
+        terms: per IN slot, every member's slot as ``reduce_terms`` takes it.
         mine: per IN slot, this member's slot (in the accumulation dtype).
-        pair: the ufunc that reduces the two slots of ``rows`` straight into the caller's array
+        pair: the ufunc that reduces the two slots of ``terms`` straight into the caller's array
             in one call (two members, terms in the caller's dtype, no average, ``out``
-            positional: ``reduce_rows``' two-member case), else None.
+            positional: ``reduce_terms``' two-member case), else None.
     """
 
     d: Any
     red: Reduction
-    rows: tuple[Any, Any]
+    terms: tuple[Any, Any]
     mine: tuple[np.ndarray, np.ndarray]
     pair: np.ufunc | None
 
@@ -105,8 +106,8 @@ def prepare_direct(team: Team, plan: Plan, x: np.ndarray, *rest: Any) -> Direct:
     d, red = _domain(team, plan), _reduction(plan)
     stacked = [d.stacked(p, red.acc, x.size) for p in (0, 1)]
     pair = red.ufunc if d.size == 2 and red.raw and red.positional and not red.average else None
-    return Direct(d, red, (_rows(stacked[0]), _rows(stacked[1])), (stacked[0][d.rank], stacked[1][d.rank]),
-                  pair)
+    return Direct(d, red, (_terms_of(stacked[0]), _terms_of(stacked[1])),
+                  (stacked[0][d.rank], stacked[1][d.rank]), pair)
 
 
 def direct(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
@@ -128,11 +129,11 @@ def direct(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
     d.start(ctx)  # no extent: nobody reads it for a reduction
     if root is None or root == d.rank:
         pair = s.pair
-        if pair is not None:  # ``reduce_rows`` inline: the small-call path
-            rows = s.rows[in_slot]
-            pair(rows[0], rows[1], x)
+        if pair is not None:  # ``reduce_terms`` inline: the small-call path
+            terms = s.terms[in_slot]
+            pair(terms[0], terms[1], x)
         else:
-            reduce_rows(red, s.rows[in_slot], x)
+            reduce_terms(red, s.terms[in_slot], x)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +145,7 @@ class Split:
         red: the reduction.
         in_acc: ``red`` for results built in the accumulation dtype (this member's part).
         part: elements of each member's part.
-        parts: per IN slot, this member's part of every member's slot (``reduce_rows``' form).
+        parts: per IN slot, this member's part of every member's slot (``reduce_terms``' form).
         mine: per IN slot, this member's slot.
         outs: every member's OUT region, one reduced part per row.
         my_out: this member's reduced part in its OUT region.
@@ -194,7 +195,7 @@ def _pair(d: Any, red: Reduction, stacked: list[np.ndarray], count: int, part: i
 def _reduce_pair(in_acc: Reduction, pair: Pair, in_slot: int, x: np.ndarray, out: np.ndarray) -> None:
     """Reduce this member's part of ``x`` with the peer's terms for it, in member order."""
     own, take = x[pair.own[0]:pair.own[1]], pair.take[in_slot]
-    reduce_rows(in_acc, (own, take) if pair.first else (take, own), out)  # type: ignore[arg-type]
+    reduce_terms(in_acc, (own, take) if pair.first else (take, own), out)  # type: ignore[arg-type]
 
 
 def prepare_split(team: Team, plan: Plan, x: np.ndarray, *rest: Any) -> Split:
@@ -203,9 +204,9 @@ def prepare_split(team: Team, plan: Plan, x: np.ndarray, *rest: Any) -> Split:
     part = part_size(x.size, d.size, red.acc.itemsize)
     a, b = min(d.rank * part, x.size), min((d.rank + 1) * part, x.size)
     stacked = [d.stacked(p, red.acc, x.size) for p in (0, 1)]
-    outs = d.stacked(0, red.acc, part, region="out")
+    outs = d.stacked_out(red.acc, part)
     return Split(d, red, red._replace(in_acc=True), part,
-                 (_rows(stacked[0][:, a:b]), _rows(stacked[1][:, a:b])),
+                 (_terms_of(stacked[0][:, a:b]), _terms_of(stacked[1][:, a:b])),
                  (stacked[0][d.rank], stacked[1][d.rank]), outs, outs[d.rank, :b - a],
                  _pair(d, red, stacked, x.size, part))
 
@@ -229,7 +230,7 @@ def split(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
     else:
         load(s.red, s.mine[in_slot], x)
         d.start(ctx)
-        reduce_rows(s.in_acc, s.parts[in_slot], s.my_out)
+        reduce_terms(s.in_acc, s.parts[in_slot], s.my_out)
     d.post()
     d.wait(d.peers, d.posts, ctx)
     if root is None or root == d.rank:
@@ -305,7 +306,7 @@ def pipelined(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
     streamed = writes and not staged  # each chunk copied out as soon as it is complete
     journal = Journal(d, [x]) if streamed and ctx.team.keep_going else None
     base, peers, mine = d.posts, d.peers, d.inbox[r]
-    parities = []
+    first = d.next_round()  # chunk j goes through IN slot (first + j) & 1
 
     def piece(j: int) -> np.ndarray:
         return x[j * chunk:(j + 1) * chunk]
@@ -313,31 +314,32 @@ def pipelined(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
     pairs = d.size == 2 and red.raw  # publish the peer's part only (``Pair``)
 
     def copy_in(j: int) -> None:
-        parities.append(d.next_round())
-        x_j = piece(j)
+        if j:
+            d.next_round()  # one round per chunk, as every member counts them
+        x_j, slot = piece(j), mine[(first + j) & 1]
         if pairs:
             a, b = min((1 - r) * part, x_j.size), min((2 - r) * part, x_j.size)
-            mine[parities[j]][a * itemsize:b * itemsize].view(acc)[...] = x_j[a:b]
+            slot[a * itemsize:b * itemsize].view(acc)[...] = x_j[a:b]
         else:
-            load(red, mine[parities[j]][:x_j.size * itemsize].view(acc), x_j)
+            load(red, slot[:x_j.size * itemsize].view(acc), x_j)
 
-    def out_rows(j: int) -> np.ndarray:
-        return d.stacked(0, acc, part, offset=(j if staged else j & 1) * part * itemsize, region="out")
+    def out_parts(j: int) -> np.ndarray:
+        return d.stacked_out(acc, part, offset=(j if staged else j & 1) * part * itemsize)
 
     def reduce_own(j: int) -> None:
         x_j = piece(j)
         a, b = min(r * part, x_j.size), min((r + 1) * part, x_j.size)
-        stacked = d.stacked(parities[j], acc, x_j.size)[:, a:b]
-        rows = _rows(stacked)
+        stacked = d.stacked((first + j) & 1, acc, x_j.size)[:, a:b]
+        terms = _terms_of(stacked)
         if pairs:  # this member's terms straight from ``x``
-            rows = (x_j[a:b], stacked[1]) if r == 0 else (stacked[0], x_j[a:b])
-        reduce_rows(in_acc, rows, out_rows(j)[r, :b - a])
+            terms = (x_j[a:b], stacked[1]) if r == 0 else (stacked[0], x_j[a:b])
+        reduce_terms(in_acc, terms, out_parts(j)[r, :b - a])
 
     def copy_out(j: int) -> None:
         lo = j * chunk
         if journal is not None:
             journal.save(0, lo * x.itemsize, (lo + piece(j).size) * x.itemsize)
-        _copy_parts(red, out_rows(j), part, piece(j))
+        _copy_parts(red, out_parts(j), part, piece(j))
 
     copy_in(0)
     d.start(ctx)
@@ -416,7 +418,7 @@ def _through_out(ctx: Ctx, s: Pipelined, x: np.ndarray, writes: bool) -> None:
             d.wait(peers, base + 1 + 2 * j, ctx)  # A(j)
             a, b, o = part_of(j, r)
             own, peer = x[a:b], theirs[a + o:b + o]
-            reduce_rows(in_acc, (own, peer) if r == 0 else (peer, own), mine[a + o:b + o])  # type: ignore[arg-type]
+            reduce_terms(in_acc, (own, peer) if r == 0 else (peer, own), mine[a + o:b + o])  # type: ignore[arg-type]
             d.post()  # B(j)
             if ring and writes:
                 if journal is not None:

@@ -40,7 +40,7 @@ import numpy as np
 from ..errors import CollectiveMismatchError
 from .allgather import bounds
 from .base import Ctx, Plan, Team
-from .shm_common import Op, Reduction, copy, domain, load, part_size, reduce_rows
+from .shm_common import Op, Reduction, copy, domain, load, part_size, reduce_terms
 
 # Bytes of peer terms read per step of a reduction: the terms stay in the caches between the
 # read and the arithmetic, as UCX's CMA pieces of 512 KiB do for MPICH.
@@ -141,7 +141,7 @@ def _reduce_part(ctx: Ctx, s: Reads, table: list[list[int]], send: np.ndarray, l
     ``send``) into ``out`` (``hi - lo`` elements), chunk by chunk, in member order.
 
     Two members with terms that are the caller's bytes reduce this member's elements with the
-    peer's as they are; otherwise every member's terms are loaded into rows of scratch first.
+    peer's as they are; otherwise every member's terms are loaded into a row of scratch first.
     """
     d, red = s.d, s.red
     assert red is not None
@@ -157,17 +157,17 @@ def _reduce_part(ctx: Ctx, s: Reads, table: list[list[int]], send: np.ndarray, l
         own, into = send[a:b], out[a - lo:b - lo]
         if pair:
             theirs = _terms(d, table, 1 - r, 0, a * itemsize, own, raw[1 - r])
-            reduce_rows(red, (own, theirs) if r == 0 else (theirs, own), into)  # type: ignore[arg-type]
+            reduce_terms(red, (own, theirs) if r == 0 else (theirs, own), into)  # type: ignore[arg-type]
             continue
-        rows = acc[:, :b - a]
+        terms = acc[:, :b - a]
         for q in range(n):
             if q == r:
-                load(red, rows[q], own)
+                load(red, terms[q], own)
             elif red.raw and not table[q][1]:  # a plain array's terms, read into their row
-                _take(d, table, q, 0, a * itemsize, rows[q])
+                _take(d, table, q, 0, a * itemsize, terms[q])
             else:
-                load(red, rows[q], _terms(d, table, q, 0, a * itemsize, own, raw[q]))
-        reduce_rows(red, rows, into)
+                load(red, terms[q], _terms(d, table, q, 0, a * itemsize, own, raw[q]))
+        reduce_terms(red, terms, into)
 
 
 # -- all_gather ----------------------------------------------------------------------------------

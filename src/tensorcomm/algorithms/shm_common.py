@@ -5,7 +5,7 @@ The shared-memory algorithms (``shm_*.py``) read their peers' slots in place thr
 caller's op (``PremulSum``, ``AVG``, half precision included) and write results straight into the
 caller's arrays. What they work out once per call shape (views of the slots, bounds) they keep in
 the call's ``Plan`` (``ctx.plan.state``), which the group owns. They reduce every member's terms
-with one numpy call over a strided view of all the slots (``reduce_rows``), so their per-call Python
+with one numpy call over a strided view of all the slots (``reduce_terms``), so their per-call Python
 work does not grow with the number of members. Where the group keeps arrays untouched or
 complete (``Team.keep_going``), arrays a collective updates in place (all-reduce, reduce's root,
 broadcast's receivers) are left untouched or complete by a failed call (see ``Journal``);
@@ -94,22 +94,22 @@ def load(red: Reduction, dst: np.ndarray, src: np.ndarray) -> None:
 
 # -- reductions -----------------------------------------------------------------------------------
 
-def reduce_rows(red: Reduction, rows: np.ndarray, out: np.ndarray) -> None:
-    """Reduce the ``(members, k)`` array ``rows`` (row q: member q's terms, in the accumulation
+def reduce_terms(red: Reduction, terms: np.ndarray, out: np.ndarray) -> None:
+    """Reduce the ``(members, k)`` array ``terms`` (row q: member q's terms, in the accumulation
     dtype) over its members into ``out`` (the caller's dtype): one numpy call whatever the number
     of members, in member order, so every member computes the same bits.
 
     The result is rounded into ``out`` once, after the AVG division, as ``kernels.finish`` does.
     """
     target = out if red.in_acc else np.empty(out.size, dtype=red.acc)
-    if len(rows) != 2:
-        red.ufunc.reduce(rows, axis=0, out=target)
+    if len(terms) != 2:
+        red.ufunc.reduce(terms, axis=0, out=target)
     elif red.positional:  # two terms: the binary ufunc costs less than a reduction
-        red.ufunc(rows[0], rows[1], target)
+        red.ufunc(terms[0], terms[1], target)
     else:
-        red.ufunc(rows[0], rows[1], out=target)
+        red.ufunc(terms[0], terms[1], out=target)
     if red.average:
-        np.divide(target, len(rows), out=target)
+        np.divide(target, len(terms), out=target)
     if target is not out:
         np.copyto(out, target, casting="unsafe")
 

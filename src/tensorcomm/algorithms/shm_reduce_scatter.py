@@ -19,7 +19,7 @@ import numpy as np
 
 from .allgather import bounds
 from .base import Ctx, Plan, Team
-from .shm_common import Journal, Op, Reduction, Stream, copy, domain, load, reduce_rows, run_rounds
+from .shm_common import Journal, Op, Reduction, Stream, copy, domain, load, reduce_terms, run_rounds
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +31,7 @@ class ReduceScatter:
         red: the reduction (the plan's).
         offsets: element bounds of each member's block.
         pair: two members (``_pair``).
-        rows: when the input fits one slot, per IN slot: on two members (this member's
+        terms: when the input fits one slot, per IN slot: on two members (this member's
             published block, the peer's block for it), typed; on more, block ``rank`` of every
             member's slot as one strided array. Else None (rounds).
         mine: on more than two members, per IN slot this member's slot (the whole input), when
@@ -45,7 +45,7 @@ class ReduceScatter:
     red: Reduction
     offsets: list[int]
     pair: bool
-    rows: Any
+    terms: Any
     mine: Any
     plain: bool = False
 
@@ -85,10 +85,10 @@ def reduce_scatter(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence
         op: the caller's reduction.
     """
     s: ReduceScatter = ctx.plan.state
-    if s.plain:  # ``_pair``'s one round, with ``load`` and ``reduce_rows`` reduced to their numpy calls
+    if s.plain:  # ``_pair``'s one round, with ``load`` and ``reduce_terms`` reduced to their numpy calls
         d, offsets, ufunc = s.d, s.offsets, s.red.ufunc
         r = d.rank
-        mine, theirs = s.rows[d.next_round()]
+        mine, theirs = s.terms[d.next_round()]
         copy(mine, send[offsets[1 - r]:offsets[2 - r]])  # the peer's block of this member's terms
         d.start(ctx)  # nobody reads extents in one round
         own = send[offsets[r]:offsets[r + 1]]
@@ -100,13 +100,13 @@ def reduce_scatter(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence
     if s.pair:
         _pair(ctx, s, send, out)
         return
-    d, red, offsets, rows, mine = s.d, s.red, s.offsets, s.rows, s.mine
+    d, red, offsets, terms, mine = s.d, s.red, s.offsets, s.terms, s.mine
     r = d.rank
-    if rows is not None:  # one round: every member's block r, reduced in one call
+    if terms is not None:  # one round: every member's block r, reduced in one call
         in_slot = d.next_round()
         load(red, mine[in_slot], send)
         d.start(ctx)  # nobody reads extents in one round
-        reduce_rows(red, rows[in_slot], out)
+        reduce_terms(red, terms[in_slot], out)
         return
     terms = send
     if not red.raw:  # terms travel in the accumulation dtype, premultiplied
@@ -119,7 +119,7 @@ def reduce_scatter(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence
         a, b = max(lo, start), min(hi, stop)
         if a < b:
             window = d.stacked(in_slot, red.acc, (b - a) // itemsize, offset=a - lo)
-            reduce_rows(red, window, out[(a - start) // itemsize:(b - start) // itemsize])
+            reduce_terms(red, window, out[(a - start) // itemsize:(b - start) // itemsize])
 
     run_rounds(ctx, Stream.of([terms]), read)  # ``out`` is an output only: no journal
 
@@ -127,7 +127,7 @@ def reduce_scatter(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence
 def _pair(ctx: Ctx, s: ReduceScatter, send: np.ndarray, out: np.ndarray) -> None:
     """``reduce_scatter`` on two members: each publishes only its peer's block of terms, and
     reduces its own block of ``send`` with the peer's, in member order."""
-    d, red, offsets, views = s.d, s.red, s.offsets, s.rows
+    d, red, offsets, views = s.d, s.red, s.offsets, s.terms
     r = d.rank
     peer = 1 - r
     given = send[offsets[peer]:offsets[peer + 1]]  # the block this member hands its peer
@@ -141,7 +141,7 @@ def _pair(ctx: Ctx, s: ReduceScatter, send: np.ndarray, out: np.ndarray) -> None
         mine, theirs = views[in_slot]
         load(red, mine, given)
         d.start(ctx)  # nobody reads extents in one round
-        reduce_rows(red, (own, theirs) if r == 0 else (theirs, own), out)  # type: ignore[arg-type]
+        reduce_terms(red, (own, theirs) if r == 0 else (theirs, own), out)  # type: ignore[arg-type]
         return
     if not red.raw:
         staged = np.empty(given.size, dtype=red.acc)
@@ -156,7 +156,7 @@ def _pair(ctx: Ctx, s: ReduceScatter, send: np.ndarray, out: np.ndarray) -> None
         if lo < b:
             i, j = lo // itemsize, b // itemsize
             theirs = source[in_slot][:b - lo].view(red.acc)
-            reduce_rows(red, (own[i:j], theirs) if r == 0 else (theirs, own[i:j]),  # type: ignore[arg-type]
+            reduce_terms(red, (own[i:j], theirs) if r == 0 else (theirs, own[i:j]),  # type: ignore[arg-type]
                         out[i:j])
 
     run_rounds(ctx, Stream.of([given]), read)  # ``out`` is an output only: no journal

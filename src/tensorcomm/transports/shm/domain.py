@@ -43,7 +43,7 @@ from . import arena as arena_mod
 from . import cma
 from . import slots as slots_mod
 from .arena import Arena, ShmUnavailable
-from .slots import Slots
+from .slots import CallInfo, Slots
 
 log = logging.getLogger("tensorcomm.shm")
 
@@ -73,7 +73,6 @@ class ShmDomain:
         out_bytes: bytes of this member's OUT region.
         inbox: ``inbox[q][p]``, member ``q``'s IN slot ``p`` (uint8 array).
         outbox: ``outbox[q]``, member ``q``'s OUT region (uint8 array).
-        start, post, wait, extent, extents: the call protocol (``Slots``' methods).
         last_broadcast: after a broadcast through half the OUT region, the post count it ended
             at and the half it used, else None (``algorithms/shm_broadcast.staged`` reads it).
         cma: the members read each other's memory directly (``settle_cma`` decided so).
@@ -108,12 +107,6 @@ class ShmDomain:
                            for q in range(size))
         self.outbox = tuple(raw[control + q * member + 2 * slot_bytes:][:out_bytes] for q in range(size))
         self._round = 0
-        slots = self.slots
-        self.start = slots.start
-        self.post = slots.post
-        self.wait = slots.wait
-        self.extent = slots.extent
-        self.extents = slots.extents
         self._backup = np.empty(0, dtype=np.uint8)
         self.last_broadcast: tuple[int, int] | None = None
         self.cma = False
@@ -125,8 +118,28 @@ class ShmDomain:
         self._closed = False
 
     # -- per call --------------------------------------------------------------------------------
-    # The call protocol lives in ``Slots``; its methods are bound here once (``__init__``) so an
-    # algorithm's ``domain.start(ctx)`` costs one call, not two.
+    # The call protocol lives in ``Slots``; these pass it on.
+
+    def start(self, ctx: CallInfo, extent: int | None = None) -> None:
+        """Begin a call (``Slots.start``: announce it, wait for every peer's announcement, check
+        they match)."""
+        self.slots.start(ctx, extent)
+
+    def post(self) -> None:
+        """Make this member's next post (``Slots.post``)."""
+        self.slots.post()
+
+    def wait(self, ranks: Sequence[int], target: int, ctx: CallInfo) -> None:
+        """Return once every member of ``ranks`` has made ``target`` posts (``Slots.wait``)."""
+        self.slots.wait(ranks, target, ctx)
+
+    def extent(self, rank: int, ctx: CallInfo) -> int:
+        """The extent member ``rank`` announced for this call (``Slots.extent``)."""
+        return self.slots.extent(rank, ctx)
+
+    def extents(self, ctx: CallInfo) -> list[int]:
+        """Every member's announced extent for this call (``Slots.extents``)."""
+        return self.slots.extents(ctx)
 
     @property
     def posts(self) -> int:
@@ -145,16 +158,23 @@ class ShmDomain:
         self._round += 1
         return in_slot
 
-    def stacked(self, in_slot: int, dtype: np.dtype, count: int, offset: int = 0,
-                region: str = "in") -> np.ndarray:
-        """Every member's IN slot ``in_slot`` (or OUT region: ``region="out"``) from byte
-        ``offset`` on, as one ``(size, count)`` array of ``dtype``: row ``q`` is member ``q``'s."""
-        if count * dtype.itemsize + offset > (self.slot_bytes if region == "in" else self.out_bytes):
-            raise ValueError(f"{count} x {dtype} from byte {offset} do not fit one {region} region")
-        region_start = in_slot * self.slot_bytes if region == "in" else 2 * self.slot_bytes
-        start = self._control + offset + region_start
-        return np.ndarray((self.size, count), dtype=dtype, buffer=self._raw, offset=start,
-                          strides=(self._member, dtype.itemsize))
+    def stacked(self, in_slot: int, dtype: np.dtype, count: int, offset: int = 0) -> np.ndarray:
+        """Every member's IN slot ``in_slot`` from byte ``offset`` on, as one ``(size, count)``
+        array of ``dtype``: row ``q`` is member ``q``'s."""
+        return self._stacked(in_slot * self.slot_bytes, self.slot_bytes, dtype, count, offset, "IN slot")
+
+    def stacked_out(self, dtype: np.dtype, count: int, offset: int = 0) -> np.ndarray:
+        """Every member's OUT region from byte ``offset`` on, as ``stacked`` gives IN slots."""
+        return self._stacked(2 * self.slot_bytes, self.out_bytes, dtype, count, offset, "OUT region")
+
+    def _stacked(self, start: int, nbytes: int, dtype: np.dtype, count: int, offset: int,
+                 name: str) -> np.ndarray:
+        """The ``(size, count)`` view of ``dtype`` at byte ``start + offset`` of every member's
+        part of the segment, within ``nbytes`` from ``start``."""
+        if count * dtype.itemsize + offset > nbytes:
+            raise ValueError(f"{count} x {dtype} from byte {offset} do not fit one {name}")
+        return np.ndarray((self.size, count), dtype=dtype, buffer=self._raw,
+                          offset=self._control + start + offset, strides=(self._member, dtype.itemsize))
 
     def place(self, array: np.ndarray) -> tuple[int, int, int]:
         """Where ``array`` (C-contiguous) lies, as peers find it: its address in this process,
