@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import mmap
+import multiprocessing
+import os
 
 import numpy as np
 import pytest
@@ -76,3 +78,20 @@ def test_measure_times_every_design_in_every_process_at_once(shared):
     for times in found.values():
         assert set(times) <= expected and "slots" in times and (shared <= ("shared" in times))
         assert all(us > 0 for us in times.values())
+
+
+@pytest.mark.spawns
+def test_sizes_below_a_cache_line_per_process_get_no_bound():
+    # 8 B and 100 B cannot be cut into blocks of whole cache lines: no design is timed for them
+    found = bound.measure(["all_gather", "all_to_all"], [8, 100, 1 << 12], 2)
+    assert sorted(found) == [("all_gather", 1 << 12), ("all_to_all", 1 << 12)]
+
+
+@pytest.mark.spawns
+def test_a_worker_that_dies_is_an_error_not_a_hang():
+    context = multiprocessing.get_context("fork")
+    worker = context.Process(target=os._exit, args=(3,))
+    worker.start()
+    worker.join()
+    with pytest.raises(RuntimeError, match="exit code 3"):
+        bound._result(context.Queue(), [worker])

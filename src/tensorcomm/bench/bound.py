@@ -42,6 +42,7 @@ import multiprocessing
 import os
 import time
 from collections.abc import Callable, Sequence
+from queue import Empty
 from typing import Any
 
 import numpy as np
@@ -255,13 +256,14 @@ def measure(collectives: Sequence[str], sizes: Sequence[int], ranks: int = 2,
             shared: bool = False) -> dict[tuple[str, int], dict[str, float]]:
     """Microseconds of each design's copies per call of each collective at each size (see the
     module docstring), ``ranks`` processes at once; ``shared``: the in-place design on shared
-    arrays too. Collectives without designs here are left out."""
+    arrays too. Collectives without designs here are left out, and sizes that are not whole
+    cache lines per process (64 B x ``ranks``)."""
     known = [c for c in dict.fromkeys(collectives) if c in COLLECTIVES]
     context = multiprocessing.get_context("fork")
     found: dict[tuple[str, int], dict[str, float]] = {}
     for size in sorted(set(sizes)):
-        if not known:
-            break
+        if not known or size % (64 * ranks):  # the designs cut blocks of whole cache lines
+            continue
         region = mmap.mmap(-1, ranks * size * (4 if shared else 2))
         book = context.RawArray("q", 3 * ranks)
         barrier, queue = context.Barrier(ranks), context.Queue()
@@ -270,10 +272,14 @@ def measure(collectives: Sequence[str], sizes: Sequence[int], ranks: int = 2,
                    for r in range(ranks)]
         for w in workers:
             w.start()
-        results = [queue.get(timeout=600) for _ in workers]
-        for w in workers:
-            w.join(timeout=30)
-        region.close()
+        try:
+            results = [_result(queue, workers) for _ in workers]
+        finally:
+            for w in workers:
+                w.join(timeout=30)
+                if w.is_alive():
+                    w.kill()
+            region.close()
         for collective in known:
             for design in results[0][collective]:
                 phases = zip(*(result[collective][design] for result in results), strict=True)
@@ -281,16 +287,24 @@ def measure(collectives: Sequence[str], sizes: Sequence[int], ranks: int = 2,
     return found
 
 
+def _result(queue: Any, workers: Sequence[Any]) -> Any:
+    """The next worker's timings; RuntimeError as soon as a worker died without giving them."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        try:
+            return queue.get(timeout=0.5)
+        except Empty:
+            failed = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
+            if failed:
+                raise RuntimeError(f"a copy-bound worker failed (exit code {failed[0]})") from None
+    raise RuntimeError("the copy-bound workers gave no timings within 600 s")
+
+
 def bound_us(designs: dict[str, float], shared: bool = False) -> float | None:
     """The bound of one call: its cheapest design of those ``measure`` timed (``shared``: the
     in-place design), or None where none was timed."""
     times = [designs[d] for d in (SHARED if shared else PLAIN) if d in designs]
     return min(times) if times else None
-
-
-def _nearest(found: dict[tuple[str, int], dict[str, float]], collective: str, size: int) -> dict[str, float]:
-    sizes = [s for c, s in found if c == collective]
-    return found[(collective, min(sizes, key=lambda s: abs(s - size)))] if sizes else {}
 
 
 def summary(rows: Sequence[Row], ranks: int, shared: bool = False) -> list[str]:
@@ -307,7 +321,7 @@ def summary(rows: Sequence[Row], ranks: int, shared: bool = False) -> list[str]:
         f"{'bound(us)':>11}{'time(us)':>11}{'÷ bound':>9}"
     lines = ["#", title, columns]
     for row in mine:
-        timed = _nearest(found, row.collective, row.size)
+        timed = found.get((row.collective, row.size), {})
         floor = bound_us(timed, shared)
         if floor is None or row.time_us is None:
             continue
