@@ -315,8 +315,8 @@ def summary(rows: Sequence[Row], ranks: int, shared: bool = False) -> list[str]:
         return []
     found = measure([r.collective for r in mine], [r.size for r in mine], ranks, shared)
     designs = SHARED if shared else PLAIN
-    title = (f"# tensorcomm time / copy bound (each design's copies run alone, {ranks} processes at once,"
-             + (" on shared arrays" if shared else "") + ", in us per call; docs/algorithms.md)")
+    title = (f"# tensorcomm time / copy bound (each design's copies run alone, {ranks} processes at once"
+             + (", on shared arrays" if shared else "") + ", in us per call; docs/algorithms.md)")
     columns = f"# {'collective':<14}{'size(B)':>12}" + "".join(f"{d:>10}" for d in designs) + \
         f"{'bound(us)':>11}{'time(us)':>11}{'÷ bound':>9}"
     lines = ["#", title, columns]
