@@ -16,7 +16,6 @@ from ..algorithms.base import Ctx, Hierarchy, Plan, Team
 from ..config import MAX_TIMEOUT
 from ..errors import CommError, ConcurrentUseError, GroupAbortedError, PeerLostError
 from ..trace import recorder
-from ..trace.recorder import AT_START
 from ..types import TransportKind
 from .elastic import agree
 from .engine import Engine
@@ -24,6 +23,7 @@ from .split import split as split_by_color
 from .work import Work
 
 PLANS_KEPT = 256  # call shapes a group remembers; the oldest is forgotten beyond that
+AT_START = -2  # the record index ``_call`` gets for a call the recorder learns of as it starts
 ABORT_GRACE = 0.25  # seconds a call that lost a peer waits for the abort that may explain it
 
 if TYPE_CHECKING:
@@ -326,9 +326,10 @@ class Group:
 def _call(seq: int, job: tuple[Group, Team, Plan, tuple[Any, ...], int]) -> Any:
     """Run call ``seq`` of ``group``: ``plan``'s algorithm on ``args``, all in ``job`` (``group,
     team, plan, args, index``, as ``Group._run`` hands it to the engine). The one place every
-    collective call runs, inline or queued (the engine calls it in issue order); ``index`` is
-    the call's trace record (``trace.recorder``; -1 when tracing is off, ``recorder.AT_START``
-    for a blocking call, which ``recorder.run`` records and runs).
+    collective call runs, inline or queued (the engine calls it in issue order), and tells the
+    flight recorder (``trace.recorder``) that it started, ended or failed: ``index`` is the call's
+    record for a queued call (-1 when the recorder is off), ``AT_START`` for a call recorded as it
+    starts.
 
     A call that fails ends the group on every member (``_failed``), then raises what explains
     the failure best (``_cause``).
@@ -337,8 +338,8 @@ def _call(seq: int, job: tuple[Group, Team, Plan, tuple[Any, ...], int]) -> Any:
     group._last_plan = plan
     ctx = _ctx_of(team, seq, plan)
     if index == AT_START:
-        return _run_recorded(ctx, args, _failing)
-    if index >= 0:
+        index = _begin(team, plan, seq)
+    elif index >= 0:
         recorder.started(index, seq)
     try:
         result = plan.run(ctx, *args)
@@ -350,13 +351,13 @@ def _call(seq: int, job: tuple[Group, Team, Plan, tuple[Any, ...], int]) -> Any:
             raise
         raise cause from exc
     if index >= 0:
-        recorder.done(index)
+        _done(index)
     return result
 
 
 _ctx_of = Ctx.of
-_run_recorded = recorder.run
-recorder.entries(Group._run.__code__, _call.__code__)
+_begin = recorder.begin
+_done = recorder.done
 
 
 def _failing(ctx: Ctx, error: BaseException) -> BaseException:
