@@ -255,8 +255,8 @@ class Ctx:
 
     Made by ``Ctx.of`` from the group's team and the call's plan, which costs five attribute
     stores, a clock read and a look at whether the group's scratch is due a sweep: every call
-    makes one (a persistent call makes its own again for each run: ``renew``), so whatever only
-    some calls need (the messages' tags, the name for errors) is worked out where it is used.
+    makes one, so whatever only some calls need (the messages' tags, the name for errors) is
+    worked out where it is used.
     """
 
     __slots__ = ("team", "plan", "seq", "signature", "deadline")
@@ -272,19 +272,13 @@ class Ctx:
         ctx = _new(cls)
         ctx.team = team
         ctx.plan = plan
+        ctx.seq = seq
         ctx.signature = plan.signature
-        ctx.renew(seq)
-        return ctx
-
-    def renew(self, seq: int) -> None:
-        """Make this the context of call ``seq`` of the same plan (a persistent call's next
-        run); its deadline starts now."""
-        self.seq = seq
-        team = self.team
         now = _monotonic()
-        self.deadline = now + team.timeout
+        ctx.deadline = now + team.timeout
         if now >= team.scratch.sweep_at:  # scratch idle for long is given back (``Scratch``)
             team.scratch.sweep(now)
+        return ctx
 
     name = property(attrgetter("plan.label"), doc="The collective's name, for messages.")
 

@@ -196,23 +196,21 @@ class Group:
         if team is None:
             raise target._not_member(target._world.rank)
         if not async_op:
-            return target._now(plan, args, None)
+            return target._now(plan, args)
         # a blocking call is recorded as it starts (``_execute``), a queued one now
-        work = target._submit((target, plan, args, recorder.issue(team, plan), None), True)
+        work = target._submit((target, plan, args, recorder.issue(team, plan)), True)
         work.algorithm, work.transport = plan.algorithm, recorder.transport_name(team)
         return work
 
-    def _now(self, plan: Plan, args: tuple[Any, ...], ctx: Ctx | None) -> Any:
+    def _now(self, plan: Plan, args: tuple[Any, ...]) -> Any:
         """Run a blocking call of ``plan`` on ``args`` now, on this thread, unless a call runs
-        or waits ahead of it (then it queues, and this thread waits for it: ``_submit``); ``ctx``:
-        the context to run it in (a persistent call's, made again for each run), or None for a
-        new one."""
+        or waits ahead of it (then it queues, and this thread waits for it: ``_submit``)."""
         engine = self._engine
         seq = engine.enter()
         if seq < 0:
-            return self._submit((self, plan, args, AT_START, ctx), False)
+            return self._submit((self, plan, args, AT_START), False)
         try:
-            return _execute(seq, self, plan, args, AT_START, ctx)
+            return _execute(seq, self, plan, args, AT_START)
         finally:
             engine.leave()
 
@@ -350,7 +348,7 @@ class Group:
         return f"Group(name={self.name!r}, ranks={list(self.ranks)})"
 
 
-Job = tuple["Group", Plan, tuple[Any, ...], int, "Ctx | None"]  # _execute's arguments after seq
+Job = tuple["Group", Plan, tuple[Any, ...], int]  # _execute's arguments after seq
 
 
 def _call(seq: int, job: Job) -> Any:
@@ -358,10 +356,10 @@ def _call(seq: int, job: Job) -> Any:
     return _execute(seq, *job)
 
 
-def _execute(seq: int, group: Group, plan: Plan, args: tuple[Any, ...], index: int, ctx: Ctx | None) -> Any:
-    """Run call ``seq`` of ``group``: ``plan``'s algorithm on ``args``, in ``ctx`` (made again for
-    this call: ``Ctx.renew``) or a new context. The one place every collective call runs, inline
-    or queued (the engine runs them in issue order), and tells the flight recorder
+def _execute(seq: int, group: Group, plan: Plan, args: tuple[Any, ...], index: int) -> Any:
+    """Run call ``seq`` of ``group``: ``plan``'s algorithm on ``args``, in a new context. The one
+    place every collective call runs, ordinary or persistent, inline or queued (the engine runs
+    them in issue order), and tells the flight recorder
     (``trace.recorder``) that it started, ended or failed: ``index`` is the call's record for a
     queued call (-1 when the recorder is off), ``AT_START`` for a call recorded as it starts.
 
@@ -369,10 +367,7 @@ def _execute(seq: int, group: Group, plan: Plan, args: tuple[Any, ...], index: i
     the failure best (``_cause``).
     """
     group._last_plan = plan
-    if ctx is None:
-        ctx = _ctx_of(group._team, seq, plan)  # type: ignore[arg-type]  # a member's group runs calls
-    else:
-        ctx.renew(seq)
+    ctx = _ctx_of(group._team, seq, plan)  # type: ignore[arg-type]  # a member's group runs calls
     if index == AT_START:
         index = _begin(ctx.team, plan, seq)
     elif index >= 0:

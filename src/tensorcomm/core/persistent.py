@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..algorithms.base import Ctx, Plan
+from ..algorithms.base import Plan
 from .work import Work
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ class Prequest:
         transport: what carries it (as ``Work.transport``).
     """
 
-    __slots__ = ("_group", "_plan", "_args", "_ctx", "_check", "_commit", "_now", "_pending", "_label",
+    __slots__ = ("_group", "_plan", "_args", "_check", "_commit", "_now", "_pending", "_label",
                  "algorithm", "transport", "__weakref__")
 
     def __init__(self, group: Group, plan: Plan, args: tuple[Any, ...], binding: Binding | None,
@@ -68,7 +68,6 @@ class Prequest:
         self._plan = plan
         self._label = plan.label
         self._args: tuple[Any, ...] | None = args  # None once freed
-        self._ctx = Ctx.of(group._member_team(), -1, plan)  # made again for each run (``renew``)
         self._check: Callable[[], None] | None = None if binding is None else binding.check
         self._commit: Callable[[], None] | None = None if binding is None else binding.commit
         self._now = group._now
@@ -92,7 +91,7 @@ class Prequest:
         check = self._check
         if check is not None:
             check()
-        self._now(self._plan, args, self._ctx)
+        self._now(self._plan, args)
         commit = self._commit
         if commit is not None:
             commit()
@@ -112,7 +111,7 @@ class Prequest:
         if self._check is not None:
             self._check()
         group, plan = self._group, self._plan
-        work = group._submit((group, plan, args, group._record_issued(plan), self._ctx), True, True)
+        work = group._submit((group, plan, args, group._record_issued(plan)), True, True)
         work.algorithm, work.transport = self.algorithm, self.transport
         if self._commit is not None:
             work._after(self._commit)
