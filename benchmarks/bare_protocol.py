@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/bare_protocol.py [--bytes 8] [--calls 5000] [--batches 15]
        [--collectives all_reduce,all_gather,broadcast,all_to_all,reduce_scatter] [--ranks 2]
-       [--no-mpi] [--json FILE]
+       [--no-mpi] [--busy N] [--json FILE]
 
 For each collective, four ways to make the same call on the same arrays alternate batch by batch
 in the same processes (so a machine whose speed swings affects them alike):
@@ -24,7 +24,9 @@ The ranks are started by MPICH's ``mpiexec`` (as ``tensorcomm bench`` starts the
 is installed, and ``tc.init()`` meets through MPI, keeping tensorcomm's own shared memory;
 ``--no-mpi`` (or no mpi4py) starts them with ``tensorcomm.testing.run_ranks`` and drops the MPICH
 columns. The flight recorder is on (its default). A batch's time is its slowest rank's; the
-median over batches is printed with the ratio to the bare protocol, and the load.
+median over batches is printed with the ratio to the bare protocol, and the load. ``--busy N``
+keeps N other processes spinning on the CPUs meanwhile (a data loader, another job on a shared
+node): how each way's waits (spin, yield, sleep) fare when the ranks compete for the cores.
 """
 
 from __future__ import annotations
@@ -242,7 +244,8 @@ def _under_mpi() -> bool:
 def _report(args: argparse.Namespace, found: dict[str, dict[str, list[float]]]) -> None:
     load = os.getloadavg()
     print(f"{args.ranks} ranks, {args.bytes} B float32, shared memory, us per call (slowest rank, median of "
-          f"{args.batches} interleaved batches of {args.calls}; flight recorder on); "
+          f"{args.batches} interleaved batches of {args.calls}; flight recorder on; "
+          f"{args.busy} busy processes beside them); "
           f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     ways = [w for w in WAYS if any(w in f for f in found.values())]
     print(f"{'collective':<16}" + "".join(f"{w:>18}" for w in ways) + f"{'persistent/bare':>17}"
@@ -267,6 +270,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=15)
     parser.add_argument("--collectives", default=",".join(COLLECTIVES))
     parser.add_argument("--no-mpi", action="store_true", help="no MPICH columns; ranks by run_ranks")
+    parser.add_argument("--busy", type=int, default=0, metavar="N", help="N processes spinning meanwhile")
     parser.add_argument("--json", metavar="FILE", help="also write the medians as JSON (benchmarks/ab.py)")
     args = parser.parse_args()
     names = args.collectives.split(",")
@@ -285,15 +289,22 @@ def main() -> None:
         from tensorcomm.bench.peers.mpi4py_ import launcher
     except ImportError:
         args.no_mpi = True
-    if args.no_mpi:
-        from tensorcomm.testing import run_ranks
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+    try:
+        if args.no_mpi:
+            from tensorcomm.testing import run_ranks
 
-        _report(args, run_ranks(_body, args.ranks, args.bytes, args.calls, args.batches, names, False,
-                                timeout=1800)[0])
-        return
-    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
-    command = launcher().argv(args.ranks, [sys.executable, *sys.argv])
-    sys.exit(subprocess.run(command, env=env, stdin=subprocess.DEVNULL, check=False).returncode)
+            _report(args, run_ranks(_body, args.ranks, args.bytes, args.calls, args.batches, names, False,
+                                    timeout=1800)[0])
+            return
+        env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+        command = launcher().argv(args.ranks, [sys.executable, *sys.argv])
+        code = subprocess.run(command, env=env, stdin=subprocess.DEVNULL, check=False).returncode
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    sys.exit(code)
 
 
 if __name__ == "__main__":
