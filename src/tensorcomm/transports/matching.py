@@ -14,7 +14,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
-from ..errors import CommTimeoutError
+from ..errors import CollectiveMismatchError, CommTimeoutError
 from ..signature import Signature
 from .base import ANY_SOURCE, call_of_tag, group_of_tag, signature_mismatch
 
@@ -83,6 +83,21 @@ class MessageRequest:
         if self._error is not None:
             raise self._error
         return self.source
+
+
+def misfit(request: MessageRequest, source: int, nbytes: int, signature: Signature | None,
+           rank: int) -> BaseException | None:
+    """Why a message of ``nbytes`` from ``source``, sent in the call ``signature`` names, cannot
+    fill the receive ``request`` of ``rank``; None if it can."""
+    mismatch = signature_mismatch(source, signature, rank, request.signature)
+    if mismatch is not None:
+        return mismatch
+    assert request.out is not None
+    if nbytes != len(request.out):
+        return CollectiveMismatchError(
+            f"rank {source} sent a {nbytes}-byte message where a {len(request.out)}-byte one was "
+            "expected: the ranks called collectives with different sizes, dtypes or orders")
+    return None
 
 
 def finished(peer: int, error: BaseException | None = None) -> MessageRequest:

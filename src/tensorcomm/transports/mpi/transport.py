@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from ...errors import CollectiveMismatchError, CommError, GroupAbortedError, PeerLostError
+from ...errors import CommError, GroupAbortedError, PeerLostError
 from ...signature import Signature
 from ..base import (
     Transport,
@@ -41,9 +41,8 @@ from ..base import (
     decode_abort,
     encode_abort,
     group_of_tag,
-    signature_mismatch,
 )
-from ..matching import Matching, MessageRequest
+from ..matching import Matching, MessageRequest, misfit
 from . import comm as mpi_comm
 from . import framing
 
@@ -262,11 +261,7 @@ class MpiTransport(Transport):
     def _deliver(self, request: MessageRequest, source: int, incoming: _Incoming) -> None:
         """Fill ``request`` with a message whose header arrived, or fail it if they disagree."""
         assert request.out is not None
-        error = signature_mismatch(source, incoming.signature, self.rank, request.signature)
-        if error is None and incoming.nbytes != len(request.out):
-            error = CollectiveMismatchError(
-                f"rank {source} sent a {incoming.nbytes}-byte message where a {len(request.out)}-byte "
-                "one was expected: the ranks called collectives with different sizes, dtypes or orders")
+        error = misfit(request, source, incoming.nbytes, incoming.signature, self.rank)
         MPI = self._MPI
         if incoming.payload is None:  # bulk: receive it where it belongs, or drain it
             target = request.out if error is None else bytearray(incoming.nbytes)

@@ -21,7 +21,7 @@ import numpy as np
 
 from ...errors import PeerLostError
 from ...signature import Signature
-from ..matching import MessageRequest, finished
+from ..matching import MessageRequest, finished, misfit
 from . import framing, sealing
 from .sealing import Sealer
 
@@ -265,7 +265,7 @@ class Link:
         out = request.out
         assert out is not None
         error = None if nbytes == len(out) and signature == request.signature else \
-            transport.check(request, self.peer, nbytes, signature)
+            misfit(request, self.peer, nbytes, signature, transport.rank)
         if error is not None:
             transport.reject(request, self.peer, error)
             self._drain()

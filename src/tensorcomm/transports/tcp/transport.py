@@ -42,7 +42,6 @@ import numpy as np
 
 from ... import config
 from ...errors import (
-    CollectiveMismatchError,
     CommError,
     CommTimeoutError,
     GroupAbortedError,
@@ -60,9 +59,8 @@ from ..base import (
     decode_abort,
     encode_abort,
     group_of_tag,
-    signature_mismatch,
 )
-from ..matching import Matching, MessageRequest, finished
+from ..matching import Matching, MessageRequest, finished, misfit
 from . import framing
 from .driving import NO_DEADLINE, Driving
 from .link import Link, Unexpected
@@ -226,7 +224,7 @@ class TcpTransport(Transport):
                     match.post(peer, tag, request)
                     return request
             elif not entry.complete:
-                error = self.check(request, source, len(entry.data), entry.signature)
+                error = misfit(request, source, len(entry.data), entry.signature, self.rank)
                 if error is None:
                     entry.request = request  # the link moves it into ``out`` as it arrives
                     return request
@@ -275,19 +273,6 @@ class TcpTransport(Transport):
         if late is not None:
             self.abort_group(*late)
 
-    def check(self, request: MessageRequest, source: int, nbytes: int,
-              signature: Signature | None) -> BaseException | None:
-        """The error a message of ``nbytes`` with ``signature`` raises for ``request``, if any."""
-        mine = request.signature
-        if signature is not None and mine is not None and signature != mine:
-            return signature_mismatch(source, signature, self.rank, mine)
-        assert request.out is not None
-        if nbytes != len(request.out):
-            return CollectiveMismatchError(
-                f"rank {source} sent a {nbytes}-byte message where a {len(request.out)}-byte one was "
-                "expected: the ranks called collectives with different sizes, dtypes or orders")
-        return None
-
     def reject(self, request: MessageRequest, source: int, error: BaseException) -> None:
         """Fail ``request`` for a message that does not fit it, and abort its group everywhere."""
         call = call_of_tag(request.tag)
@@ -297,7 +282,7 @@ class TcpTransport(Transport):
 
     def fill(self, request: MessageRequest, source: int, entry: Unexpected) -> None:
         """Copy a whole unexpected message into ``request`` (or fail it if they disagree)."""
-        error = self.check(request, source, len(entry.data), entry.signature)
+        error = misfit(request, source, len(entry.data), entry.signature, self.rank)
         if error is None:
             request.out[:] = entry.data  # type: ignore[index]
         self.give_back(entry)
