@@ -46,6 +46,19 @@ def make_call(name: str, nbytes: int) -> Callable[[], object]:
             "reduce_scatter": lambda: tc.reduce_scatter_tensor(block, x)}[name]
 
 
+def make_request(name: str, nbytes: int) -> Callable[[], object]:
+    """``make_call``'s call of ``name`` made persistent (``all_reduce_init`` and so on): running
+    the returned request runs the call; every rank must make it."""
+    n = tc.get_world_size()
+    count = max(n, nbytes // 4) // n * n
+    x, out, block = np.ones(count, np.float32), np.empty(count, np.float32), np.ones(count // n, np.float32)
+    return {"all_reduce": lambda: tc.all_reduce_init(x),
+            "broadcast": lambda: tc.broadcast_init(x, src=0),
+            "all_gather": lambda: tc.all_gather_into_tensor_init(out, block),
+            "all_to_all": lambda: tc.all_to_all_single_init(out, x),
+            "reduce_scatter": lambda: tc.reduce_scatter_tensor_init(block, x)}[name]()
+
+
 def _count(name: str, nbytes: int, calls: int, top: int) -> tuple[float, float, float, str]:
     call = make_call(name, nbytes)
     for _ in range(200):

@@ -11,6 +11,7 @@ The public surface is exactly ``__all__`` (pinned by tests/unit/test_exports.py)
 
 from . import config as _config
 from .core.group import CallInfo, Group
+from .core.persistent import Prequest
 from .core.work import Work
 from .core.world import WORLD
 from .errors import (
@@ -53,6 +54,22 @@ from .frontends.object_collectives import (
     scatter_object_list,
 )
 from .frontends.object_p2p import irecv_object, isend_object, recv_object, send_object
+from .frontends.persistent import (
+    all_gather_init,
+    all_gather_into_tensor_init,
+    all_reduce_init,
+    all_to_all_init,
+    all_to_all_single_init,
+    barrier_init,
+    broadcast_init,
+    exscan_init,
+    gather_init,
+    reduce_init,
+    reduce_scatter_init,
+    reduce_scatter_tensor_init,
+    scan_init,
+    scatter_init,
+)
 from .frontends.process_group import (
     create_group,
     destroy,
@@ -89,6 +106,10 @@ __all__ = [
     "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "gather",
     "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
     "barrier", "scan", "exscan", "send", "recv", "isend", "irecv",
+    # persistent collectives (MPI 4's *_init): made once, run many times
+    "all_reduce_init", "reduce_init", "broadcast_init", "all_gather_init", "all_gather_into_tensor_init",
+    "gather_init", "scatter_init", "reduce_scatter_init", "reduce_scatter_tensor_init", "all_to_all_init",
+    "all_to_all_single_init", "barrier_init", "scan_init", "exscan_init", "Prequest",
     # uneven ("v") and object collectives
     "all_to_all_v", "all_gather_v", "gather_v", "scatter_v", "reduce_scatter_v",
     "sparse_all_reduce",

@@ -23,6 +23,10 @@ _OP_CODE = {op: code for code, op in enumerate(_OPS)}
 _DTYPE_CODE = {dtype: code + 1 for code, dtype in enumerate(SUPPORTED_DTYPES)}
 NO_ROOT = -1
 UNCHECKED = -1  # a count that may legitimately differ between ranks (uneven all_to_all)
+# The code of a persistent collective's creation (``all_reduce_init``) is its collective's plus
+# this: every member checks that the others create the same call, and any other call at that
+# step differs from it.
+INIT = 64
 
 
 class Signature(NamedTuple):
@@ -39,7 +43,8 @@ class Signature(NamedTuple):
 
     def describe(self) -> str:
         """Readable form, e.g. ``all_reduce(float32[4], op=sum)``."""
-        name = COLLECTIVES[self.collective] if 0 <= self.collective < len(COLLECTIVES) else "?"
+        code, suffix = (self.collective - INIT, "_init") if self.collective >= INIT else (self.collective, "")
+        name = COLLECTIVES[code] + suffix if 0 <= code < len(COLLECTIVES) else "?"
         dtype = SUPPORTED_DTYPES[self.dtype - 1].name if 0 < self.dtype <= len(SUPPORTED_DTYPES) else "?"
         shape = "" if self.elements == UNCHECKED else f"[{self.elements}]"
         parts = [f"{dtype}{shape}"] if self.dtype else []
@@ -51,6 +56,11 @@ class Signature(NamedTuple):
 
 
 NO_SIGNATURE = Signature(0, 0, 0, 0, NO_ROOT)
+
+
+def creation(sig: Signature) -> Signature:
+    """The signature of creating a persistent call of ``sig`` (``all_reduce_init(...)``)."""
+    return sig._replace(collective=sig.collective + INIT)
 
 
 def signature(collective: str, dtype: np.dtype | None = None, count: int = 0,

@@ -134,3 +134,33 @@ def test_the_recorded_site_of_a_torch_call_is_the_callers() -> None:
         lines = [int(site.split(" ")[0].rsplit(":", 1)[1]) for site in sites]
         assert all("test_trace.py" in site and "(body_torch_site)" in site for site in sites), sites
         assert lines[1] == lines[0] + 1, sites
+
+
+def body_pair_row() -> tuple[str, str, int]:
+    from tensorcomm.algorithms import allreduce
+
+    ran = [0]
+    exchange = allreduce._exchange  # a round of recursive doubling, which pair_in_place does not call
+
+    def counted(*args: Any, **kwargs: Any) -> None:
+        ran[0] += 1
+        exchange(*args, **kwargs)
+
+    allreduce._exchange = counted  # type: ignore[assignment]
+    x = np.full(4, tc.get_rank() + 1.0, np.float32)
+    work = tc.all_reduce(x, async_op=True)
+    work.wait()
+    assert (x == 3).all(), x
+    return work.algorithm, tc.WORLD.last_call.algorithm, ran[0]
+
+
+@pytest.mark.parametrize("override, expected, rounds", [
+    ("", "pair_in_place", 0),
+    ("all_reduce=recursive_doubling", "recursive_doubling", 1),
+])
+def test_the_algorithm_named_is_the_one_that_ran(override: str, expected: str, rounds: int) -> None:
+    """Two members over TCP: ``pair_in_place`` is a row of its own, so what ``Work.algorithm`` and
+    ``last_call`` name ran, and recursive doubling, when asked for, runs as itself."""
+    env = {"TENSORCOMM_TRANSPORT": "tcp", **({"TENSORCOMM_ALGORITHMS": override} if override else {})}
+    for result in run_ranks(body_pair_row, 2, timeout=60, env=env):
+        assert result == (expected, expected, rounds), result

@@ -19,8 +19,8 @@ from tensorcomm import config
 from tensorcomm.algorithms import select, tuning
 from tensorcomm.testing import run_ranks
 
-COUNT = 1024  # float32: 4 KiB, where the built-in rules pick shm_direct / recursive_doubling
-DEFAULT = {"auto": "shm_direct", "tcp": "recursive_doubling"}
+COUNT = 1024  # float32: 4 KiB, where the built-in rules pick shm_direct / pair_in_place
+DEFAULT = {"auto": "shm_direct", "tcp": "pair_in_place"}
 TUNED = {"auto": "shm_pipelined", "tcp": "ring"}
 
 

@@ -181,6 +181,31 @@ def test_pair_in_place_leaves_the_array_untouched_when_the_peer_fails():
     assert run_calls_on_threads(2, body) == [True, True]
 
 
+@pytest.mark.parametrize("keep_going", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_pair_in_place_row_runs_every_op_and_dtype(dtype, keep_going):
+    """``select``'s ``pair_in_place`` row: terms as they are exchange straight into the array,
+    the others (half precision, AVG, premul_sum) through a converted copy; both ranks agree."""
+    cases = [(count, op) for count in (0, 1, 13, 1000) for op in ops_for(dtype)]
+    fn = row_fn("all_reduce", "pair_in_place")
+
+    def body(next_ctx):
+        results = []
+        for count, op in cases:
+            ctx = next_ctx()
+            object.__setattr__(ctx.team, "keep_going", keep_going)
+            x = data(dtype, ctx.rank, count)
+            run_algorithm(ctx, fn, x, op)
+            results.append(x)
+        return results
+
+    per_rank = run_calls_on_threads(2, body)
+    for index, (count, op) in enumerate(cases):
+        mine, theirs = per_rank[0][index], per_rank[1][index]
+        assert mine.tobytes() == theirs.tobytes(), f"ranks differ: {op} {count}"
+        assert_matches(mine, reference(op, [data(dtype, rank, count) for rank in range(2)]), op, 2)
+
+
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 6, 8])
 @pytest.mark.parametrize("algorithm", ALLREDUCE, ids=lambda f: f.__name__)
 def test_allreduce_from_a_separate_source_leaves_it_untouched(algorithm, size):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tensorcomm.algorithms import select
@@ -28,13 +29,26 @@ def team_of(size: int, host_of: tuple[str, ...] = ()) -> Team:
     (4, DOUBLING, "recursive_doubling"),
     (4, DOUBLING + 1, "halving_doubling"),
     (7, 10 << 20, "halving_doubling"),
-    (2, 10 << 20, "recursive_doubling"),
+    (2, 0, "pair_in_place"),
+    (2, 10 << 20, "pair_in_place"),
     (1, 10 << 20, "recursive_doubling"),
 ])
 def test_all_reduce_rows(size, nbytes, expected):
     assert select.pick("all_reduce", team_of(size), nbytes).name == expected
     assert select.pick("all_reduce", team_of(size, ("a",) * size), nbytes).name == expected
     assert select.pick("all_reduce", team_of(size, tuple("abcdefg"[:size])), nbytes).name == expected
+
+
+def test_two_members_exchange_once_unless_the_wire_is_compressed():
+    """The ``pair_in_place`` row is the one place that picks the two-member exchange: with wire
+    compression the row does not hold (nor fit, for a tuning file) and recursive doubling runs."""
+    team = team_of(2)
+    assert select.pick("all_reduce", team, 8).name == "pair_in_place"
+    assert select.fits("all_reduce", "pair_in_place", team, 8)
+    team.transport.wire_dtype = np.dtype(np.float16)
+    assert select.pick("all_reduce", team, 8).name == "recursive_doubling"
+    assert not select.fits("all_reduce", "pair_in_place", team, 8)
+    assert select.pick("all_reduce", team, 8, override="recursive_doubling").name == "recursive_doubling"
 
 
 @pytest.mark.parametrize("size, nbytes, expected", [

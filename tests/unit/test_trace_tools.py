@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,6 +22,7 @@ from tensorcomm.signature import signature
 from tensorcomm.trace import recorder
 from tensorcomm.trace.analyze import find
 from tensorcomm.trace.merge import merge
+from tensorcomm.transports.threads import mark_worker
 
 TEAM = SimpleNamespace(shm=None, hier=None, transport=object(), group_name="world", group_id=0,
                        ranks=(0, 1), rank=0)
@@ -50,45 +52,48 @@ def test_the_ring_keeps_the_last_calls_and_ignores_stale_ones() -> None:
     assert all(c.state == "completed" for c in kept)
     assert kept[-1].to_json()["site"].split(" ")[0].endswith(f"test_trace_tools.py:{_line('indexes = [')}")
     recorder.configure(3)  # by default a call that starts at once records no site
-    assert recorder.run(_ctx(), (5,), _never) == 5
+    recorder.done(recorder.begin(TEAM, PLAN, 5))
     assert recorder.calls()[-1].to_json()["site"] is None
-    assert recorder.calls()[-1].state == "completed"
+    assert recorder.calls()[-1].state == "completed" and recorder.calls()[-1].seq == 5
     recorder.configure(3, sites=True)
-    recorder.run(_ctx(), (5,), _never)  # with sites
+    recorder.done(recorder.begin(TEAM, PLAN, 6))  # with sites
     assert recorder.calls()[-1].to_json()["site"].split(" ")[0].endswith(
-        f"test_trace_tools.py:{_line('recorder.run(_ctx(), (5,), _never)  # with sites')}")
+        f"test_trace_tools.py:{_line('recorder.done(recorder.begin(TEAM, PLAN, 6))  # with sites')}")
 
 
-def _ctx(run: Any = lambda ctx, value: value) -> SimpleNamespace:
-    """A blocking call's context as ``recorder.run`` reads it: its team, plan (``run``) and seq."""
-    return SimpleNamespace(team=TEAM, plan=SimpleNamespace(**vars(PLAN), run=run), seq=0)
+def _inside(monkeypatch: pytest.MonkeyPatch, *functions: Any) -> None:
+    """Count ``functions`` as tensorcomm's own frames (they stand for the group's call)."""
+    for function in functions:
+        monkeypatch.setitem(recorder._internal, function.__code__, True)
 
 
-def _never(ctx: Any, error: BaseException) -> BaseException:
-    raise AssertionError(f"the call did not fail: {error!r}")
+def test_a_blocking_call_that_fails_is_recorded_with_its_callers_site(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def call() -> None:  # stands for core.group._call: the call fails with what it raises
+        index = recorder.begin(TEAM, PLAN, 0)
+        recorder.end(index, RuntimeError("the peer left"))
 
-
-def test_a_blocking_call_that_fails_is_recorded_with_what_it_raises(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    def run() -> None:  # stands for Group._run
-        recorder.run(_ctx(fail), (), failed)
-
-    def fail(ctx: Any) -> None:
-        raise OSError("the link broke")
-
-    def failed(ctx: Any, error: BaseException) -> BaseException:  # stands for core.group._failing
-        seen.append(error)
-        return RuntimeError("the peer left")
-
-    seen: list[BaseException] = []
     recorder.configure(3, str(tmp_path))
-    monkeypatch.setattr(recorder, "_entries", (run.__code__, None))
-    with pytest.raises(RuntimeError, match="the peer left") as raised:
-        run()  # the failing call's caller
-    assert isinstance(raised.value.__cause__, OSError) and seen == [raised.value.__cause__]
+    _inside(monkeypatch, call)
+    call()  # the failing call's caller
     entry = json.loads((tmp_path / "rank0.json").read_text())["calls"][-1]
     assert entry["state"] == "failed" and entry["error"] == "RuntimeError: the peer left"
-    assert entry["site"].split(" ")[0].endswith(f"test_trace_tools.py:{_line('run()  # the failing call')}")
+    assert entry["site"].split(" ")[0].endswith(f"test_trace_tools.py:{_line('call()  # the failing call')}")
+
+
+def test_a_call_that_fails_on_an_engine_worker_has_no_site(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker runs queued calls: no caller of the call is on its stack (threading's are)."""
+    def worker() -> None:
+        mark_worker()
+        recorder.end(recorder.begin(TEAM, PLAN, 0), RuntimeError("the peer left"))
+
+    recorder.configure(3, str(tmp_path))
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    entry = json.loads((tmp_path / "rank0.json").read_text())["calls"][-1]
+    assert entry["state"] == "failed" and entry["site"] is None
 
 
 def test_a_queued_call_goes_from_issued_to_started() -> None:
@@ -198,16 +203,23 @@ def _line(start: str) -> int:
 
 def test_a_sigusr1_dump_gives_the_call_in_flight_its_callers_site(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    def run() -> None:  # stands for Group._run (and core.group._call, which calls recorder.run)
-        recorder.run(_ctx(algorithm), (), _never)
+    """Only the interrupted thread's call gets the site: another thread's call in flight keeps
+    none (its caller is not on this stack)."""
+    def call() -> None:  # stands for core.group._call
+        recorder.begin(TEAM, PLAN, 1)
+        algorithm()
 
-    def algorithm(ctx: Any) -> None:  # interrupted by SIGUSR1
+    def algorithm() -> None:  # interrupted by SIGUSR1
         recorder._on_signal(signal.SIGUSR1, sys._getframe())
 
-    monkeypatch.setattr(recorder, "_entries", (run.__code__, None))
-    run()  # the caller
+    elsewhere = threading.Thread(target=recorder.begin, args=(TEAM, PLAN, 0))
+    elsewhere.start()
+    elsewhere.join()
+    _inside(monkeypatch, call, algorithm)
+    call()  # the caller
     record = json.loads((tmp_path / "rank0.json").read_text())
-    assert record["calls"][-1]["state"] == "started"
-    site = record["calls"][-1]["site"]
+    assert [c["state"] for c in record["calls"]] == ["started", "started"]
+    assert record["calls"][0]["site"] is None
+    site = record["calls"][1]["site"]
     assert site.endswith("(test_a_sigusr1_dump_gives_the_call_in_flight_its_callers_site)"), site
-    assert site.split(" ")[0].endswith(f"test_trace_tools.py:{_line('run()  # the caller')}"), site
+    assert site.split(" ")[0].endswith(f"test_trace_tools.py:{_line('call()  # the caller')}"), site

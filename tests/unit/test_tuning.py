@@ -126,7 +126,7 @@ def test_choose_takes_the_tuned_row_where_it_fits_else_the_predicates() -> None:
     # one slot is all shm_split can take: beyond it the predicates choose
     assert select.choose("all_reduce", team, SLOT_BYTES + 4, "shm_split").name == "shm_pipelined"
     assert select.choose("all_reduce", tune.model_team(2, "tcp"), 1024, "shm_split").name == \
-        "recursive_doubling"  # no domain: a shared-memory row does not fit
+        "pair_in_place"  # no domain: a shared-memory row does not fit
     assert select.choose("all_reduce", tune.model_team(2, "tcp"), 1024, "ring").name == "ring"
     assert not select.fits("reduce", "shm_direct", team, SLOT_BYTES + 1)
     assert select.fits("reduce", "shm_direct", team, SLOT_BYTES)
@@ -139,7 +139,8 @@ def test_tuned_groups_are_shm_or_tcp_on_one_host() -> None:
 
 def test_candidates_per_transport() -> None:
     assert tune.candidates("all_reduce", "shm") == ["shm_cma", "shm_direct", "shm_split", "shm_pipelined"]
-    assert tune.candidates("all_reduce", "tcp") == ["recursive_doubling", "halving_doubling", "ring"]
+    assert tune.candidates("all_reduce", "tcp") == ["pair_in_place", "recursive_doubling", "halving_doubling",
+                                                    "ring"]
     assert tune.candidates("all_to_all", "tcp") == ["pairwise_exchange"]
 
 

@@ -66,7 +66,8 @@ def _step(ctx: Ctx, key: str, team: Team, collective: str, nbytes: int, sig_coun
     """Run ``collective`` on one sub-team as step ``key`` of this call.
 
     The step's signature carries the whole call's root (``root``, a group rank, or -1), so
-    members that called with different roots disagree at the first step they share.
+    members that called with different roots disagree at the first step they share; a barrier's
+    steps carry the whole call's signature (a barrier's, or a persistent call's creation's).
     """
     h = _hierarchy(ctx)
     plans = ctx.plan.state
@@ -75,8 +76,8 @@ def _step(ctx: Ctx, key: str, team: Team, collective: str, nbytes: int, sig_coun
     plan = plans.get(key)
     if plan is None:
         row = h.pick(collective, team, nbytes)
-        plan = plans[key] = make_plan(row, f"{ctx.name} ({key})",
-                                      signature(collective, dtype, sig_count, op, root), team, args, op,
+        sig = ctx.signature if collective == "barrier" else signature(collective, dtype, sig_count, op, root)
+        plan = plans[key] = make_plan(row, f"{ctx.name} ({key})", sig, team, args, op,
                                       None if op is None or dtype is None else kernels.reduction(op, dtype))
     sub = Ctx.of(team, h.next_seq(team), plan)
     sub.deadline = ctx.deadline

@@ -89,6 +89,13 @@ def _alike(team: Team) -> bool:
     return len(set(team.host_of)) in (0, 1, len(team.ranks))
 
 
+def _pair(team: Team, nbytes: int) -> bool:
+    """Two members and no wire compression: one exchange of whole arrays, each combined straight
+    into the caller's array (``allreduce.pair_in_place``); recursive doubling's only round, less its
+    working copy."""
+    return len(team.ranks) == 2 and team.transport.wire_dtype is None
+
+
 def _doubling(team: Team, nbytes: int) -> bool:
     return _small_or_pair(team, nbytes) or (nbytes <= ALLREDUCE_DOUBLING_BYTES and _alike(team))
 
@@ -203,6 +210,7 @@ ROWS: tuple[Row, ...] = (
     Row("all_reduce", "shm_split", _shm_one_slot, shm_allreduce.split, shm_allreduce.prepare_split),
     Row("all_reduce", "shm_pipelined", _shm, shm_allreduce.pipelined, shm_allreduce.prepare_pipelined),
     Row("all_reduce", "hierarchical", _hierarchical, hier.all_reduce),
+    Row("all_reduce", "pair_in_place", _pair, staging.pair(allreduce.pair_in_place)),
     Row("all_reduce", "recursive_doubling", _doubling, staging.all_reduce(allreduce.recursive_doubling)),
     Row("all_reduce", "halving_doubling", _halving_doubling, staging.all_reduce(allreduce.halving_doubling)),
     Row("all_reduce", "ring", _always, staging.all_reduce(allreduce.ring)),
@@ -251,6 +259,7 @@ _BY_NAME = {(row.collective, row.name): row for row in ROWS}
 # ROWS add preference on top): a tuning file's choice is taken only where its row fits, and
 # ``tensorcomm tune`` times a row only at sizes where it fits.
 _FITS: dict[tuple[str, str], Predicate] = {
+    ("all_reduce", "pair_in_place"): _pair,
     ("all_reduce", "shm_direct"): _shm_one_slot,
     ("all_reduce", "shm_split"): _shm_one_slot,
     ("reduce", "shm_direct"): _shm_one_slot,

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..types import PremulSum, ReduceOp
-from . import allreduce, kernels
+from . import kernels
 from .base import Ctx
 from .wire import scratch
 
@@ -51,17 +51,10 @@ def _direct(ctx: Ctx) -> bool:
 def all_reduce(algorithm: Algorithm) -> Algorithm:
     """``algorithm(ctx, work, base_op, source)``: reads ``x`` (or its converted copy in ``work``),
     leaves the result in ``work``, which is ``x`` itself where the call may (``_direct``) and the
-    accumulation dtype is ``x``'s. Recursive doubling on two members with terms as they are runs
-    as ``allreduce.pair_in_place`` instead: one exchange, no working copy."""
-    pair = algorithm is allreduce.recursive_doubling
-
+    accumulation dtype is ``x``'s."""
     def run(ctx: Ctx, x: np.ndarray, op: Op) -> None:
-        red = ctx.plan.reduction
-        assert red is not None, "the core makes a reduction descriptor for every reduction's plan"
+        red = _reduction(ctx)
         team = ctx.team
-        if pair and team.size == 2 and red.raw and not red.average and team.transport.wire_dtype is None:
-            allreduce.pair_in_place(ctx, x, red.ufunc)
-            return
         if red.in_acc and _direct(ctx):
             if not red.raw:
                 kernels.load(red, x, x)  # premultiplies in place
@@ -73,6 +66,24 @@ def all_reduce(algorithm: Algorithm) -> Algorithm:
         algorithm(ctx, work, red.op, x if red.raw else kernels.prepare(red, x, work))
         kernels.finish(red, work, x, team.size)
     return _named(run, algorithm)
+
+
+def pair(exchange: Algorithm) -> Algorithm:
+    """``exchange(ctx, buf, ufunc)`` (``allreduce.pair_in_place``: two members, the result left in
+    ``buf`` only once both directions are done), straight on ``x`` when its terms are the caller's
+    bytes (a failed call leaves it untouched), else on a converted copy that ``kernels.finish``
+    rounds into ``x``."""
+    def run(ctx: Ctx, x: np.ndarray, op: Op) -> None:
+        red = _reduction(ctx)
+        if red.raw:
+            exchange(ctx, x, red.ufunc)
+            if red.average:
+                np.divide(x, 2, out=x)
+            return
+        work = kernels.prepare(red, x, ctx.team.scratch.take("staged work", x.size, red.acc))
+        exchange(ctx, work, red.ufunc)
+        kernels.finish(red, work, x, 2)
+    return _named(run, exchange)
 
 
 def reduce(algorithm: Algorithm) -> Algorithm:

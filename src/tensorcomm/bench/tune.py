@@ -55,9 +55,16 @@ class _Slots:
         self.size, self.slot_bytes, self.cma, self.shared = size, SLOT_BYTES, cma.available(), False
 
 
+class _Links:
+    """What the predicates read of a transport (``select._pair``): a tuned job's TCP sends
+    arrays as they are."""
+
+    wire_dtype = None
+
+
 def model_team(members: int, transport: str) -> Team:
     """A group of ``members`` on this host over ``transport``, as selection sees it (no links)."""
-    return Team(cast(Any, None), tuple(range(members)), 0, 0, 1.0, ("",) * members,
+    return Team(cast(Any, _Links()), tuple(range(members)), 0, 0, 1.0, ("",) * members,
                 shm=_Slots(members) if transport == "shm" else None)
 
 

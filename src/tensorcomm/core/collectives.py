@@ -9,6 +9,9 @@ against the dtype, builds the signature peers compare, picks the algorithm and h
 its per-shape state (``Row.prepare``). The plan's algorithm then runs in the group's issue order
 (``Group._run``).
 
+Each collective ``x`` has a persistent form, ``x_init`` (``core/persistent.py``): the plan made
+once for the request, and every member's creation of it checked as a step of the group.
+
 A failed call leaves arrays it updates in place (all_reduce, reduce's root, broadcast's
 receivers) untouched or complete; outputs-only arrays may be left partly written by a failed
 shared-memory call larger than one slot (see ``algorithms/shm_common.py``).
@@ -24,9 +27,11 @@ import numpy as np
 
 from ..algorithms import kernels, select
 from ..algorithms.base import Plan, make_plan
-from ..signature import UNCHECKED, signature
+from ..signature import UNCHECKED, creation, signature
+from ..trace import recorder
 from ..types import PremulSum, ReduceOp, ReduceOpLike
 from .group import Group
+from .persistent import Binding, Prequest
 from .work import Work
 
 log = logging.getLogger("tensorcomm.plan")
@@ -66,6 +71,17 @@ def _reduction(group: Group, collective: str, fn: str, x: np.ndarray, op: Reduce
     red = kernels.reduction(parsed, x.dtype)
     sig = signature(collective, x.dtype, x.size if count is None else count, parsed, root)
     return _make(group, collective, x.size * red.acc.itemsize, sig, (*head, parsed), parsed, red)
+
+
+def _persistent(group: Group, plan: Plan, args: tuple[Any, ...], binding: Binding | None) -> Prequest:
+    """The persistent request that runs ``plan`` on ``args``, once every member has made it: a
+    step of the group (a barrier with the creation's signature) checks that they all create the
+    same call, as any call checks its peers'."""
+    team = group._member_team()
+    label = plan.label.replace(" on group ", "_init on group ", 1)
+    row = select.pick("barrier", team, 0, group._world.algorithms.get("barrier"))
+    group._run(make_plan(row, label, creation(plan.signature), team, ()), False)
+    return Prequest(group, plan, args, binding, recorder.transport_name(team))
 
 
 def all_reduce(group: Group, x: np.ndarray, op: ReduceOpLike, async_op: bool,
@@ -207,3 +223,87 @@ def scan(group: Group, x: np.ndarray, op: ReduceOpLike, inclusive: bool, async_o
     if plan is None:
         plan = group._keep_plan(key, _reduction(group, collective, fn, x, op, (x,)))
     return group._run(plan, async_op, x, plan.op)
+
+
+# -- persistent forms: the plan made once, for the request alone ---------------------------------
+
+def all_reduce_init(group: Group, x: np.ndarray, op: ReduceOpLike, binding: Binding | None,
+                    fn: str = "all_reduce_init") -> Prequest:
+    """``all_reduce`` of ``x`` made persistent."""
+    x = _flat(x)
+    plan = _reduction(group, "all_reduce", fn, x, op, (x,))
+    return _persistent(group, plan, (x, plan.op), binding)
+
+
+def reduce_init(group: Group, x: np.ndarray, root: int, op: ReduceOpLike, binding: Binding | None,
+                fn: str = "reduce_init") -> Prequest:
+    """``reduce`` of ``x`` onto ``root`` made persistent."""
+    x = _flat(x)
+    plan = _reduction(group, "reduce", fn, x, op, (x, root), root)
+    return _persistent(group, plan, (x, root, plan.op), binding)
+
+
+def broadcast_init(group: Group, x: np.ndarray, root: int, binding: Binding | None) -> Prequest:
+    """``broadcast`` of ``root``'s ``x`` made persistent."""
+    x = _flat(x)
+    plan = _make(group, "broadcast", x.nbytes, signature("broadcast", x.dtype, x.size, root=root), (x, root))
+    return _persistent(group, plan, (x, root), binding)
+
+
+def all_gather_init(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequence[int],
+                    binding: Binding | None) -> Prequest:
+    """``all_gather`` made persistent."""
+    counts, send, out = tuple(counts), _flat(send), _flat(out)
+    plan = _make(group, "all_gather", out.nbytes, signature("all_gather", send.dtype, sum(counts)),
+                 (send, out, counts))
+    return _persistent(group, plan, (send, out, counts), binding)
+
+
+def gather_init(group: Group, send: np.ndarray, out: np.ndarray | None, counts: Sequence[int], root: int,
+                binding: Binding | None) -> Prequest:
+    """``gather`` onto ``root`` made persistent."""
+    counts, send, out = tuple(counts), _flat(send), None if out is None else _flat(out)
+    plan = _make(group, "gather", sum(counts) * send.itemsize,
+                 signature("gather", send.dtype, sum(counts), root=root), (send, out, counts, root))
+    return _persistent(group, plan, (send, out, counts, root), binding)
+
+
+def scatter_init(group: Group, send: np.ndarray | None, out: np.ndarray, counts: Sequence[int], root: int,
+                 binding: Binding | None) -> Prequest:
+    """``scatter`` from ``root`` made persistent."""
+    counts, send, out = tuple(counts), None if send is None else _flat(send), _flat(out)
+    plan = _make(group, "scatter", sum(counts) * out.itemsize,
+                 signature("scatter", out.dtype, sum(counts), root=root), (send, out, counts, root))
+    return _persistent(group, plan, (send, out, counts, root), binding)
+
+
+def reduce_scatter_init(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequence[int],
+                        op: ReduceOpLike, binding: Binding | None,
+                        fn: str = "reduce_scatter_init") -> Prequest:
+    """``reduce_scatter`` made persistent."""
+    counts, send, out = tuple(counts), _flat(send), _flat(out)
+    plan = _reduction(group, "reduce_scatter", fn, send, op, (send, out, counts), count=sum(counts))
+    return _persistent(group, plan, (send, out, counts, plan.op), binding)
+
+
+def all_to_all_init(group: Group, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
+                    recv_counts: Sequence[int], binding: Binding | None) -> Prequest:
+    """``all_to_all`` made persistent."""
+    send_counts, recv_counts = tuple(send_counts), tuple(recv_counts)
+    send, out = _flat(send), _flat(out)
+    plan = _make(group, "all_to_all", send.nbytes, signature("all_to_all", send.dtype, UNCHECKED),
+                 (send, send_counts, out, recv_counts))
+    return _persistent(group, plan, (send, send_counts, out, recv_counts), binding)
+
+
+def barrier_init(group: Group) -> Prequest:
+    """``barrier`` made persistent."""
+    return _persistent(group, _make(group, "barrier", 0, signature("barrier"), ()), (), None)
+
+
+def scan_init(group: Group, x: np.ndarray, op: ReduceOpLike, inclusive: bool, binding: Binding | None,
+              fn: str = "scan_init") -> Prequest:
+    """``scan`` (``inclusive``) or ``exscan`` of ``x`` made persistent."""
+    x = _flat(x)
+    plan = _reduction(group, "scan" if inclusive else "exscan", fn, x, op, (x,))
+    return _persistent(group, plan, (x, plan.op), binding)

@@ -17,6 +17,14 @@ head of the queue until the worker holds ``_running``, so an inline caller can n
 it. The inline path costs a non-blocking lock acquire and release, no condition variable, and
 tries once: a blocking call that cannot run inline queues at once.
 
+A call may be deferred (``submit(..., defer=True)``: a persistent call's ``start()``): it is
+queued without waking the worker, and runs when the issuing thread waits for it or makes its next
+call on the group (as MPICH progresses a started request inside the next MPI call: no thread
+hand-off), or else on the worker once it has stood at the head of the queue for a whole
+``DEFER_SECONDS``, so that a thread that waits on something else first cannot hang its peers.
+The worker therefore wakes every ``DEFER_SECONDS`` while deferred calls come (not at all once it
+has seen none for ``IDLE_WAKEUPS`` wake-ups), and ``kick`` has it run whatever is queued at once.
+
 One group, one issuing thread at a time: calls issued from two threads while either's calls are
 still in flight would run in a different order on each rank and pair the wrong arrays silently,
 so such a call raises ``ConcurrentUseError`` instead (sequential use from several threads is
@@ -36,6 +44,8 @@ from ..transports.threads import mark_worker
 from .work import Work
 
 Call = Callable[[int, Any], Any]  # call(seq, job): seq is the call's sequence number
+DEFER_SECONDS = 0.01  # how often the worker looks for deferred calls nobody came back for
+IDLE_WAKEUPS = 100  # wake-ups without a deferred call, after which the worker sleeps until told
 
 
 class Engine:
@@ -53,6 +63,9 @@ class Engine:
         self._inline: int | None = None  # thread running an inline call (set by its holder)
         self._issuer: int | None = None  # thread whose queued calls are in flight
         self._queued = 0  # calls submitted and not yet finished; guarded by _mutex
+        self._hurry = False  # a queued call must run now (not deferred, or kicked); guarded by _mutex
+        self._napping = False  # the worker waits until told (it looks for deferred calls no more)
+        self._patience = 0  # wake-ups the worker has left to look for deferred calls; guarded by _mutex
 
     @classmethod
     def refusing(cls, name: str, error: BaseException) -> Engine:
@@ -66,29 +79,25 @@ class Engine:
         """The error every call is refused with once the engine stopped, else None."""
         return self._stopped
 
-    def submit(self, description: str, call: Call, async_op: bool, job: Any = None) -> Work | Any:
+    def submit(self, description: str, call: Call, async_op: bool, job: Any = None,
+               defer: bool = False) -> Work | Any:
         """Run ``call(seq, job)`` in issue order; return a ``Work`` if async, else its result.
 
         A blocking call runs inline on the caller's thread when nothing runs or waits ahead of
         it; otherwise it queues, and the caller waits for it (running it, and the calls ahead of
-        it, itself if the worker has not started them).
+        it, itself if the worker has not started them). An async call with ``defer`` waits in
+        the queue for the caller to come back (see the module docstring).
 
         Raises:
             ConcurrentUseError: another thread's calls on this group are in flight.
         """
-        running = self._running
-        if not async_op and running.acquire(False):
-            if self._queue or self._stopped is not None:  # queued or stopped: that goes first
-                running.release()
-            else:
-                self._inline = get_ident()
-                seq = self._seq
-                self._seq = seq + 1
+        if not async_op:
+            seq = self.enter()
+            if seq >= 0:
                 try:
                     return call(seq, job)
                 finally:
-                    self._inline = None
-                    running.release()
+                    self.leave()
         work = Work(description)
         work._run_here = self._run_here
         me = get_ident()
@@ -107,11 +116,36 @@ class Engine:
             self._queued += 1
             self._queue.append((call, job, work))
             self._ensure_worker()
-            self._wakeup.notify_all()
+            if defer:
+                self._patience = IDLE_WAKEUPS
+            else:
+                self._hurry = True
+            if not defer or self._napping:
+                self._wakeup.notify_all()
         if async_op:
             return work
         work.wait()
         return work._result
+
+    def enter(self) -> int:
+        """Begin running a blocking call inline, on this thread: return its sequence number, or
+        -1 when another call runs or waits ahead of it, or the engine stopped (then ``submit``
+        it). A call that got a number must ``leave()`` when it is done, whatever happens."""
+        running = self._running
+        if not running.acquire(False):
+            return -1
+        if self._queue or self._stopped is not None:  # queued or stopped: that goes first
+            running.release()
+            return -1
+        self._inline = get_ident()
+        seq = self._seq
+        self._seq = seq + 1
+        return seq
+
+    def leave(self) -> None:
+        """End the inline call ``enter`` began."""
+        self._inline = None
+        self._running.release()
 
     def _run_here(self, work: Work) -> None:
         """Run the queued calls up to ``work`` on this thread if none of them has started."""
@@ -120,9 +154,10 @@ class Engine:
         try:
             while True:
                 with self._mutex:
-                    if not any(queued is work for _, _, queued in self._queue):
+                    queue = self._queue
+                    if not queue or (queue[0][2] is not work and not any(q is work for _, _, q in queue)):
                         return  # taken by the worker before we held _running, or failed by stop()
-                    call, job, queued = self._queue.popleft()
+                    call, job, queued = queue.popleft()
                 self._run_one(call, job, queued)
                 if queued is work:
                     return
@@ -148,18 +183,37 @@ class Engine:
 
     def _run(self) -> None:
         mark_worker()
+        seen: Any = None  # the deferred call at the head of the queue at the last wake-up
         while True:
             with self._mutex:
-                while not self._queue and self._stopped is None:
-                    self._wakeup.wait()
-                if not self._queue:  # stopped
-                    return
+                while True:
+                    queue = self._queue
+                    if queue and (self._hurry or queue[0] is seen):
+                        break
+                    if not queue and self._stopped is not None:
+                        return
+                    if queue:
+                        seen = queue[0]
+                    else:
+                        seen, self._hurry = None, False
+                        self._patience = max(0, self._patience - 1)
+                    self._napping = not self._patience
+                    self._wakeup.wait(None if self._napping else DEFER_SECONDS)
+                self._napping = False
             with self._running:
                 with self._mutex:
-                    if not self._queue:  # failed by stop() while we waited for _running
-                        continue
-                    call, job, work = self._queue.popleft()
+                    queue = self._queue
+                    if not queue or not (self._hurry or queue[0] is seen):  # failed by stop(), or run
+                        continue  # by a waiter while we waited for _running
+                    call, job, work = queue.popleft()
                 self._run_one(call, job, work)
+
+    def kick(self) -> None:
+        """Have the worker run whatever is queued now, deferred calls included."""
+        with self._mutex:
+            if self._queue:
+                self._hurry = True
+                self._wakeup.notify_all()
 
     def stop(self, error: BaseException) -> None:
         """Refuse new calls with ``error``; fail queued ones; let the running one finish."""

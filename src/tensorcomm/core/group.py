@@ -9,6 +9,7 @@ one ``Ctx`` per call from them.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -16,7 +17,6 @@ from ..algorithms.base import Ctx, Hierarchy, Plan, Team
 from ..config import MAX_TIMEOUT
 from ..errors import CommError, ConcurrentUseError, GroupAbortedError, PeerLostError
 from ..trace import recorder
-from ..trace.recorder import AT_START
 from ..types import TransportKind
 from .elastic import agree
 from .engine import Engine
@@ -24,10 +24,12 @@ from .split import split as split_by_color
 from .work import Work
 
 PLANS_KEPT = 256  # call shapes a group remembers; the oldest is forgotten beyond that
+AT_START = -2  # the record index ``_call`` gets for a call the recorder learns of as it starts
 ABORT_GRACE = 0.25  # seconds a call that lost a peer waits for the abort that may explain it
 
 if TYPE_CHECKING:
     from ..transports.shm.domain import ShmDomain
+    from .persistent import Prequest
     from .world import World
 
 
@@ -68,6 +70,7 @@ class Group:
         self._plans: dict[Hashable, Plan] = {}
         self._shrinks = 0  # calls of shrink() so far: the members match them by this count
         self._last_plan: Plan | None = None  # the plan of the latest call that ran (last_call)
+        self._requests: weakref.WeakSet[Prequest] = weakref.WeakSet()  # persistent calls made on it
 
     # The WORLD handle overrides this to follow whichever world is current.
     def _target(self) -> Group:
@@ -184,7 +187,7 @@ class Group:
         return plan
 
     def _run(self, plan: Plan, async_op: bool, *args: Any) -> Work | Any:
-        """Run ``plan``'s algorithm on ``args`` in this group's issue order (``_call`` runs it).
+        """Run ``plan``'s algorithm on ``args`` in this group's issue order (``_execute`` runs it).
 
         A call that fails ends the group on every member (see ``_failed``).
         """
@@ -192,16 +195,37 @@ class Group:
         team = target._team
         if team is None:
             raise target._not_member(target._world.rank)
-        # a blocking call is recorded as it starts (``_call``), a queued one now
-        index = recorder.issue(team, plan) if async_op else AT_START
-        try:
-            work = target._engine.submit(plan.label, _call, async_op, (target, team, plan, args, index))
-        except ConcurrentUseError as exc:  # the ranks' orders may differ already: end the group
-            target.abort(f"calls from two threads at once ({exc})")
-            raise
-        if async_op:
-            work.algorithm, work.transport = plan.algorithm, recorder.transport_name(team)
+        if not async_op:
+            return target._now(plan, args)
+        # a blocking call is recorded as it starts (``_execute``), a queued one now
+        work = target._submit((target, plan, args, recorder.issue(team, plan)), True)
+        work.algorithm, work.transport = plan.algorithm, recorder.transport_name(team)
         return work
+
+    def _now(self, plan: Plan, args: tuple[Any, ...]) -> Any:
+        """Run a blocking call of ``plan`` on ``args`` now, on this thread, unless a call runs
+        or waits ahead of it (then it queues, and this thread waits for it: ``_submit``)."""
+        engine = self._engine
+        seq = engine.enter()
+        if seq < 0:
+            return self._submit((self, plan, args, AT_START), False)
+        try:
+            return _execute(seq, self, plan, args, AT_START)
+        finally:
+            engine.leave()
+
+    def _submit(self, job: Job, async_op: bool, defer: bool = False) -> Work | Any:
+        """Hand ``job`` (``_call``'s) to the engine (``Engine.submit``); a call from a second
+        thread while the first's are in flight ends the group on every member."""
+        try:
+            return self._engine.submit(job[1].label, _call, async_op, job, defer)
+        except ConcurrentUseError as exc:  # the ranks' orders may differ already: end the group
+            self.abort(f"calls from two threads at once ({exc})")
+            raise
+
+    def _record_issued(self, plan: Plan) -> int:
+        """Record a call of ``plan`` that is queued now, with its caller's site (``recorder.issue``)."""
+        return recorder.issue(self._member_team(), plan)
 
     def destroy(self) -> None:
         """Leave this group on this process: free its shared memory and fail its pending and
@@ -308,7 +332,8 @@ class Group:
         if self._shm is not None:
             self._shm.abort(error, tell_peers=False)  # peers learn we left from close()
         self._engine.stop(error)
-        for plan in (*self._plans.values(), self._last_plan):  # ``last_call`` keeps one
+        persistent = [request._plan for request in self._requests]
+        for plan in (*self._plans.values(), *persistent, self._last_plan):  # ``last_call`` keeps one
             if plan is not None:
                 plan.state = None  # views of the domain's memory: it cannot close under them
         self._plans.clear()
@@ -323,22 +348,29 @@ class Group:
         return f"Group(name={self.name!r}, ranks={list(self.ranks)})"
 
 
-def _call(seq: int, job: tuple[Group, Team, Plan, tuple[Any, ...], int]) -> Any:
-    """Run call ``seq`` of ``group``: ``plan``'s algorithm on ``args``, all in ``job`` (``group,
-    team, plan, args, index``, as ``Group._run`` hands it to the engine). The one place every
-    collective call runs, inline or queued (the engine calls it in issue order); ``index`` is
-    the call's trace record (``trace.recorder``; -1 when tracing is off, ``recorder.AT_START``
-    for a blocking call, which ``recorder.run`` records and runs).
+Job = tuple["Group", Plan, tuple[Any, ...], int]  # _execute's arguments after seq
+
+
+def _call(seq: int, job: Job) -> Any:
+    """Run a call the engine queued: ``_execute`` with ``job``'s arguments."""
+    return _execute(seq, *job)
+
+
+def _execute(seq: int, group: Group, plan: Plan, args: tuple[Any, ...], index: int) -> Any:
+    """Run call ``seq`` of ``group``: ``plan``'s algorithm on ``args``, in a new context. The one
+    place every collective call runs, ordinary or persistent, inline or queued (the engine runs
+    them in issue order), and tells the flight recorder
+    (``trace.recorder``) that it started, ended or failed: ``index`` is the call's record for a
+    queued call (-1 when the recorder is off), ``AT_START`` for a call recorded as it starts.
 
     A call that fails ends the group on every member (``_failed``), then raises what explains
     the failure best (``_cause``).
     """
-    group, team, plan, args, index = job
     group._last_plan = plan
-    ctx = _ctx_of(team, seq, plan)
+    ctx = _ctx_of(group._team, seq, plan)  # type: ignore[arg-type]  # a member's group runs calls
     if index == AT_START:
-        return _run_recorded(ctx, args, _failing)
-    if index >= 0:
+        index = _begin(ctx.team, plan, seq)
+    elif index >= 0:
         recorder.started(index, seq)
     try:
         result = plan.run(ctx, *args)
@@ -350,13 +382,13 @@ def _call(seq: int, job: tuple[Group, Team, Plan, tuple[Any, ...], int]) -> Any:
             raise
         raise cause from exc
     if index >= 0:
-        recorder.done(index)
+        _done(index)
     return result
 
 
 _ctx_of = Ctx.of
-_run_recorded = recorder.run
-recorder.entries(Group._run.__code__, _call.__code__)
+_begin = recorder.begin
+_done = recorder.done
 
 
 def _failing(ctx: Ctx, error: BaseException) -> BaseException:

@@ -27,7 +27,7 @@ class P2PWork(Work):
         self._target = target
 
     def wait(self, timeout: float | None = None) -> bool:
-        if not self._done.is_set():
+        if not self._completed:
             try:
                 source = self._request.wait(self._timeout if timeout is None else timeout)
             except BaseException as exc:
@@ -40,7 +40,7 @@ class P2PWork(Work):
         return super().wait(0)
 
     def is_completed(self) -> bool:
-        return self._done.is_set() or self._request.done()
+        return self._completed or self._request.done()
 
 
 def isend(group: Group, array: np.ndarray, dst: int, tag: int, channel: int = 0) -> P2PWork:

@@ -23,7 +23,8 @@ class Work:
 
     def __init__(self, description: str) -> None:
         self._description = description
-        self._done = threading.Event()
+        self._completed = False  # set (under _lock) once the call and its done hooks have finished
+        self._event: threading.Event | None = None  # made by the first waiter that must block
         self._error: BaseException | None = None
         self._result: Any = None
         self._lock = threading.Lock()
@@ -46,21 +47,26 @@ class Work:
             CommTimeoutError: not complete within ``timeout``.
             CommError: the call itself failed (its own exception is re-raised).
         """
-        if timeout is None and self._run_here is not None and not self._done.is_set():
-            self._run_here(self)
-        if not self._done.wait(timeout):
-            raise CommTimeoutError(f"{self._description} did not complete within {timeout:g} s")
+        if not self._completed:
+            if timeout is None and self._run_here is not None:
+                self._run_here(self)
+            if not self._completed:
+                with self._lock:  # an event only when a thread must block: most waits need none
+                    event = None if self._completed else self._event or threading.Event()
+                    self._event = event
+                if event is not None and not event.wait(timeout):
+                    raise CommTimeoutError(f"{self._description} did not complete within {timeout:g} s")
         if self._error is not None:
             raise self._error
         return True
 
     def is_completed(self) -> bool:
         """Whether the call has finished, successfully or not."""
-        return self._done.is_set()
+        return self._completed
 
     def is_success(self) -> bool:
         """Whether the call has finished without an error."""
-        return self._done.is_set() and self._error is None
+        return self._completed and self._error is None
 
     def exception(self) -> BaseException | None:
         """The call's error once it has failed, else ``None``."""
@@ -115,10 +121,14 @@ class Work:
             hooks, self._done_hooks = self._done_hooks, []
         for hook in hooks:  # outside the lock: a hook may look at this Work again
             _run_hook(hook, self)
-        self._done.set()
+        with self._lock:
+            self._completed = True
+            event = self._event
+        if event is not None:
+            event.set()
 
     def __repr__(self) -> str:
-        state = "failed" if self._error else "done" if self._done.is_set() else "pending"
+        state = "failed" if self._error else "done" if self._completed else "pending"
         return f"<Work {self._description} {state}>"
 
 

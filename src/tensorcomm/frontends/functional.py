@@ -18,11 +18,10 @@ from ..core import collectives, p2p
 from ..core.group import Group
 from ..core.work import Work
 from ..core.world import current_world
-from ..errors import ArgumentMismatchError
 from ..types import SUPPORTED_DTYPES, ReduceOp, ReduceOpLike
-from . import validate
+from . import calls, validate
 from .arrays import Staged
-from .uneven import reduce_scatter_counts
+from .uneven import agree_counts
 
 _ndarray = np.ndarray
 _SUPPORTED = frozenset(SUPPORTED_DTYPES)
@@ -95,24 +94,6 @@ def _done(result: Work | None, outputs: Sequence[Staged], async_op: bool) -> Wor
     return None
 
 
-def _joined(inputs: Sequence[Staged]) -> np.ndarray:
-    """A list of inputs as one flat array, blocks back to back (a copy)."""
-    return np.concatenate([i.buf for i in inputs], axis=None)
-
-
-def _gathered(outputs: Sequence[Staged], dtype: np.dtype) -> np.ndarray:
-    """One flat scratch array for a list of outputs: each output's ``buf`` becomes its block of
-    it, so committing an output copies its block into the caller's array."""
-    flat = np.empty(sum(o.array.size for o in outputs), dtype=dtype)
-    offset = 0
-    for output in outputs:
-        size = output.array.size
-        output.buf = flat[offset:offset + size].reshape(output.array.shape)
-        output.needs_commit = True
-        offset += size
-    return flat
-
-
 def all_reduce(tensor: Any, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
                async_op: bool = False) -> Work | None:
     """Reduce ``tensor`` across the group; every member ends with the result, in place.
@@ -130,11 +111,9 @@ def all_reduce(tensor: Any, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
         collectives.all_reduce(g, tensor, op, False)
         return None
     g = _resolved(group, async_op, fn)
-    staged = Staged(tensor, (fn, "tensor"), True)
-    result = collectives.all_reduce(g, staged.buf, op, async_op)
-    if async_op or staged.needs_commit:  # else (a contiguous numpy array, sync) nothing to do
-        return _done(result, [staged], async_op)
-    return None
+    call = calls.in_place(tensor, g, fn)
+    (x,) = call.args
+    return _done(collectives.all_reduce(g, x, op, async_op), call.outputs, async_op)
 
 
 def scan(tensor: Any, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
@@ -169,10 +148,10 @@ def exscan(tensor: Any, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
 
 def _scan(tensor: Any, op: ReduceOpLike, group: Any, async_op: bool, inclusive: bool,
           fn: str) -> Work | None:
-    g = validate.group(group, fn)
-    validate.flag(async_op, "async_op", fn)
-    staged = validate.array(tensor, "tensor", fn, writable=True)
-    return _done(collectives.scan(g, staged.buf, op, inclusive, async_op, fn), [staged], async_op)
+    g = _resolved(group, async_op, fn)
+    call = calls.in_place(tensor, g, fn)
+    (x,) = call.args
+    return _done(collectives.scan(g, x, op, inclusive, async_op, fn), call.outputs, async_op)
 
 
 def reduce(tensor: Any, dst: int = 0, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
@@ -180,12 +159,10 @@ def reduce(tensor: Any, dst: int = 0, op: ReduceOpLike = ReduceOp.SUM, group: An
     """Reduce ``tensor`` across the group onto global rank ``dst`` (or group rank ``group_dst``);
     others' tensors are unchanged."""
     fn = "reduce"
-    g = validate.group(group, fn)
-    validate.flag(async_op, "async_op", fn)
-    root = validate.root(dst, group_dst, "dst", fn, g)
-    staged = validate.array(tensor, "tensor", fn, writable=g.rank == root)
-    outputs = [staged] if g.rank == root else []
-    return _done(collectives.reduce(g, staged.buf, root, op, async_op), outputs, async_op)
+    g = _resolved(group, async_op, fn)
+    call = calls.reduce(tensor, dst, group_dst, g, fn)
+    x, root = call.args
+    return _done(collectives.reduce(g, x, root, op, async_op), call.outputs, async_op)
 
 
 def broadcast(tensor: Any, src: int = 0, group: Any = None, async_op: bool = False, *,
@@ -197,12 +174,8 @@ def broadcast(tensor: Any, src: int = 0, group: Any = None, async_op: bool = Fal
     if async_op is False and _plain(tensor):  # the common call: nothing staged, nothing to commit
         collectives.broadcast(g, tensor, root, False)
         return None
-    receives = g._index[g._world.rank] != root  # ``g.rank`` of a resolved group, without calls
-    staged = Staged(tensor, (fn, "tensor"), receives)
-    result = collectives.broadcast(g, staged.buf, root, async_op)
-    if async_op or (receives and staged.needs_commit):
-        return _done(result, [staged] if receives else [], async_op)
-    return None
+    call = calls.broadcast(tensor, root, g, fn)
+    return _done(collectives.broadcast(g, call.args[0], root, async_op), call.outputs, async_op)
 
 
 def all_gather(tensor_list: Any, tensor: Any, group: Any = None, async_op: bool = False) -> Work | None:
@@ -213,17 +186,9 @@ def all_gather(tensor_list: Any, tensor: Any, group: Any = None, async_op: bool 
     """
     fn = "all_gather"
     g = _resolved(group, async_op, fn)
-    size, rank = len(g._ranks), g._index[g._world.rank]  # a resolved group's, without calls
-    staged = Staged(tensor, (fn, "tensor"), False)
-    outputs = validate.array_list(tensor_list, "tensor_list", fn, size, writable=True)
-    validate.same_dtype(outputs, staged, "tensor_list", fn)
-    if outputs[rank].array.size != staged.array.size:
-        raise ValueError(f"{fn}: tensor_list[{rank}] ({outputs[rank].signature}) must hold as many "
-                         f"elements as this rank's tensor ({staged.signature})")
-    validate.distinct(outputs, "tensor_list", fn)
-    counts = [o.array.size for o in outputs]
-    out = _gathered(outputs, staged.buf.dtype)
-    return _done(collectives.all_gather(g, staged.buf, out, counts, async_op), outputs, async_op)
+    call = calls.all_gather(tensor_list, tensor, g, fn)
+    send, out, counts = call.args
+    return _done(collectives.all_gather(g, send, out, counts, async_op), call.outputs, async_op)
 
 
 def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None,
@@ -235,19 +200,9 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
         collectives.all_gather(g, _unaliased(input_tensor, output_tensor), output_tensor,
                                (input_tensor.size,) * len(g._ranks), False)
         return None
-    staged = Staged(input_tensor, (fn, "input_tensor"), False)
-    output = Staged(output_tensor, (fn, "output_tensor"), True)
-    if output.array.dtype != staged.array.dtype:
-        validate.same_dtype([output], staged, "output_tensor", fn)
-    size = len(g._ranks)
-    if output.array.size != staged.array.size * size:
-        raise ValueError(f"{fn}: output_tensor ({output.signature}) must hold group size ({size}) x "
-                         f"input_tensor ({staged.signature}) elements")
-    send = validate.unaliased(staged.buf, output.buf)  # in place: the input is this rank's block
-    work = collectives.all_gather(g, send, output.buf, (staged.buf.size,) * size, async_op)
-    if async_op or output.needs_commit:
-        return _done(work, [output], async_op)
-    return None
+    call = calls.all_gather_into_tensor(output_tensor, input_tensor, g, fn)
+    send, out, counts = call.args
+    return _done(collectives.all_gather(g, send, out, counts, async_op), call.outputs, async_op)
 
 
 def gather(tensor: Any, gather_list: Any = None, dst: int = 0, group: Any = None,
@@ -258,22 +213,10 @@ def gather(tensor: Any, gather_list: Any = None, dst: int = 0, group: Any = None
     Other ranks may pass ``None`` or a list; a list passed there is left untouched.
     """
     fn = "gather"
-    g = validate.group(group, fn)
-    validate.flag(async_op, "async_op", fn)
-    root = validate.root(dst, group_dst, "dst", fn, g)
-    staged = validate.array(tensor, "tensor", fn)
-    outputs: list[Staged] = []
-    out = None
-    if g.rank == root:
-        if gather_list is None:
-            raise ValueError(f"{fn}: gather_list is required on the destination rank "
-                             f"{g.global_rank(root)}")
-        outputs = validate.array_list(gather_list, "gather_list", fn, g.size, writable=True)
-        validate.same_layout(outputs, staged, "gather_list", fn)
-        validate.distinct(outputs, "gather_list", fn)
-        out = _gathered(outputs, staged.buf.dtype)
-    counts = [staged.array.size] * g.size
-    return _done(collectives.gather(g, staged.buf, out, counts, root, async_op), outputs, async_op)
+    g = _resolved(group, async_op, fn)
+    call = calls.gather(tensor, gather_list, dst, group_dst, g, fn)
+    send, out, counts, root = call.args
+    return _done(collectives.gather(g, send, out, counts, root, async_op), call.outputs, async_op)
 
 
 def scatter(tensor: Any, scatter_list: Any = None, src: int = 0, group: Any = None,
@@ -281,20 +224,10 @@ def scatter(tensor: Any, scatter_list: Any = None, src: int = 0, group: Any = No
     """Send ``scatter_list[i]`` from global rank ``src`` (or group rank ``group_src``) into
     member ``i``'s ``tensor``."""
     fn = "scatter"
-    g = validate.group(group, fn)
-    validate.flag(async_op, "async_op", fn)
-    root = validate.root(src, group_src, "src", fn, g)
-    output = validate.array(tensor, "tensor", fn, writable=True)
-    send = None
-    if g.rank == root:
-        if scatter_list is None:
-            raise ValueError(f"{fn}: scatter_list is required on the source rank "
-                             f"{g.global_rank(root)}")
-        inputs = validate.array_list(scatter_list, "scatter_list", fn, g.size)
-        validate.same_layout(inputs, output, "scatter_list", fn)
-        send = _joined(inputs)
-    counts = [output.array.size] * g.size
-    return _done(collectives.scatter(g, send, output.buf, counts, root, async_op), [output], async_op)
+    g = _resolved(group, async_op, fn)
+    call = calls.scatter(tensor, scatter_list, src, group_src, g, fn)
+    send, out, counts, root = call.args
+    return _done(collectives.scatter(g, send, out, counts, root, async_op), call.outputs, async_op)
 
 
 def reduce_scatter(output: Any, input_list: Any, op: ReduceOpLike = ReduceOp.SUM, group: Any = None,
@@ -308,21 +241,11 @@ def reduce_scatter(output: Any, input_list: Any, op: ReduceOpLike = ReduceOp.SUM
     """
     fn = "reduce_scatter"
     g = _resolved(group, async_op, fn)
-    size, rank = len(g._ranks), g._index[g._world.rank]  # a resolved group's, without calls
-    out = Staged(output, (fn, "output"), True)
-    inputs = validate.array_list(input_list, "input_list", fn, size)
-    validate.same_dtype(inputs, out, "input_list", fn)
-    counts = [i.array.size for i in inputs]
-    if counts[rank] != out.array.size:
-        raise ArgumentMismatchError(f"{fn}: input_list[{rank}] ({inputs[rank].signature}) must hold as "
-                                    f"many elements as this rank's output ({out.signature})")
-    if counts.count(counts[0]) == size:
-        work = collectives.reduce_scatter(g, _joined(inputs), out.buf, counts, op, async_op, fn)
-    else:
-        work = reduce_scatter_counts(g, _joined(inputs), out.buf, counts, op, async_op, fn)
-    if async_op or out.needs_commit:
-        return _done(work, [out], async_op)
-    return None
+    call = calls.reduce_scatter(output, input_list, g, fn)
+    send, out, counts = call.args
+    if counts.count(counts[0]) != len(counts):
+        agree_counts(g, send, counts, op, fn)
+    return _done(collectives.reduce_scatter(g, send, out, counts, op, async_op, fn), call.outputs, async_op)
 
 
 def reduce_scatter_tensor(output: Any, input: Any, op: ReduceOpLike = ReduceOp.SUM,  # noqa: A002
@@ -334,19 +257,9 @@ def reduce_scatter_tensor(output: Any, input: Any, op: ReduceOpLike = ReduceOp.S
         collectives.reduce_scatter(g, _unaliased(input, output), output,
                                    (output.size,) * len(g._ranks), op, False, fn)
         return None
-    out = Staged(output, (fn, "output"), True)
-    source = Staged(input, (fn, "input"), False)
-    if source.array.dtype != out.array.dtype:
-        validate.same_dtype([source], out, "input", fn)
-    size = len(g._ranks)
-    if source.array.size != out.array.size * size:
-        raise ValueError(f"{fn}: input ({source.signature}) must hold group size ({size}) x output "
-                         f"({out.signature}) elements")
-    send = validate.unaliased(source.buf, out.buf)  # in place: the output is this rank's block
-    work = collectives.reduce_scatter(g, send, out.buf, (out.array.size,) * size, op, async_op, fn)
-    if async_op or out.needs_commit:
-        return _done(work, [out], async_op)
-    return None
+    call = calls.reduce_scatter_tensor(output, input, g, fn)
+    send, out, counts = call.args
+    return _done(collectives.reduce_scatter(g, send, out, counts, op, async_op, fn), call.outputs, async_op)
 
 
 def all_to_all(output_tensor_list: Any, input_tensor_list: Any, group: Any = None,
@@ -354,22 +267,10 @@ def all_to_all(output_tensor_list: Any, input_tensor_list: Any, group: Any = Non
     """Member ``i``'s ``input_tensor_list[j]`` lands in member ``j``'s ``output_tensor_list[i]``."""
     fn = "all_to_all"
     g = _resolved(group, async_op, fn)
-    size, rank = len(g._ranks), g._index[g._world.rank]  # a resolved group's, without calls
-    inputs = validate.array_list(input_tensor_list, "input_tensor_list", fn, size)
-    outputs = validate.array_list(output_tensor_list, "output_tensor_list", fn, size, writable=True)
-    validate.same_dtype(inputs, inputs[0], "input_tensor_list", fn)
-    validate.same_dtype(outputs, inputs[0], "output_tensor_list", fn)
-    mine, kept = inputs[rank], outputs[rank]
-    if mine.array.size != kept.array.size:
-        raise ValueError(f"{fn}: input_tensor_list[{rank}] ({mine.signature}) and output_tensor_list"
-                         f"[{rank}] ({kept.signature}) must hold as many elements: it is the block "
-                         f"this rank (group rank {rank}) sends itself")
-    validate.distinct(outputs, "output_tensor_list", fn)
-    send = _joined(inputs)
-    out = _gathered(outputs, send.dtype)
-    work = collectives.all_to_all(g, send, [i.array.size for i in inputs], out,
-                                  [o.array.size for o in outputs], async_op)
-    return _done(work, outputs, async_op)
+    call = calls.all_to_all(output_tensor_list, input_tensor_list, g, fn)
+    send, send_counts, out, recv_counts = call.args
+    return _done(collectives.all_to_all(g, send, send_counts, out, recv_counts, async_op), call.outputs,
+                 async_op)
 
 
 def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int] | None = None,  # noqa: A002
@@ -386,50 +287,16 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
         counts = (input.size // size,) * size
         collectives.all_to_all(g, _unaliased(input, output), counts, output, counts, False)
         return None
-    source = Staged(input, (fn, "input"), False)
-    out = Staged(output, (fn, "output"), True)
-    if out.array.dtype != source.array.dtype:
-        validate.same_dtype([out], source, "output", fn)
-    in_shape, out_shape = source.array.shape, out.array.shape
-    if not in_shape or not out_shape:
-        raise ValueError(f"{fn}: input and output need at least one dimension")
-    if in_shape[1:] != out_shape[1:]:
-        raise ValueError(f"{fn}: input ({source.signature}) and output ({out.signature}) must agree "
-                         "beyond dim 0")
-    in_rows, out_rows = in_shape[0], out_shape[0]
-    row = source.array.size // in_rows if in_rows else out.array.size // max(out_rows, 1)
-    if input_split_sizes is None and output_split_sizes is None and in_rows == out_rows \
-            and not in_rows % size:  # equal splits, as the checks below would find them
-        send_counts: Sequence[int] = (in_rows // size * row,) * size
-        recv_counts: Sequence[int] = send_counts
-    else:
-        send_counts, recv_counts = _split_counts(input_split_sizes, output_split_sizes, in_rows, out_rows,
-                                                 row, g, fn)
-    send = validate.unaliased(source.buf, out.buf)
-    work = collectives.all_to_all(g, send, send_counts, out.buf, recv_counts, async_op)
-    if async_op or out.needs_commit:
-        return _done(work, [out], async_op)
-    return None
-
-
-def _split_counts(input_split_sizes: Any, output_split_sizes: Any, in_rows: int, out_rows: int, row: int,
-                  g: Group, fn: str) -> tuple[list[int], list[int]]:
-    """``all_to_all_single``'s elements sent to and received from each member, checked."""
-    send_rows = validate.split_sizes(input_split_sizes, "input_split_sizes", fn, g.size, in_rows)
-    recv_rows = validate.split_sizes(output_split_sizes, "output_split_sizes", fn, g.size, out_rows)
-    if send_rows[g.rank] != recv_rows[g.rank]:
-        raise ValueError(f"{fn}: input_split_sizes[{g.rank}] ({send_rows[g.rank]}) and output_split_sizes"
-                         f"[{g.rank}] ({recv_rows[g.rank]}) must be equal: it is the block this rank "
-                         f"(group rank {g.rank}) sends itself")
-    return [r * row for r in send_rows], [r * row for r in recv_rows]
+    call = calls.all_to_all_single(output, input, output_split_sizes, input_split_sizes, g, fn)
+    send, send_counts, out, recv_counts = call.args
+    return _done(collectives.all_to_all(g, send, send_counts, out, recv_counts, async_op), call.outputs,
+                 async_op)
 
 
 def barrier(group: Any = None, async_op: bool = False) -> Work | None:
     """Block until every member of the group has called ``barrier``."""
     fn = "barrier"
-    g = validate.group(group, fn)
-    validate.flag(async_op, "async_op", fn)
-    return collectives.barrier(g, async_op)
+    return collectives.barrier(_resolved(group, async_op, fn), async_op)
 
 
 def isend(tensor: Any, dst: int, group: Any = None, tag: int = 0) -> Work:

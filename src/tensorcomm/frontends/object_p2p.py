@@ -54,7 +54,7 @@ class _ObjectSend(Work):
         self._parts = parts
 
     def wait(self, timeout: float | None = None) -> bool:
-        if not self._done.is_set():
+        if not self._completed:
             deadline = None if timeout is None else time.monotonic() + timeout
             try:
                 for part in self._parts:
@@ -68,7 +68,7 @@ class _ObjectSend(Work):
         return super().wait(0)
 
     def is_completed(self) -> bool:
-        return self._done.is_set() or all(part.is_completed() for part in self._parts)
+        return self._completed or all(part.is_completed() for part in self._parts)
 
 
 class _ObjectRecv(Work):
@@ -95,7 +95,7 @@ class _ObjectRecv(Work):
                                      _payload_channel(sequence)) for piece in _pieces(length)]
 
     def wait(self, timeout: float | None = None) -> bool:
-        if not self._done.is_set():
+        if not self._completed:
             deadline = None if timeout is None else time.monotonic() + timeout
             try:
                 self._header_work.wait(_remaining(deadline))
@@ -115,15 +115,15 @@ class _ObjectRecv(Work):
     def is_completed(self) -> bool:
         """Whether the object has arrived, without waiting (posting the pieces' receives once the
         header has): the transports move messages meanwhile, as for array receives."""
-        if not self._done.is_set() and self._header_work.is_completed():
+        if not self._completed and self._header_work.is_completed():
             try:
                 self._post_pieces()
                 if all(part.is_completed() for part in self._parts):
                     self.wait()  # everything is in: unpickles without waiting
             except Exception as exc:  # noqa: BLE001 - the call's error, which wait() raises
-                if not self._done.is_set():
+                if not self._completed:
                     self._complete(error=exc)
-        return self._done.is_set()
+        return self._completed
 
 
 def isend_object(obj: Any, dst: int, group: Any = None, tag: int = 0) -> Work:

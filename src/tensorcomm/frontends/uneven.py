@@ -24,7 +24,6 @@ import numpy as np
 from ..algorithms import kernels
 from ..core import collectives
 from ..core.group import Group
-from ..core.work import Work
 from ..errors import CollectiveMismatchError
 from ..types import SUPPORTED_DTYPES, ReduceOp, ReduceOpLike
 from . import validate
@@ -188,14 +187,11 @@ def scatter_v(tensor: Any = None, splits: Sequence[int] | None = None, src: int 
     return out if staged is None else staged.adapter.new_like(staged.obj, out)
 
 
-def reduce_scatter_counts(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequence[int],
-                          op: ReduceOpLike, async_op: bool, fn: str) -> Work | None:
-    """Reduce ``send`` across the group; block ``q`` (``counts[q]`` elements) lands in member
-    ``q``'s ``out``, once the members have agreed on the counts.
-
-    The core's reduce_scatter compares only the total between members; blocks of different
-    sizes are checked here first (an all-gather of a few int64s, done before the call returns
-    even with ``async_op``), so members that split differently all get an error.
+def agree_counts(group: Group, send: np.ndarray, counts: Sequence[int], op: ReduceOpLike, fn: str) -> None:
+    """Check, before a reduce-scatter whose blocks differ in size (``counts[q]`` elements for
+    member ``q``), that every member passes the same dtype and counts: the core's reduce_scatter
+    compares only the total between members. An all-gather of a few int64s, done before the
+    call returns even with ``async_op``, so members that split differently all get an error.
 
     Raises:
         ValueError: an op the dtype does not support (on the calling member, before any message).
@@ -211,7 +207,6 @@ def reduce_scatter_counts(group: Group, send: np.ndarray, out: np.ndarray, count
         raise CollectiveMismatchError(
             f"{fn}: members disagree on the dtype or the block sizes: group ranks {differ.tolist()} "
             f"differ from group rank 0 (this rank passed {send.dtype} blocks of {list(counts)} elements)")
-    return collectives.reduce_scatter(group, send, out, counts, op, async_op, fn)
 
 
 def reduce_scatter_v(tensor: Any, splits: Sequence[int] | None = None, op: ReduceOpLike = ReduceOp.SUM,
@@ -244,5 +239,7 @@ def reduce_scatter_v(tensor: Any, splits: Sequence[int] | None = None, op: Reduc
     x = staged.array
     row = _row_size(x)
     out = np.empty((rows[g.rank], *x.shape[1:]), dtype=x.dtype)
-    reduce_scatter_counts(g, np.ascontiguousarray(x), out, [r * row for r in rows], op, False, fn)
+    send, counts = np.ascontiguousarray(x), [r * row for r in rows]
+    agree_counts(g, send, counts, op, fn)
+    collectives.reduce_scatter(g, send, out, counts, op, False, fn)
     return staged.adapter.new_like(staged.obj, out)

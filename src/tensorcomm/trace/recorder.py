@@ -1,7 +1,8 @@
 """The flight recorder: each rank keeps its last calls and writes them to a file when one fails.
 
-Every call of every group passes ``run`` (a blocking call, recorded as it starts and ends) or
-``issue``, ``started`` and ``done`` or ``end`` (a queued call). A call costs one tuple in a ring of
+The recorder observes calls; it runs none. The group tells it of every call: ``begin`` (a call
+that starts at once on the calling thread) or ``issue`` then ``started`` (a queued call), then
+``done`` or ``end`` (with the error of a failed call). A call costs one tuple in a ring of
 ``TENSORCOMM_FLIGHT_CALLS`` entries (default ``config.FLIGHT_CALLS``; 0 turns the recorder off)
 and one end time; its state is read from them when dumped. The caller's file and line (the first
 frame outside tensorcomm and torch.distributed) are found by walking the stack only where that
@@ -27,14 +28,14 @@ from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
 from ..config import FLIGHT_CALLS
+from ..transports.threads import on_worker
 
 if TYPE_CHECKING:
-    from ..algorithms.base import Ctx, Plan, Team
+    from ..algorithms.base import Plan, Team
 
 log = logging.getLogger("tensorcomm.trace")
 
 ISSUED, STARTED, COMPLETED, FAILED = "issued", "started", "completed", "failed"
-AT_START = -2  # the index ``core.group`` passes for a call recorded as it starts (``run``)
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _FOREIGN_INTERNAL = (os.sep + os.path.join("torch", "distributed") + os.sep,
                      os.sep + os.path.join("torch", "nn", "parallel") + os.sep)
@@ -52,7 +53,8 @@ class Call:
 
     def __init__(self, entry: tuple[Any, ...], ended: int, failed: Failure | None) -> None:
         self.index, self.seq, self.team, self.plan, self.started_at = entry[:5]
-        self.issued, self.code, self.offset = entry[5:] if len(entry) > 5 else (self.started_at, None, 0)
+        sited = len(entry) == _SITED
+        self.issued, self.code, self.offset = entry[5:] if sited else (self.started_at, None, 0)
         self.ended = ended
         self.error = None
         if self.seq is None:
@@ -106,16 +108,19 @@ _size = FLIGHT_CALLS
 _sites = False  # whether every call records its caller's site (configure); else only some (below)
 _now = time.time_ns
 _getframe = sys._getframe
-# The ring: one tuple per call, stored in one operation: ``(index, seq, team, plan, started)`` for
-# a call recorded as it starts, ``(index, seq, team, plan, started, issued, code, offset)`` for a
-# queued call or one whose site is kept (``code``, ``offset``: the caller's code object and
-# instruction; ``seq`` None and ``started`` = ``issued`` until a queued call starts). A call's
+_get_ident = threading.get_ident
+# The ring: one tuple per call, stored in one operation: ``(index, seq, team, plan, started,
+# thread)`` for a call recorded as it starts (``begin``; ``thread``: the ident of the thread that
+# runs it), ``(index, seq, team, plan, started, issued, code, offset)`` for a queued call or one
+# whose site is kept (``code``, ``offset``: the caller's code object and instruction; ``seq`` None
+# and ``started`` = ``issued`` until a queued call starts). A call's
 # slot is ``index % _size``; a slot holding another index has been reused (that call's updates
 # are dropped). ``_ended[slot]`` is when the slot's call ended: a time before its start is its
 # predecessor's, so a new call need not clear it. ``_failed``: a failed call's error and site by
 # index. A blocking call records no site (walking the stack costs more than the rest of the
 # recorder): a failed one takes it when it fails, the call in flight when SIGUSR1 dumps.
 _EMPTY = (-1,)  # a slot no call has used
+_BEGUN, _SITED = 6, 8  # the lengths of the two kinds of entries
 _ring: list[tuple[Any, ...]] = [_EMPTY] * _size
 _ended: list[int] = [0] * _size
 _failed: dict[int, Failure] = {}
@@ -194,74 +199,31 @@ def _caller_frame() -> FrameType | None:
 _depth = 2  # how far above _caller_frame the last call's innermost tensorcomm frame was
 
 
-def entries(run: CodeType, call: CodeType) -> None:
-    """The code of ``Group._run`` and of ``core.group._call``, which every recorded call passes
-    (``core.group`` tells; this layer cannot import it): how ``_running_call`` finds a call."""
-    global _entries
-    _entries = (run, call)
-
-
-_entries: tuple[CodeType | None, CodeType | None] = (None, None)
-
-
-def _running_call(frame: FrameType | None) -> tuple[int, CodeType, int] | None:
-    """From ``frame`` outward: the recorder index of the call ``core.group._call`` runs there
-    (a local of ``run`` for a blocking call, of ``_call`` for a queued one), and the code and
-    instruction offset of the frame that called it (through ``Group._run``); None if the stack
-    shows no such call (a queued call on the worker thread, or none)."""
-    index = None
-    entered = False
-    while frame is not None:
-        code = frame.f_code
-        if index is None and (code is _RUN or code is _entries[1]):
-            index = frame.f_locals.get("index")
-        elif code is _entries[0]:
-            entered = index is not None
-        elif entered and not _is_internal(code):
-            assert index is not None
-            return index, code, frame.f_lasti
-        frame = frame.f_back
-    return None
-
-
-def run(ctx: Ctx, args: tuple[Any, ...], failed: Callable[[Ctx, BaseException], BaseException]) -> Any:
-    """Run a blocking call, ``ctx.plan.run(ctx, *args)``, recorded as it starts and as it ends
-    (the hot path: one tuple and one end time, in this one function); return its result.
-
-    ``failed(ctx, error)``, for a call that raised ``error``: the core's answer to it (it tells
-    the peers) and what the call reports instead; the call is recorded as failed with that
-    (``end``), which is then raised.
-    """
-    plan = ctx.plan
+def begin(team: Team, plan: Plan, seq: int) -> int:
+    """Record a call that starts now as step ``seq`` on the calling thread, without its caller's
+    site (found only if it fails, or SIGUSR1 dumps while it runs) unless ``configure(sites=True)``;
+    return its index for ``done`` and ``end`` (-1 when the recorder is off)."""
     size = _size
     if not size:
-        index = -1
-    elif _sites:
-        index = issue(ctx.team, plan, ctx.seq)
-    else:
-        index = next(_counter)
-        _ring[index % size] = (index, ctx.seq, ctx.team, plan, _now())
-    try:
-        result = plan.run(ctx, *args)
-    except BaseException as exc:
-        cause = failed(ctx, exc)
-        if index >= 0:
-            end(index, cause)
-        if cause is exc:
-            raise
-        raise cause from exc
-    ring = _ring
-    if index >= 0 and ring:  # ``done``, inline
-        slot = index % len(ring)
-        entry = ring[slot]
-        if entry[0] == index:
-            _ended[slot] = _now()
-            if sink is not None:
-                sink(Call(entry, _ended[slot], None))
-    return result
+        return -1
+    if _sites:
+        return issue(team, plan, seq)
+    index = next(_counter)
+    _ring[index % size] = (index, seq, team, plan, _now(), _get_ident())
+    return index
 
 
-_RUN = run.__code__
+def _site(frame: FrameType | None) -> tuple[CodeType, int] | None:
+    """The code and instruction offset of the first frame outside tensorcomm from ``frame``
+    outward: the caller of the call running there. None on an engine's worker thread, where no
+    caller waits (the queued call's site was recorded when it was issued)."""
+    if on_worker():
+        return None
+    while frame is not None:
+        if not _is_internal(frame.f_code):
+            return frame.f_code, frame.f_lasti
+        frame = frame.f_back
+    return None
 
 
 def issue(team: Team, plan: Plan, seq: int | None = None) -> int:
@@ -313,9 +275,9 @@ def end(index: int, error: BaseException | None = None) -> None:
     entry = ring[slot]
     if entry[0] != index:
         return
-    site = _running_call(_getframe(1)) if len(entry) == 5 else None
+    site = _site(_getframe(1)) if len(entry) == _BEGUN else None
     text = f"{type(error).__name__}: {error}"
-    failure = _failed[index] = (text, None, 0) if site is None else (text, *site[1:])
+    failure = _failed[index] = (text, None, 0) if site is None else (text, *site)
     for stale in [i for i in _failed if i <= index - len(ring)]:
         del _failed[stale]
     _ended[slot] = _now()
@@ -388,14 +350,13 @@ def dump(reason: str) -> str | None:
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
-    running = _running_call(frame)  # the main thread's call in flight, if any: note its site
-    if running is not None:
-        index, code, offset = running
-        with _lock:
-            slot = index % len(_ring) if _ring else 0
-            entry = _ring[slot] if _ring else _EMPTY
-            if entry[0] == index and len(entry) == 5:
-                _ring[slot] = (*entry, entry[4], code, offset)
+    me = _get_ident()  # the main thread's: its call in flight, if any, gets the site it was made at
+    with _lock:
+        for slot, entry in enumerate(_ring):
+            if len(entry) == _BEGUN and entry[5] == me and _ended[slot] < entry[4]:
+                site = _site(frame)
+                if site is not None:
+                    _ring[slot] = (*entry[:5], entry[4], *site)
     dump(f"signal {signal.Signals(signum).name}")
 
 
