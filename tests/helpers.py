@@ -306,6 +306,16 @@ def world_of_one() -> Iterator[Any]:
         tc.destroy()
 
 
+def close_at_once(transports: Sequence[Transport], linger: float = 10.0) -> None:
+    """Close ``transports`` (the ends of one mesh) at the same time, as their ranks would: each
+    waits for the others' goodbyes, which come at once, instead of out its ``linger``."""
+    threads = [threading.Thread(target=transport.close, args=(linger,)) for transport in transports]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(linger + 5)
+
+
 def mesh_thread(rank: int, size: int, store: HashStore, results: dict[int, Any], secret: bytes = SECRET,
                 timeout: float = 10.0, **options: Any) -> threading.Thread:
     """Start a thread that connects ``rank``'s TCP mesh (``connect_mesh`` on loopback, through

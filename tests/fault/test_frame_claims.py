@@ -43,9 +43,8 @@ def _claim(peer: int, tag: int, nbytes: int, payload: bytes = b"") -> None:
     """Send ``peer`` a data frame header that claims ``nbytes``, and ``payload`` only."""
     transport = current_world().transport
     assert isinstance(transport, TcpTransport)
-    link = transport._links[peer]
-    transport._enqueue(link, framing.pack_header(framing.KIND_DATA, p2p_tag(0, tag), nbytes),
-                       memoryview(payload), None)
+    transport._links[peer].send(framing.pack_header(framing.KIND_DATA, p2p_tag(0, tag), nbytes),
+                                memoryview(payload), None)
 
 
 def _error(fn: object) -> str:

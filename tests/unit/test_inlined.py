@@ -22,12 +22,11 @@ from tensorcomm.core import collectives
 from tensorcomm.frontends import functional
 from tensorcomm.signature import signature
 from tensorcomm.transports.base import SEQ_BITS, STEP_BITS, call_of_tag
+from tensorcomm.transports.matching import MessageRequest
 from tensorcomm.transports.tcp import framing
 from tensorcomm.transports.tcp.driving import Driving
-from tensorcomm.transports.tcp.messages import TcpRequest
-from tensorcomm.transports.tcp.reading import Reading
-from tensorcomm.transports.tcp.receiving import Receiving
-from tensorcomm.transports.tcp.sending import Sending
+from tensorcomm.transports.tcp.link import Link
+from tensorcomm.transports.tcp.transport import TcpTransport
 from tensorcomm.types import SUPPORTED_DTYPES, ReduceOp
 
 OPS: list[Any] = [*ReduceOp, "sum", "max", ReduceOp.premul_sum(2.0), 3.5, None]
@@ -218,14 +217,15 @@ def test_driving_completed_pokes_as_poke_elsewhere_does() -> None:
         assert poked == role.poke.call_count, vars(role)  # type: ignore[attr-defined]
 
 
-def test_a_data_frame_completes_its_request_as_complete_does() -> None:
-    """``Reading._end``'s inlined ``_complete`` and ``role.completed`` test: the same request
-    state and the same wake-ups as ``Receiving._complete``, in every state of the role."""
+def test_a_data_frame_completes_its_request_as_finish_does() -> None:
+    """``Link._end``'s inlined ``request.finish`` and ``role.completed`` test: the same request
+    state and the same wake-ups as ``MessageRequest.finish``, in every state of the role."""
     for inline_role, original_role in zip(_roles(), _roles(), strict=True):
-        inline, original = TcpRequest(None, 5, 9), TcpRequest(None, 5, 9)
-        link = SimpleNamespace(kind=framing.KIND_DATA, peer=3, target=None, request=inline, entry=None)
-        Reading._end(SimpleNamespace(_role=inline_role), link)  # type: ignore[arg-type]
-        Receiving._complete(SimpleNamespace(_role=original_role), original, 3)  # type: ignore[arg-type]
+        inline, original = MessageRequest(None, 5, 9), MessageRequest(original_role, 5, 9)
+        link = SimpleNamespace(kind=framing.KIND_DATA, peer=3, target=None, request=inline, entry=None,
+                               _role=inline_role)
+        Link._end(link)  # type: ignore[arg-type]
+        original.finish(3)
         assert (inline.source, inline._done, inline._error) == \
             (original.source, original._done, original._error)
         assert _woken(inline_role) == _woken(original_role), vars(original_role)
@@ -240,9 +240,9 @@ def test_note_call_reads_the_tag_as_call_of_tag_does() -> None:
     for tag in _tags():
         match = mock.Mock()
         match.note_call.return_value = None
-        state = SimpleNamespace(_lock=threading.Lock(), _noted=None, abort_group=None, _match=match)
+        state = SimpleNamespace(lock=threading.Lock(), _noted=None, abort_group=None, match=match)
         sig = signature("all_reduce", np.dtype(np.float32), 4)
-        Receiving._note_call(state, tag, sig)  # type: ignore[arg-type]
+        TcpTransport._note_call(state, tag, sig)  # type: ignore[arg-type]
         match.note_call.assert_called_once_with(call_of_tag(tag), sig)
 
 
@@ -250,18 +250,18 @@ def test_isend_packs_the_header_as_pack_header_does() -> None:
     data = memoryview(bytes(range(24)))
     for tag in _tags():
         for sig in (None, signature("broadcast", np.dtype(np.int64), 3, root=1)):
-            state = SimpleNamespace(rank=0, _noted=tag >> STEP_BITS, _links={1: "link"},
-                                    _match=SimpleNamespace(aborted=False, aborted_groups=None, lost=None),
-                                    _enqueue=lambda link, header, payload, tag: header)
-            header = Sending.isend(state, 1, data, tag, sig)  # type: ignore[arg-type]
+            link = SimpleNamespace(send=lambda header, payload, tag: header)
+            state = SimpleNamespace(rank=0, _noted=tag >> STEP_BITS, _links={1: link},
+                                    match=SimpleNamespace(aborted=False, aborted_groups=None, lost=None))
+            header = TcpTransport.isend(state, 1, data, tag, sig)  # type: ignore[arg-type]
             assert header == framing.pack_header(framing.KIND_DATA, tag, len(data), sig)
 
 
 # Where the copies are (a comment naming the original, then "inline"), and how many each module
 # holds: a new copy, or one moved, must come with its test here.
 PINNED = {"algorithms/allreduce.py": 1, "algorithms/shm_allreduce.py": 1, "core/collectives.py": 5,
-          "frontends/functional.py": 1, "transports/tcp/driving.py": 1, "transports/tcp/reading.py": 2,
-          "transports/tcp/receiving.py": 1, "transports/tcp/sending.py": 1}
+          "frontends/functional.py": 1, "transports/tcp/driving.py": 1, "transports/tcp/link.py": 2,
+          "transports/tcp/transport.py": 2}
 _COPY = re.compile(r"#.*(``[^`]+``|does)[^#]*\binline\b")
 
 

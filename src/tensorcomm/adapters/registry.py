@@ -23,8 +23,9 @@ ADAPTERS: list[Adapter] = [NumpyAdapter(), TorchAdapter(), JaxAdapter(), MindSpo
                            DLPackAdapter(), BufferAdapter()]
 
 
-def adapter_for(obj: Any, argument: str) -> Adapter:
-    """The first adapter that accepts ``obj``.
+def adapter_for(obj: Any, argument: str | tuple[str, str]) -> Adapter:
+    """The first adapter that accepts ``obj``; ``argument`` names it in the error, as
+    ``"fn: argument"`` or ``(fn, argument)`` (formatted only when there is an error).
 
     Raises:
         TypeError: no adapter accepts it; the message names the argument and the known kinds.
@@ -33,5 +34,7 @@ def adapter_for(obj: Any, argument: str) -> Adapter:
         if adapter.accepts(obj):
             return adapter
     kinds = ", ".join(a.name for a in ADAPTERS)
+    if not isinstance(argument, str):
+        argument = f"{argument[0]}: {argument[1]}"
     raise TypeError(f"{argument}: expected an array ({kinds}), got {type(obj).__module__}."
                     f"{type(obj).__qualname__}")

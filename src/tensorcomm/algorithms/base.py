@@ -19,14 +19,7 @@ import numpy as np
 from .. import config
 from ..errors import CollectiveMismatchError, CommError, CommTimeoutError
 from ..signature import Signature
-from ..transports.base import (  # noqa: F401  (collective_tag, p2p_tag: re-exported for algorithms)
-    STEP_BITS,
-    Request,
-    Transport,
-    as_bytes,
-    collective_tag,
-    p2p_tag,
-)
+from ..transports.base import STEP_BITS, Request, Transport, collective_tag
 from .kernels import Reduction
 
 _new = object.__new__

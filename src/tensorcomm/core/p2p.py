@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..algorithms.base import p2p_tag
-from ..transports.base import ANY_SOURCE, Request, as_bytes
+from ..transports.base import ANY_SOURCE, Request, as_bytes, p2p_tag
 from .group import Group
 from .work import Work
 

@@ -47,7 +47,7 @@ class Staged:
             adapter = _numpy_adapter
             array = obj  # what the numpy adapter's as_numpy returns for a plain ndarray
         else:
-            adapter = adapter_for(obj, _text(where))
+            adapter = adapter_for(obj, where)
             array = adapter.as_numpy(obj, writable)
             if type(obj) is _ndarray:
                 _numpy_adapter = adapter

@@ -15,12 +15,13 @@ from __future__ import annotations
 import abc
 import contextlib
 import fcntl
+import itertools
 import math
 import os
 import struct
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from tensorcomm.config import MAX_TIMEOUT
 from tensorcomm.errors import CommTimeoutError, RendezvousError
@@ -190,6 +191,26 @@ def timeout_error(op: str, missing: Sequence[str], timeout: float) -> CommTimeou
     return CommTimeoutError(f"store {op}: {noun} {names} not set within {timeout:g} s")
 
 
+def wait_for(keys: list[str], timeout: float, op: str, look: Callable[[], dict[str, bytes]],
+             pause: Callable[[float], object]) -> list[bytes]:
+    """The values of ``keys`` once all are set: ``look()`` gives the store's keys and values as
+    they are now, ``pause(remaining)`` waits (at most ``remaining`` seconds) before it looks again.
+
+    Raises:
+        CommTimeoutError: some keys were still missing after ``timeout`` (``op``'s error).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        data = look()
+        missing = [k for k in keys if k not in data]
+        if not missing:
+            return [data[k] for k in keys]
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise timeout_error(op, missing, timeout)
+        pause(remaining)
+
+
 class HashStore(Store):
     """A store held in this process's memory, shared by its threads (ranks-as-threads tests)."""
 
@@ -248,17 +269,12 @@ class HashStore(Store):
             self._cond.notify_all()
 
     def _wait_for(self, keys: list[str], timeout: float, op: str) -> list[bytes]:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                self._check_open()
-                missing = [k for k in keys if k not in self._data]
-                if not missing:
-                    return [self._data[k] for k in keys]
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise timeout_error(op, missing, timeout)
-                self._cond.wait(remaining)
+        def look() -> dict[str, bytes]:
+            self._check_open()
+            return self._data
+
+        with self._cond:  # ``wait`` releases it while it sleeps
+            return wait_for(keys, timeout, op, look, self._cond.wait)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -397,18 +413,12 @@ class FileStore(Store):
             pass
 
     def _wait_for(self, keys: list[str], timeout: float, op: str) -> list[bytes]:
-        deadline = time.monotonic() + timeout
-        pause = 0.001
-        while True:
+        def look() -> dict[str, bytes]:
             with self._locked(fcntl.LOCK_SH):
-                missing = [k for k in keys if k not in self._data]
-                if not missing:
-                    return [self._data[k] for k in keys]
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise timeout_error(op, missing, timeout)
-            time.sleep(min(pause, remaining))
-            pause = min(pause * 2, _FILE_POLL_MAX)
+                return dict(self._data)
+
+        pauses = (min(0.001 * 2 ** n, _FILE_POLL_MAX) for n in itertools.count())
+        return wait_for(keys, timeout, op, look, lambda remaining: time.sleep(min(next(pauses), remaining)))
 
     @contextlib.contextmanager
     def _locked(self, mode: int, closing: bool = False) -> Iterator[int]:

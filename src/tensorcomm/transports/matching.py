@@ -1,4 +1,5 @@
-"""How the message transports (TCP, MPI) match messages to receives, and what they refuse.
+"""How the message transports (TCP, MPI) match messages to receives, what they refuse, and
+the request both hand out.
 
 Receives posted before their message and messages that came before their receive wait in FIFO
 queues by (peer, tag); ``ANY_SOURCE`` receives match any peer. Each rank remembers the signatures
@@ -13,6 +14,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
+from ..errors import CollectiveMismatchError, CommTimeoutError
 from ..signature import Signature
 from .base import ANY_SOURCE, call_of_tag, group_of_tag, signature_mismatch
 
@@ -24,6 +26,86 @@ class Signed(Protocol):
 
     @property
     def signature(self) -> Signature | None: ...
+
+
+class Driver(Protocol):
+    """What moves a transport's messages, as its requests see it."""
+
+    def run_until(self, done: Callable[[], bool], timeout: float | None) -> bool:
+        """Move messages until ``done()`` or ``timeout`` seconds (None: no limit); return ``done()``."""
+        ...
+
+    def completed(self) -> None:
+        """A request finished: wake whoever waits for it in another thread."""
+        ...
+
+
+class MessageRequest:
+    """A send or receive of a message transport, finished by whichever thread moves its message.
+
+    ``poll`` (MPI, where no thread moves messages on its own): what ``done`` calls to make
+    progress before it answers. A request with no ``driver`` is made finished.
+    """
+
+    __slots__ = ("peer", "tag", "out", "signature", "source", "_done", "_error", "_driver", "_poll")
+
+    def __init__(self, driver: Driver | None, peer: int, tag: int, out: memoryview | None = None,
+                 signature: Signature | None = None, poll: Callable[[], None] | None = None) -> None:
+        self.peer = peer
+        self.tag = tag
+        self.out = out  # a receive's buffer; None for a send
+        self.signature = signature
+        self.source = peer
+        self._done = False
+        self._error: BaseException | None = None
+        self._driver = driver
+        self._poll = poll
+
+    def finish(self, source: int, error: BaseException | None = None) -> None:
+        """Finish the request (the first outcome stays) and wake its waiter."""
+        if not self._done:
+            self.source = source
+            self._error = error
+            self._done = True
+        if self._driver is not None:
+            self._driver.completed()
+
+    def done(self) -> bool:
+        if not self._done and self._poll is not None:
+            self._poll()
+        return self._done
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._done and (self._driver is None or not self._driver.run_until(self.done, timeout)):
+            who = "any rank" if self.peer == ANY_SOURCE else f"rank {self.peer}"
+            what = "no message from" if self.out is not None else "no receive posted by"
+            raise CommTimeoutError(f"{what} {who} within {timeout:g} s")
+        if self._error is not None:
+            raise self._error
+        return self.source
+
+
+def misfit(request: MessageRequest, source: int, nbytes: int, signature: Signature | None,
+           rank: int) -> BaseException | None:
+    """Why a message of ``nbytes`` from ``source``, sent in the call ``signature`` names, cannot
+    fill the receive ``request`` of ``rank``; None if it can."""
+    mismatch = signature_mismatch(source, signature, rank, request.signature)
+    if mismatch is not None:
+        return mismatch
+    assert request.out is not None
+    if nbytes != len(request.out):
+        return CollectiveMismatchError(
+            f"rank {source} sent a {nbytes}-byte message where a {len(request.out)}-byte one was "
+            "expected: the ranks called collectives with different sizes, dtypes or orders")
+    return None
+
+
+def finished(peer: int, error: BaseException | None = None) -> MessageRequest:
+    """A request that is over already (sent at once, refused, or to this rank itself)."""
+    request = MessageRequest(None, peer, 0)
+    request._error = error
+    request._done = True
+    return request
 
 
 R = TypeVar("R")

@@ -30,62 +30,25 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from ...errors import CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError, PeerLostError
+from ...errors import CommError, GroupAbortedError, PeerLostError
 from ...signature import Signature
 from ..base import (
-    ANY_SOURCE,
     Transport,
     call_of_tag,
     decode_abort,
     encode_abort,
     group_of_tag,
-    signature_mismatch,
 )
-from ..matching import Matching
+from ..matching import Matching, MessageRequest, misfit
 from . import comm as mpi_comm
 from . import framing
 
 # Up to this many payload bytes a message is copied behind its header and sent in one MPI
 # message; larger ones go zero-copy on their own tag, for one more round trip.
 EAGER_BYTES = 16 << 10
-
-
-class MpiRequest:
-    """A send or receive; finished by whichever thread's poll completes it."""
-
-    __slots__ = ("peer", "tag", "out", "signature", "source", "_done", "_error", "_transport")
-
-    def __init__(self, transport: MpiTransport, peer: int, tag: int, out: memoryview | None = None,
-                 signature: Signature | None = None) -> None:
-        self.peer = peer
-        self.tag = tag
-        self.out = out
-        self.signature = signature
-        self.source = peer
-        self._done = False
-        self._error: BaseException | None = None
-        self._transport = transport
-
-    def _finish(self, source: int, error: BaseException | None = None) -> None:
-        if not self._done:
-            self.source = source
-            self._error = error
-            self._done = True
-
-    def done(self) -> bool:
-        if not self._done:
-            self._transport.poll()
-        return self._done
-
-    def wait(self, timeout: float | None = None) -> int:
-        if not self._done:
-            self._transport.wait_for(self, timeout)
-        if self._error is not None:
-            raise self._error
-        return self.source
 
 
 class _Incoming(NamedTuple):
@@ -100,7 +63,7 @@ class _Incoming(NamedTuple):
 class _InFlight(NamedTuple):
     """An MPI request under way, the tensorcomm request it completes (if any) and its buffer."""
 
-    request: MpiRequest | None
+    request: MessageRequest | None
     peer: int
     buffer: Any  # kept alive until MPI is done with it
     receive: bool
@@ -118,7 +81,7 @@ class MpiTransport(Transport):
         self._tag_ub = int(comm.Get_attr(MPI.TAG_UB))
         self._lock = threading.RLock()  # guards everything below, and every MPI call
         self._status = MPI.Status()
-        self._match: Matching[MpiRequest, _Incoming] = Matching(rank, size)
+        self._match: Matching[MessageRequest, _Incoming] = Matching(rank, size)
         self._pending: list[Any] = []  # MPI requests under way ...
         self._flights: list[_InFlight] = []  # ... and what each one is for
         self._bulk_tags = [framing.FIRST_BULK_TAG] * size  # next bulk tag per peer
@@ -155,23 +118,20 @@ class MpiTransport(Transport):
             except self._MPI.Exception as exc:
                 self._mpi_failed(exc)
 
-    def wait_for(self, request: MpiRequest, timeout: float | None) -> None:
-        """Poll until ``request`` is done.
-
-        Raises:
-            CommTimeoutError: not done within ``timeout`` seconds (None: no limit).
-        """
+    def run_until(self, done: Callable[[], bool], timeout: float | None) -> bool:
+        """Wait, pacing the calls, until ``done()`` (a request's polls MPI) or ``timeout`` seconds
+        (None: no limit); return ``done()``."""
         backoff = mpi_comm.Backoff()
         while True:
-            self.poll()
-            if request._done:
-                return
+            if done():
+                return True
             now = time.monotonic()
             if timeout is not None and now - backoff.started >= timeout:
-                who = "any rank" if request.peer == ANY_SOURCE else f"rank {request.peer}"
-                what = "no message from" if request.out is not None else "no receive posted by"
-                raise CommTimeoutError(f"{what} {who} within {timeout:g} s")
+                return False
             backoff.pause(now)
+
+    def completed(self) -> None:
+        """A request finished: nothing to wake, its waiter polls (``run_until``)."""
 
     def _receive(self) -> None:
         MPI, comm, status = self._MPI, self._comm, self._status
@@ -216,9 +176,9 @@ class MpiTransport(Transport):
             flight = self._flights.pop(index)
             del self._pending[index]
             if flight.request is not None:
-                flight.request._finish(flight.peer)
+                flight.request.finish(flight.peer)
 
-    def _track(self, pending: Any, request: MpiRequest | None, peer: int, buffer: Any,
+    def _track(self, pending: Any, request: MessageRequest | None, peer: int, buffer: Any,
                receive: bool = False) -> None:
         self._pending.append(pending)
         self._flights.append(_InFlight(request, peer, buffer, receive))
@@ -236,27 +196,27 @@ class MpiTransport(Transport):
     # -- sending -------------------------------------------------------------------------------
 
     def isend(self, peer: int, data: memoryview, tag: int,
-              signature: Signature | None = None) -> MpiRequest:
-        request = MpiRequest(self, peer, tag)
+              signature: Signature | None = None) -> MessageRequest:
+        request = MessageRequest(self, peer, tag, poll=self.poll)
         with self._lock:
             if peer == self.rank:
                 self._arrived(peer, tag, _Incoming(len(data), memoryview(bytes(data)), 0, signature))
-                request._finish(peer)
+                request.finish(peer)
                 return request
             error = self._match.refusal(peer, tag) or self._note_call(tag, signature)
             if error is not None:
-                request._finish(peer, error)
+                request.finish(peer, error)
                 return request
             try:
                 if len(data) <= EAGER_BYTES:
                     self._send(peer, framing.frame(framing.DATA, tag, data, signature))
-                    request._finish(peer)  # the payload was copied: ``data`` may be reused
+                    request.finish(peer)  # the payload was copied: ``data`` may be reused
                     return request
                 bulk = self._bulk_tag(peer)
                 self._send(peer, framing.frame(framing.BULK, tag, data, signature, bulk=bulk))
                 self._track(self._comm.Isend([data, self._MPI.BYTE], peer, bulk), request, peer, data)
             except self._MPI.Exception as exc:
-                request._finish(peer, PeerLostError(peer, f"MPI_Isend failed: {exc}"))
+                request.finish(peer, PeerLostError(peer, f"MPI_Isend failed: {exc}"))
         return request
 
     def _bulk_tag(self, peer: int) -> int:
@@ -267,23 +227,23 @@ class MpiTransport(Transport):
     # -- receiving -----------------------------------------------------------------------------
 
     def irecv(self, peer: int, out: memoryview, tag: int,
-              signature: Signature | None = None) -> MpiRequest:
-        request = MpiRequest(self, peer, tag, out, signature)
+              signature: Signature | None = None) -> MessageRequest:
+        request = MessageRequest(self, peer, tag, out, signature, self.poll)
         with self._lock:
             mismatch = self._note_call(tag, signature)
             if mismatch is not None:
-                request._finish(peer, mismatch)
+                request.finish(peer, mismatch)
                 return request
             source, incoming = self._match.take_unexpected(peer, tag)
             if incoming is not None:
                 try:
                     self._deliver(request, source, incoming)
                 except self._MPI.Exception as exc:
-                    request._finish(source, PeerLostError(source, f"MPI_Irecv failed: {exc}"))
+                    request.finish(source, PeerLostError(source, f"MPI_Irecv failed: {exc}"))
                 return request
             error = self._match.refusal(peer, tag)
             if error is not None:
-                request._finish(peer, error)
+                request.finish(peer, error)
             else:
                 self._match.post(peer, tag, request)
         return request
@@ -298,14 +258,10 @@ class MpiTransport(Transport):
         if late is not None:  # it contradicts a call this rank made
             self.abort_group(*late)
 
-    def _deliver(self, request: MpiRequest, source: int, incoming: _Incoming) -> None:
+    def _deliver(self, request: MessageRequest, source: int, incoming: _Incoming) -> None:
         """Fill ``request`` with a message whose header arrived, or fail it if they disagree."""
         assert request.out is not None
-        error = signature_mismatch(source, incoming.signature, self.rank, request.signature)
-        if error is None and incoming.nbytes != len(request.out):
-            error = CollectiveMismatchError(
-                f"rank {source} sent a {incoming.nbytes}-byte message where a {len(request.out)}-byte "
-                "one was expected: the ranks called collectives with different sizes, dtypes or orders")
+        error = misfit(request, source, incoming.nbytes, incoming.signature, self.rank)
         MPI = self._MPI
         if incoming.payload is None:  # bulk: receive it where it belongs, or drain it
             target = request.out if error is None else bytearray(incoming.nbytes)
@@ -313,12 +269,12 @@ class MpiTransport(Transport):
             self._track(pending, request if error is None else None, source, target, receive=True)
         elif error is None:
             request.out[:] = incoming.payload
-            request._finish(source)
+            request.finish(source)
         if error is not None:
             call = call_of_tag(request.tag)
             if call is not None:
                 self.abort_group(call[0], error)
-            request._finish(source, error)
+            request.finish(source, error)
 
     def _note_call(self, tag: int, signature: Signature | None) -> BaseException | None:
         """Remember this rank's signature for the tag's call; check messages already queued for
@@ -361,7 +317,7 @@ class MpiTransport(Transport):
             failed += [f.request for f in self._flights
                        if f.peer == peer and f.request is not None and not f.receive]
         for request in failed:
-            request._finish(peer, error)
+            request.finish(peer, error)
 
     def abort_group(self, group_id: int, error: BaseException, tell_peers: bool = True) -> None:
         with self._lock:
@@ -375,7 +331,7 @@ class MpiTransport(Transport):
                 self._tell(range(self.size), framing.frame(framing.ABORT, group_id,
                                                            encode_abort(error, framing.MAX_ABORT_BYTES)))
         for request in failed:
-            request._finish(request.peer, error)
+            request.finish(request.peer, error)
 
     def _tell(self, peers: Sequence[int], frame: bytearray) -> None:
         """Send a control message to each of ``peers`` that is still there (one that said
@@ -393,7 +349,7 @@ class MpiTransport(Transport):
             failed = self._match.take_posted(lambda source, tag: True)
             failed += [f.request for f in self._flights if f.request is not None]
         for request in failed:
-            request._finish(request.peer, error)
+            request.finish(request.peer, error)
 
     def close(self, linger: float = 10.0) -> None:
         """Say goodbye to every peer and wait (up to ``linger`` s) for theirs.

@@ -1,20 +1,18 @@
 """TCP transport: tagged messages over one socket per peer, moved by the thread that waits.
 
-Progress: one thread at a time *drives* the transport. It polls every peer socket and, with
-non-blocking calls only, reads frames straight into posted receive buffers (``recv_into``,
-zero-copy) or into the unexpected queue, and writes queued sends. The driver is whichever caller
-waits (``Request.wait``, ``progress``, ``close``), so on the hot path a message lands in the
-caller's buffer without waking another thread (a hand-off per message doubled the round trip).
-A background thread drives only once no caller has for a moment (``driving.py``): peers' data is
-then still drained, probes answered and failures noticed while the caller computes. A message
-whose receive is posted while it is arriving switches to the posted buffer at once: only the
-bytes read before the post are copied. Matching messages to receives: ``transports/matching.py``;
-per-request and per-link state: ``messages.py``.
+A message, in order: ``isend`` hands its frame to the peer's ``link.Link``, which seals it and
+writes it; on the other rank the driver (below) finds the link's socket readable and the link's
+reader (``Link.read``) reads the frame into the receive ``irecv`` posted, matched by
+``transports/matching.py``, or into the unexpected queue until one is posted.
 
-The class is put together from one part per job: ``sending.py`` (per-link send queues),
-``reading.py`` (the frame reader), ``receiving.py`` (receive matching) and ``control.py``
-(failures, aborts, close), over the shared state declared in ``state.py``; this module builds
-it and runs the driver loop.
+Progress: one thread at a time *drives* the transport. It polls every peer socket and, with
+non-blocking calls only, has the links read frames and write queued sends. The driver is
+whichever caller waits (``Request.wait``, ``progress``, ``close``), so on the hot path a message
+lands in the caller's buffer without waking another thread (a hand-off per message doubled the
+round trip). A background thread drives only once no caller has for a moment (``driving.py``):
+peers' data is then still drained, probes answered and failures noticed while the caller
+computes. A message whose receive is posted while it is arriving switches to the posted buffer at
+once: only the bytes read before the post are copied.
 
 Sends write what the socket takes at once and queue the rest for the driver, which writes and
 reads in one loop, so a ring of simultaneous large sends never deadlocks and a link carries data
@@ -36,29 +34,46 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 
 import ml_dtypes
 import numpy as np
 
 from ... import config
-from ...errors import LinkAuthenticationError, PeerLostError
+from ...errors import (
+    CommError,
+    CommTimeoutError,
+    GroupAbortedError,
+    LinkAuthenticationError,
+    PeerLostError,
+)
 from ...rendezvous import discovery
-from ..matching import Matching
+from ...signature import NO_SIGNATURE, Signature
+from ..base import (
+    P2P_FLAG,
+    SEQ_BITS,
+    STEP_BITS,
+    Transport,
+    call_of_tag,
+    decode_abort,
+    encode_abort,
+    group_of_tag,
+)
+from ..matching import Matching, MessageRequest, finished, misfit
 from . import framing
-from .control import Control
 from .driving import NO_DEADLINE, Driving
-from .messages import Link
-from .reading import Reading
-from .receiving import Receiving
+from .link import Link, Unexpected
 from .sealing import Sealer
-from .sending import Sending
 
 _WIRE_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
 _POLLIN = select.POLLIN | select.POLLERR | select.POLLHUP
+_CALL_SHIFT = SEQ_BITS + STEP_BITS  # a collective tag's group id, above its call's sequence number
+_SEQ_MASK = (1 << SEQ_BITS) - 1
+_pack_header = framing.HEADER.pack
 
 
-class TcpTransport(Sending, Reading, Receiving, Control):
+class TcpTransport(Transport):
     """Full mesh of authenticated sockets; see ``mesh.connect_mesh`` for how it is built.
 
     ``links`` maps each peer's global rank to its socket and the ``sealing.Sealer`` its
@@ -73,27 +88,28 @@ class TcpTransport(Sending, Reading, Receiving, Control):
         self.size = size
         wire = discovery.wire_dtype()
         self.wire_dtype = None if wire is None else _WIRE_DTYPES[wire]
-        self._links = {peer: Link(peer, sock, sealer) for peer, (sock, sealer) in links.items()}
-        self._by_fd = {link.fd: link for link in self._links.values()}
-        self._lock = threading.Lock()  # guards the matching state below
+        # Shared with the links: the matching state and its lock, and the driver role.
+        self.lock = threading.Lock()  # guards ``match``, ``_progress`` and the spares
+        self.match: Matching[MessageRequest, Unexpected] = Matching(rank, size)
+        self.role = Driving(self._drive, rank)  # who drives (see the module docstring)
         self._noted = -1  # the call (tag >> STEP_BITS) whose signature was noted last
-        self._match = Matching(rank, size)
         # (group, peer) -> their latest call and its signature, from probe replies
-        self._progress = {}
+        self._progress: dict[tuple[int, int], tuple[int, Signature | None]] = {}
         # group id -> the first failure of its own a peer reported (not a lost peer it passed on)
-        self._peer_failures = {}
+        self._peer_failures: dict[int, BaseException] = {}
         self._on_peer_lost = on_peer_lost
-        self._discard = memoryview(bytearray(0))
-        self._spares = {}  # reusable unexpected-message buffers
+        self._spares: dict[int, list[np.ndarray]] = {}  # reusable unexpected-message buffers
         self._spare_bytes = 0
-        self._role = Driving(self._drive, rank)  # who drives (see the module docstring)
-        self._run_until = self._role.run_until
+        self._links = {peer: Link(peer, sock, sealer, self) for peer, (sock, sealer) in links.items()}
+        self._by_fd = {link.fd: link for link in self._links.values()}
         self._poller = select.poll()
-        self._poller.register(self._role.wake_fd, select.POLLIN)
+        self._poller.register(self.role.wake_fd, select.POLLIN)
         for link in self._links.values():
             self._poller.register(link.fd, _POLLIN)
             link.polled = _POLLIN
-        self._role.start()
+        self.role.start()
+
+    # -- the driver ----------------------------------------------------------------------------
 
     def _drive(self, done: Callable[[], bool], deadline: float) -> bool:
         """Read and write every link until ``done()`` or ``deadline`` (driver only); return ``done()``.
@@ -123,31 +139,301 @@ class TcpTransport(Sending, Reading, Receiving, Control):
             for fd, event in events:
                 found = by_fd.get(fd)
                 if found is None:
-                    if fd == self._role.wake_fd:
-                        self._role.drain_wake_ups()
+                    if fd == self.role.wake_fd:
+                        self.role.drain_wake_ups()
                     continue
                 link = found
                 if link.closed:
                     continue
                 try:
                     if event & select.POLLOUT:
-                        self._write(link)
+                        link.write()
                     if event & _POLLIN:
-                        self._read(link)
+                        link.read()
                 except LinkAuthenticationError as exc:  # someone on the path: trust nothing more
-                    if not self._role.closing:
-                        self._link_failed(link, exc)
+                    if not self.role.closing:
+                        self.link_failed(link, exc)
                     link.closed = True
                     try:
                         link.sock.shutdown(socket.SHUT_RDWR)
                     except OSError:
                         pass
                 except (OSError, framing.BadFrame) as exc:
-                    if not self._role.closing:
-                        self._link_failed(link, PeerLostError(link.peer, str(exc)))
+                    if not self.role.closing:
+                        self.link_failed(link, PeerLostError(link.peer, str(exc)))
                     link.closed = True
             if not events:
                 self._overdue(time.monotonic())
             if last:
                 return done()
         return True
+
+    def _overdue(self, now: float) -> None:
+        """Fail links whose oldest queued frame missed its deadline (driver only)."""
+        for link in self._links.values():
+            late = link.take_overdue(now)
+            if late is None or link.peer in self.match.lost:
+                continue
+            error = CommTimeoutError(f"rank {link.peer} took no data for {self.send_timeout:g} s "
+                                     "(stopped or unreachable)")
+            if late.request is not None:
+                late.request.finish(link.peer, error)  # names the stall itself
+            self._break_link(link, error)
+
+    def _break_link(self, link: Link, error: CommError) -> None:
+        """A frame went out half-sent: nothing more can travel on this link. Fail it for good."""
+        self.link_failed(link, PeerLostError(link.peer, f"link closed after a stalled send: {error}"))
+        try:
+            link.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    # -- sending and receiving -----------------------------------------------------------------
+
+    def isend(self, peer: int, data: memoryview, tag: int,
+              signature: Signature | None = None) -> MessageRequest:
+        if peer == self.rank:
+            self._deliver(self.rank, tag, memoryview(bytearray(data)), signature)
+            return finished(self.rank)
+        match = self.match
+        error = match.refusal(peer, tag) if match.aborted or match.aborted_groups or match.lost else None
+        if error is None and tag >> STEP_BITS != self._noted and signature is not None:
+            error = self._note_call(tag, signature)
+        if error is not None:
+            return finished(peer, error)
+        # ``framing.pack_header``, inline on the hot path
+        header = _pack_header(framing.MAGIC, framing.KIND_DATA, tag, len(data), *(signature or NO_SIGNATURE))
+        return self._links[peer].send(header, data.cast("B"), tag)  # type: ignore[return-value]
+
+    def irecv(self, peer: int, out: memoryview, tag: int,
+              signature: Signature | None = None) -> MessageRequest:
+        buffer = out.cast("B") if out.format != "B" else out
+        request = MessageRequest(self.role, peer, tag, buffer, signature)
+        if tag >> STEP_BITS != self._noted and signature is not None:
+            mismatch = self._note_call(tag, signature)
+            if mismatch is not None:
+                request.finish(peer, mismatch)
+                return request
+        match = self.match
+        with self.lock:
+            source, entry = match.take_unexpected(peer, tag) if match.unexpected else (peer, None)
+            if entry is None:
+                error = match.refusal(peer, tag) if match.aborted or match.aborted_groups or \
+                    match.lost else None
+                if error is None:
+                    match.post(peer, tag, request)
+                    return request
+            elif not entry.complete:
+                error = misfit(request, source, len(entry.data), entry.signature, self.rank)
+                if error is None:
+                    entry.request = request  # the link moves it into ``out`` as it arrives
+                    return request
+        if entry is None:
+            request.finish(peer, error)
+        elif entry.complete:
+            self.fill(request, source, entry)
+        else:
+            self.reject(request, source, error)  # type: ignore[arg-type]
+        return request
+
+    def _deliver(self, source: int, tag: int, data: memoryview, signature: Signature | None) -> None:
+        """Hand a whole message to its posted receive, or queue it (a message to oneself)."""
+        with self.lock:
+            request = self.match.pop_posted(source, tag)
+            if request is None:
+                self.match.queue(source, tag, Unexpected(data, signature, True))
+        if request is None:
+            self.check_late(source, tag, signature)
+        else:
+            self.fill(request, source, Unexpected(data, signature, True))
+
+    def _note_call(self, tag: int, signature: Signature | None) -> BaseException | None:
+        """Remember this rank's signature for the tag's call; check messages already queued for it.
+
+        Once per call: the requests that follow for the same call skip it (``_noted``); messages
+        that arrive later are checked on arrival (``check_late``). Returns the error to fail the
+        request with when a queued message disagrees (the group is then aborted everywhere).
+        """
+        if tag & P2P_FLAG or signature is None:
+            return None
+        call = (tag >> _CALL_SHIFT, (tag >> STEP_BITS) & _SEQ_MASK)  # ``call_of_tag``, inline
+        with self.lock:
+            mismatch = self.match.note_call(call, signature)
+        if mismatch is not None:
+            self.abort_group(call[0], mismatch)
+            return mismatch
+        self._noted = tag >> STEP_BITS
+        return None
+
+    # -- what the links call back: a message's fit, its buffer, control frames, failures ----------
+
+    def check_late(self, source: int, tag: int, signature: Signature | None) -> None:
+        """Abort the group if an unmatched message contradicts the call this rank made."""
+        late = self.match.late_mismatch(source, tag, signature)
+        if late is not None:
+            self.abort_group(*late)
+
+    def reject(self, request: MessageRequest, source: int, error: BaseException) -> None:
+        """Fail ``request`` for a message that does not fit it, and abort its group everywhere."""
+        call = call_of_tag(request.tag)
+        if call is not None:
+            self.abort_group(call[0], error)
+        request.finish(source, error)
+
+    def fill(self, request: MessageRequest, source: int, entry: Unexpected) -> None:
+        """Copy a whole unexpected message into ``request`` (or fail it if they disagree)."""
+        error = misfit(request, source, len(entry.data), entry.signature, self.rank)
+        if error is None:
+            request.out[:] = entry.data  # type: ignore[index]
+        self.give_back(entry)
+        if error is None:
+            request.finish(source)
+        else:
+            self.reject(request, source, error)
+
+    def take_spare(self, nbytes: int) -> np.ndarray:
+        """A buffer for an unexpected message: a reused one of that size if there is one
+        (fresh memory costs a page fault per page; see ``algorithms.base.Scratch``). Hold ``lock``."""
+        kept = self._spares.get(nbytes)
+        if kept:
+            self._spare_bytes -= nbytes
+            return kept.pop()
+        return np.empty(nbytes, np.uint8)
+
+    def give_back(self, entry: Unexpected) -> None:
+        """Keep ``entry``'s buffer for the next unexpected message of its size, within bounds."""
+        spare, entry.spare = entry.spare, None
+        if spare is None or spare.size == 0:
+            return
+        with self.lock:
+            if self._spare_bytes + spare.size <= config.SCRATCH_KEEP_BYTES:
+                self._spares.setdefault(spare.size, []).append(spare)
+                self._spare_bytes += spare.size
+
+    def on_control(self, peer: int, kind: int, tag: int, payload: memoryview,
+                   signature: Signature | None) -> None:
+        """Act on a whole control frame from ``peer`` (an abort, a probe or a probe's reply)."""
+        if kind == framing.KIND_ABORT:
+            # Passed on to every peer before anything else this rank sends them (its goodbye,
+            # say), so the cause reaches everyone ahead of its consequences.
+            error = decode_abort(peer, payload)
+            if not isinstance(error, PeerLostError):
+                self._peer_failures.setdefault(tag, error)
+            self.abort_group(tag, error)
+        elif kind == framing.KIND_PROBE:
+            latest, mine = self.match.latest_call(tag)
+            self._send_control(peer, framing.KIND_PROBE_REPLY, tag, framing.PROBE_REPLY.pack(latest), mine)
+        elif len(payload) == framing.PROBE_REPLY.size:
+            with self.lock:
+                self._progress[(tag, peer)] = (framing.PROBE_REPLY.unpack(payload)[0], signature)
+
+    def link_failed(self, link: Link, error: PeerLostError) -> None:
+        """``link`` can carry nothing more: fail what waits on it."""
+        pending = link.take_pending()
+        self.peer_gone(link.peer, error)
+        error = self.match.lost[link.peer]  # type: ignore[assignment]
+        with self.lock:  # messages cut off midway will never complete: drop them
+            unexpected = self.match.unexpected
+            for key in [key for key in unexpected if key[0] == link.peer]:
+                kept = deque(entry for entry in unexpected[key] if entry.complete)
+                if kept:
+                    unexpected[key] = kept
+                else:
+                    del unexpected[key]
+        for request in pending:
+            request.finish(link.peer, self.cause(request, error))
+
+    def cause(self, request: MessageRequest, error: BaseException) -> BaseException:
+        """What ``request`` fails with when its link goes: the abort of its group if there was
+        one (a peer that leaves after a mismatch is a consequence, not the cause), else ``error``."""
+        return self.match.aborted_groups.get(group_of_tag(request.tag)) or error
+
+    def peer_gone(self, peer: int, error: PeerLostError) -> None:
+        """``peer`` sends no more: fail the receives posted for it and tell ``on_peer_lost``."""
+        with self.lock:
+            error = self.match.lost.setdefault(peer, error)  # type: ignore[assignment]
+            failed = self.match.take_posted(lambda source, tag: source == peer)
+        for request in failed:
+            request.finish(peer, self.cause(request, error))
+        if self._on_peer_lost is not None and not self.role.closing:
+            self._on_peer_lost(peer, error)
+
+    # -- the rest of the Transport API ----------------------------------------------------------
+
+    def lost_peers(self) -> frozenset[int]:
+        with self.lock:
+            return frozenset(self.match.lost)
+
+    def progress(self, group_id: int, peers: Sequence[int],
+                 timeout: float) -> dict[int, tuple[int, Signature | None] | None]:
+        """Ask ``peers`` which call of ``group_id`` they have reached (and its signature);
+        ``None``: no answer in time."""
+        with self.lock:
+            for peer in peers:
+                self._progress.pop((group_id, peer), None)
+        for peer in peers:
+            self._send_control(peer, framing.KIND_PROBE, group_id, b"")
+        self.role.run_until(lambda: all((group_id, p) in self._progress for p in peers), timeout)
+        with self.lock:
+            return {peer: self._progress.get((group_id, peer)) for peer in peers}
+
+    def _send_control(self, peer: int, kind: int, tag: int, payload: bytes,
+                      signature: Signature | None = None) -> None:
+        """Send (or queue) a small control frame unless the link is gone."""
+        link = self._links.get(peer)
+        if link is None or peer in self.match.lost:
+            return
+        link.send(framing.pack_header(kind, tag, len(payload), signature), memoryview(payload), None)
+
+    def abort_cause(self, group_id: int, grace: float) -> BaseException | None:
+        told = self._peer_failures
+        self.role.run_until(lambda: group_id in told, grace)
+        return told.get(group_id)
+
+    def abort_group(self, group_id: int, error: BaseException, tell_peers: bool = True) -> None:
+        # Peers are told before local waiters wake: a waiter that goes on to destroy() must not
+        # get its goodbye to a peer ahead of the abort that explains it.
+        with self.lock:
+            failed = self.match.abort_group(group_id, error)
+        if failed is None:
+            return
+        if tell_peers:
+            payload = encode_abort(error, framing.MAX_ABORT_BYTES)
+            for peer in self._links:
+                self._send_control(peer, framing.KIND_ABORT, group_id, payload)
+        for request in failed:
+            request.finish(request.peer, error)
+
+    def abort(self, error: BaseException) -> None:
+        with self.lock:
+            self.match.aborted = self.match.aborted or error
+            failed = self.match.take_posted(lambda source, tag: True)
+        for request in failed:
+            request.finish(request.peer, error)
+
+    def close(self, linger: float = 10.0) -> None:
+        """Say goodbye to every peer, wait (up to ``linger`` s) for theirs, then close sockets.
+
+        Waiting for the peers' end of stream before closing avoids a TCP reset that could
+        discard data a slower peer has not read yet.
+        """
+        if self.role.closing:
+            return
+        deadline = time.monotonic() + linger
+        links = list(self._links.values())
+        for link in links:
+            self._send_control(link.peer, framing.KIND_BYE, 0, b"")
+        self.role.run_until(lambda: all(link.closed or not link.queue for link in links), linger)
+        for link in links:
+            try:
+                link.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        self.role.run_until(lambda: all(link.closed for link in links),
+                            max(0.0, deadline - time.monotonic()))
+        self.role.stop(max(1.0, deadline - time.monotonic()))
+        for link in links:
+            self.link_failed(link, PeerLostError(link.peer, "this rank closed its transport"))
+            link.sock.close()
+        self.role.close()
+        self.abort(GroupAbortedError(f"rank {self.rank}'s transport is closed"))
