@@ -173,3 +173,42 @@ def test_all_reduce_keeps_to_the_slots_where_failed_calls_keep_arrays():
     assert select.pick("broadcast", kept, 64 << 20).name == "shm_cma"  # builds its result in scratch
     with pytest.raises(ValueError, match="keep_going"):
         select.pick("all_reduce", kept, 64 << 20, override="shm_cma")
+
+
+class _Members:
+    """A shared-memory domain of ``size`` members, as the predicates read it."""
+
+    def __init__(self, size: int, cma: bool = True) -> None:
+        self.size, self.slot_bytes, self.cma, self.shared = size, 1 << 20, cma, False
+
+
+def _members_team(size: int) -> Team:
+    return Team(LoopbackHub(size).transport(0), range(size), 0, group_id=0, timeout=1.0,
+                shm=_Members(size))
+
+
+@pytest.mark.parametrize("cores, members, direct_up_to", [
+    (16, 4, select.SHM_DIRECT_BYTES_OWN_CORES),  # a core each: split from about 8 KiB
+    (16, 16, select.SHM_DIRECT_BYTES_OWN_CORES),
+    (2, 4, select.SHM_DIRECT_BYTES_MANY),  # more members than cores: 128 KiB holds
+    (16, 2, select.SHM_DIRECT_BYTES[2]),  # two members: as measured for two
+])
+def test_direct_all_reduce_up_to_a_size_that_depends_on_members_and_cores(monkeypatch, cores, members,
+                                                                          direct_up_to):
+    monkeypatch.setattr(select, "HOST_CORES", cores)
+    team = _members_team(members)
+    assert select.pick("all_reduce", team, direct_up_to).name == "shm_direct"
+    assert select.pick("all_reduce", team, direct_up_to + 4).name == "shm_split"
+
+
+@pytest.mark.parametrize("collective", sorted(select.CMA_BYTES))
+def test_direct_reads_with_a_core_for_each_of_many_members(monkeypatch, collective):
+    monkeypatch.setattr(select, "HOST_CORES", 16)
+    at = select.CMA_BYTES_OWN_CORES[collective]
+    for members in (3, 8, 16):
+        assert select.pick(collective, _members_team(members), at).name == "shm_cma"
+        assert select.pick(collective, _members_team(members), at - 1).name != "shm_cma"
+    # more members than cores, or two: the two-member sizes
+    monkeypatch.setattr(select, "HOST_CORES", 2)
+    assert select.pick(collective, _members_team(4), select.CMA_BYTES[collective]).name == "shm_cma"
+    assert select.pick(collective, _members_team(4), select.CMA_BYTES[collective] - 1).name != "shm_cma"

@@ -30,6 +30,7 @@ algorithms run on scratch copies through ``staging``.
 from __future__ import annotations
 
 import functools
+import os
 
 from . import (
     allgather,
@@ -124,12 +125,29 @@ def _hierarchical(team: Team, nbytes: int) -> bool:
 # 64 KiB to 512 KiB and split wins clearly at 1 MiB; with three or more split wins above 128 KiB.
 SHM_DIRECT_BYTES = {2: 256 << 10}
 SHM_DIRECT_BYTES_MANY = 128 << 10  # three or more members
+# Three or more members with a core each (``_own_cores``) wait for each other cheaply, and every
+# member reading every peer's whole message costs more than split's extra wait from about 8 KiB:
+# measured on a 16-core host (benchmarks/results/tune_shm_4_8_16_ranks_16cores.txt), shm_direct /
+# shm_split us per call: 4 members 13 / 15 at 4 KiB, 22 / 18 at 16 KiB; 8 members 27 / 30 at
+# 16 KiB, 108 / 42 at 64 KiB; 16 members 23 / 30 at 4 KiB, 61 / 34 at 16 KiB. Where members
+# outnumber the cores (4 ranks on 2), each wait costs a time slice and 128 KiB holds.
+SHM_DIRECT_BYTES_OWN_CORES = 8 << 10
+HOST_CORES = os.cpu_count() or 1
+
+
+def _own_cores(members: int) -> bool:
+    """Three or more members, no more than this host's cores: each can have a core of its own."""
+    return 2 < members <= HOST_CORES
 
 
 def _shm_direct(team: Team, nbytes: int) -> bool:
     shm = team.shm
-    return shm is not None and nbytes <= shm.slot_bytes and \
-        nbytes <= SHM_DIRECT_BYTES.get(shm.size, SHM_DIRECT_BYTES_MANY)
+    if shm is None or nbytes > shm.slot_bytes:
+        return False
+    members = shm.size
+    if _own_cores(members):
+        return nbytes <= SHM_DIRECT_BYTES_OWN_CORES
+    return nbytes <= SHM_DIRECT_BYTES.get(members, SHM_DIRECT_BYTES_MANY)
 
 
 def _shm_one_slot(team: Team, nbytes: int) -> bool:
@@ -160,6 +178,13 @@ CMA_BYTES = {"all_reduce": 64 << 20, "reduce_scatter": 64 << 20, "all_gather": 8
 # reduce_scatter 66 / 63, all_reduce 97 / 70 at 1 MiB; at 256 KiB the slots' single wait wins:
 # all_to_all 29 / 33, all_reduce 31 / 36).
 SHARED_BYTES = dict.fromkeys(CMA_BYTES, 1 << 20)
+# Three or more members with a core each (same 16-core host and file, slots / direct reads, us
+# per call): reduce_scatter's direct reads win from 4 MiB (4 MiB: 2025 / 1084 at 4 members,
+# 1998 / 1102 at 8, 2277 / 1880 at 16); many readers of one array slow each other, so all_gather
+# keeps the slots to 16 MiB (2513 / 2447, 3665 / 4903, 5536 / 8491) and broadcast to 8 MiB
+# (4 MiB: 692 / 599, 931 / 1321, 1101 / 3477; 16 MiB: 4016 / 1221, 6010 / 4634, 7641 / 7077).
+CMA_BYTES_OWN_CORES = {**CMA_BYTES, "reduce_scatter": 4 << 20, "all_gather": 32 << 20,
+                       "broadcast": 16 << 20}
 
 
 def _can_read(team: Team, nbytes: int) -> bool:
@@ -181,13 +206,18 @@ _FITS_CMA: dict[str, Predicate] = {**dict.fromkeys(CMA_BYTES, _can_read), "all_r
 
 def _reads(collective: str) -> Predicate:
     """The predicate of ``collective``'s ``shm_cma`` row: CMA allowed (all_reduce: and in place),
-    the call large enough (``SHARED_BYTES`` in a group with shared arrays, else ``CMA_BYTES``)."""
-    threshold, shared = CMA_BYTES[collective], SHARED_BYTES[collective]
-    allowed = _FITS_CMA[collective]
+    the call large enough (``SHARED_BYTES`` in a group with shared arrays, else
+    ``CMA_BYTES_OWN_CORES`` for three or more members with a core each, else ``CMA_BYTES``)."""
+    threshold, own_cores = CMA_BYTES[collective], CMA_BYTES_OWN_CORES[collective]
+    shared, allowed = SHARED_BYTES[collective], _FITS_CMA[collective]
 
     def predicate(team: Team, nbytes: int) -> bool:
+        if not allowed(team, nbytes):
+            return False
         shm = team.shm
-        return allowed(team, nbytes) and nbytes >= (shared if shm.shared else threshold)
+        if shm.shared:
+            return nbytes >= shared
+        return nbytes >= (own_cores if _own_cores(shm.size) else threshold)
 
     return predicate
 
