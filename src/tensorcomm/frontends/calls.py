@@ -118,16 +118,28 @@ def all_gather(tensor_list: Any, tensor: Any, g: Group, fn: str) -> Call:
     return Call((staged.buf, out, counts), outputs, [staged, *outputs], _own(staged))
 
 
+def _check_blocks(whole: Staged, whole_name: str, block: Staged, block_name: str, size: int,
+                  fn: str) -> None:
+    """Check that ``whole`` holds ``size`` blocks like ``block`` (its dtype, size blocks of its
+    element count): the one-tensor forms of all_gather and reduce_scatter.
+
+    Raises:
+        ArgumentMismatchError: the dtypes differ.
+        ValueError: the element counts do not fit.
+    """
+    if whole.array.dtype != block.array.dtype:
+        validate.same_dtype([whole], block, whole_name, fn)
+    if whole.array.size != block.array.size * size:
+        raise ValueError(f"{fn}: {whole_name} ({whole.signature}) must hold group size ({size}) x "
+                         f"{block_name} ({block.signature}) elements")
+
+
 def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, g: Group, fn: str) -> Call:
     """``all_gather`` into one tensor, blocks in rank order along dim 0."""
     staged = Staged(input_tensor, (fn, "input_tensor"), False)
     output = Staged(output_tensor, (fn, "output_tensor"), True)
-    if output.array.dtype != staged.array.dtype:
-        validate.same_dtype([output], staged, "output_tensor", fn)
     size = len(g._ranks)
-    if output.array.size != staged.array.size * size:
-        raise ValueError(f"{fn}: output_tensor ({output.signature}) must hold group size ({size}) x "
-                         f"input_tensor ({staged.signature}) elements")
+    _check_blocks(output, "output_tensor", staged, "input_tensor", size, fn)
     send, copies = _unaliased(staged, output)
     return Call((send, output.buf, (staged.buf.size,) * size), [output], [staged, output], copies)
 
@@ -188,12 +200,8 @@ def reduce_scatter_tensor(output: Any, input: Any, g: Group, fn: str) -> Call:  
     """``reduce_scatter`` of one tensor in ``size`` equal dim-0 blocks."""
     out = Staged(output, (fn, "output"), True)
     source = Staged(input, (fn, "input"), False)
-    if source.array.dtype != out.array.dtype:
-        validate.same_dtype([source], out, "input", fn)
     size = len(g._ranks)
-    if source.array.size != out.array.size * size:
-        raise ValueError(f"{fn}: input ({source.signature}) must hold group size ({size}) x output "
-                         f"({out.signature}) elements")
+    _check_blocks(source, "input", out, "output", size, fn)
     send, copies = _unaliased(source, out)
     return Call((send, out.buf, (out.array.size,) * size), [out], [out, source], copies)
 
