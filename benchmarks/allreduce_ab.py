@@ -38,7 +38,7 @@ def _caller(variant: str, x: np.ndarray, port: int) -> Callable[[], object]:
                                     rank=tc.get_rank(), world_size=tc.get_world_size())
         tensor = torch.from_numpy(x)
         return lambda: dist.all_reduce(tensor)
-    from tensorcomm.core.world import WORLD, current_world
+    from tensorcomm.core.lifecycle import WORLD, current_world
 
     algorithms = current_world().algorithms
     if variant == "default":

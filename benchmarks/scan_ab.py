@@ -28,7 +28,7 @@ def _caller(variant: str, x: np.ndarray) -> Callable[[], object]:
     """A function that runs one call on ``x`` as ``variant``."""
     if variant == "all_reduce":
         return lambda: tc.all_reduce(x)
-    from tensorcomm.core.world import WORLD, current_world
+    from tensorcomm.core.lifecycle import WORLD, current_world
 
     current_world().algorithms["scan"] = variant
     WORLD._plans.clear()  # every call shape picks its row again

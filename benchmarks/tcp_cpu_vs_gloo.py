@@ -53,7 +53,7 @@ def _measure(call: Callable[[], object], calls: int) -> tuple[float, float, floa
 
 
 def _body(sizes: list[int], rounds: int, algorithm: str | None, gloo: bool, port: int) -> dict:
-    from tensorcomm.core.world import current_world
+    from tensorcomm.core.lifecycle import current_world
 
     if algorithm is not None:
         current_world().algorithms["all_reduce"] = algorithm

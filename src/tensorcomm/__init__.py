@@ -11,9 +11,9 @@ The public surface is exactly ``__all__`` (pinned by tests/unit/test_exports.py)
 
 from . import config as _config
 from .core.group import CallInfo, Group
+from .core.lifecycle import WORLD
 from .core.persistent import Prequest
 from .core.work import Work
-from .core.world import WORLD
 from .errors import (
     ArgumentMismatchError,
     AuthenticationError,

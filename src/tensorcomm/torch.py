@@ -37,7 +37,7 @@ from typing import Any
 import torch.distributed as dist
 
 from .config import MAX_TIMEOUT
-from .core import world as core_world
+from .core import lifecycle
 from .frontends.torch_backend import BACKEND_NAME, ProcessGroupTensorcomm
 from .frontends.torch_c10d import warn_if_untested
 from .frontends.torch_work import TensorcommWork
@@ -115,20 +115,20 @@ def _create(opts: Any, _backend_options: Any) -> ProcessGroupTensorcomm:
     warn_if_untested()
     size, rank = opts.group_size, opts.group_rank
     ranks = tuple(opts.global_ranks_in_group) or tuple(range(size))
-    if not core_world.is_initialized():
+    if not lifecycle.is_initialized():
         seconds = opts.timeout.total_seconds()
         seconds = MAX_TIMEOUT if seconds <= 0 else min(seconds, MAX_TIMEOUT)  # <= 0: no timeout
-        core_world.init(store=TorchStore(opts.store, seconds, discover()), rank=rank,
+        lifecycle.init(store=TorchStore(opts.store, seconds, discover()), rank=rank,
                         world_size=size, timeout=seconds)
         _started_for = ranks
 
         def finish() -> None:
             global _started_for
             _started_for = None
-            core_world.destroy()
+            lifecycle.destroy()
 
-        return ProcessGroupTensorcomm(core_world.current_world().world_group, finish)
-    world = core_world.current_world()
+        return ProcessGroupTensorcomm(lifecycle.current_world().world_group, finish)
+    world = lifecycle.current_world()
     members = _started_for or tuple(range(world.size))
     if ranks == members:
         if (world.size, world.rank) != (size, rank):

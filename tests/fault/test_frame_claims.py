@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import tensorcomm as tc
-from tensorcomm.core.world import current_world
+from tensorcomm.core.lifecycle import current_world
 from tensorcomm.testing import spawn_ranks
 from tensorcomm.transports.base import p2p_tag
 from tensorcomm.transports.tcp import framing

@@ -25,7 +25,7 @@ RANK_SCRIPT = textwrap.dedent("""
     import os, sys
     import numpy as np
     import tensorcomm as tc
-    from tensorcomm.core.world import current_world
+    from tensorcomm.core.lifecycle import current_world
 
     tc.init(timeout=float(sys.argv[1]))
     rank, size = tc.get_rank(), tc.get_world_size()

@@ -1,19 +1,10 @@
-"""The single runtime object made by ``init()`` and ended by ``destroy()``.
+"""The single runtime object ``init()`` makes and ``destroy()`` ends (``core.lifecycle``).
 
 The world owns the rendezvous store, the transport between all ranks, the registry of named
-groups and the job's timeout.
-
-Generations: a job may ``destroy()`` and ``init()`` again. Every world keeps its keys under
-``tensorcomm/<generation>/`` in the store, the generation counted by the store itself (the
-``tensorcomm/arrivals`` counter: the n-th ``init`` of every rank gets generation n - 1), so a new
-world never reads an old one's addresses. When rank 0 hosts the store (``env://`` or ``tcp://``
-without a launcher) each world has a fresh store on the same port; the other ranks then check
-that the store they reached is not the previous world's (rank 0 marks each store with its
-generation) and retry until the new one is up.
-
-A process forked from a rank after ``init()`` shares its sockets and shared memory: its copies
-of every group refuse calls (``RuntimeError``), so it can never answer a peer in the parent's
-place; it may ``init()`` a world of its own.
+groups and the job's timeout. Every world keeps its keys under ``tensorcomm/<generation>/`` in
+the store, the generation counted by the store itself (the ``tensorcomm/arrivals`` counter: the
+n-th ``init`` of every rank gets generation n - 1), so a new world never reads an old one's
+addresses.
 
 Every group whose members all share this host (same host identity, see ``TENSORCOMM_HOST_ID``)
 gets a shared-memory domain, set up by its members when the group is made, unless a member runs
@@ -22,33 +13,22 @@ with ``TENSORCOMM_TRANSPORT=tcp`` or is not on x86-64; if setting it up fails on
 
 What carries the other groups' messages is the world's *backend*: tensorcomm's TCP mesh, or MPI
 (``backend="mpi"``, ``transports/mpi``), which under mpirun also provides the rendezvous.
-
-Process-wide state: this module keeps the current world (and the count of worlds this process
-joined, and a fork hook); everything a world owns (groups and their plans, transports, shared
-memory) goes with it at ``destroy()``. Other modules keep state for the life of the process: the
-``init_method`` scheme registry (``rendezvous.init_method``), the adapter found for plain
-ndarrays (``frontends.arrays``), the MPI backend's failure note and exit hook
-(``transports.mpi.comm``) and, once imported, ``tensorcomm.torch``'s registrations with torch
-(its backend and ``env://`` handler) and the world it started for torch.
 """
 
 from __future__ import annotations
 
-import datetime
 import logging
-import os
-import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from .. import config, trace
+from .. import config
 from ..algorithms import select
-from ..algorithms.base import Hierarchy, Plan
-from ..errors import AuthenticationError, CommTimeoutError, GroupAbortedError, PeerLostError, RendezvousError
-from ..rendezvous.init_method import Rendezvous, from_store, meets_through_mpi, rendezvous
+from ..algorithms.base import Hierarchy
+from ..errors import CommTimeoutError, GroupAbortedError, PeerLostError, RendezvousError
+from ..rendezvous.init_method import Rendezvous
 from ..rendezvous.own_store import address_of, reachable_address
 from ..rendezvous.store import PrefixStore, Store
 from ..signature import Signature
@@ -57,7 +37,6 @@ from ..transports.shm.arena import OutOfDescriptors
 from ..transports.shm.domain import ShmDomain, ShmUnavailable, open_domain
 from ..transports.tcp.mesh import connect_mesh
 from ..transports.tcp.transport import TcpTransport
-from .collectives import barrier
 from .engine import Engine
 from .group import Group
 
@@ -69,13 +48,9 @@ log = logging.getLogger("tensorcomm.shm")
 WORLD_NAME = "world"
 MAX_GROUP_ID = (1 << 15) - 1
 ARRIVALS_KEY = "tensorcomm/arrivals"  # counts inits, across generations
-SERVER_KEY = "tensorcomm/server"  # on a store rank 0 hosts: the generation it was made for
 DESTROY_LINGER = 2.0  # seconds destroy() waits for the peers' goodbyes (see TcpTransport.close)
 POLL_FIRST, POLL_MAX = 0.001, 0.02  # seconds a set-up waits on the store between liveness checks
 
-_current: World | None = None
-_current_lock = threading.Lock()
-_worlds_made = 0  # worlds this process joined; rank 0 marks its stores with it
 
 
 class World:
@@ -418,15 +393,6 @@ def _checked_algorithms(pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
     return dict(pairs)
 
 
-def _backend(backend: str | None, default: str) -> str:
-    if backend is None:
-        return default
-    if not isinstance(backend, str) or backend.lower() not in config.BACKENDS:
-        raise ValueError(f"init: backend must be one of {', '.join(map(repr, config.BACKENDS))}, "
-                         f"got {backend!r}")
-    return backend.lower()
-
-
 def _describe(codes: Sequence[int]) -> str:
     return Signature(*codes).describe()
 
@@ -446,212 +412,3 @@ def _await_everyone(store: Store, rank: int, size: int, timeout: float) -> list[
         raise RendezvousError(f"rank {rank}: ranks {missing} of {size} did not join within "
                               f"{timeout:g} s (arrived: {arrived})") from None
     return [store.get(key, timeout=timeout) for key in keys]
-
-
-def _seconds(timeout: float | datetime.timedelta | None, default: float) -> float:
-    if timeout is None:
-        return min(default, config.MAX_TIMEOUT)
-    if isinstance(timeout, datetime.timedelta):
-        timeout = timeout.total_seconds()
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout: expected seconds (a number) or a datetime.timedelta, "
-                        f"got {type(timeout).__name__}")
-    if not timeout > 0:  # also NaN
-        raise ValueError(f"timeout: must be positive, got {timeout}")
-    # Longer ones (``timedelta.max`` meaning "never") are cut to what every wait accepts.
-    return min(float(timeout), config.MAX_TIMEOUT)
-
-
-def _after_fork_in_child() -> None:
-    global _current
-    world, _current = _current, None
-    if world is not None:
-        world._inherited()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _stale_store(rdzv: Rendezvous, generation: int) -> bool:
-    """Whether the store rank 0 hosts is still the previous world's (about to close)."""
-    store = rdzv.store
-    if rdzv.server is not None:
-        store.set(SERVER_KEY, str(generation).encode())
-        return False
-    if not store.check([SERVER_KEY]):  # a launcher's or torch's store, or rank 0's, not marked yet
-        return False
-    return int(store.get(SERVER_KEY)) < generation
-
-
-def _meet(init_method: str | None, rank: int | None, world_size: int | None,
-          seconds: float) -> Rendezvous:
-    """``rendezvous``, retried while the store reached is the one of an earlier world.
-
-    After an earlier world, a connection that broke is retried too: it met the previous world's
-    store as it closed (which looks like a rejection: a server rejects by closing).
-    """
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            rdzv = rendezvous(init_method, rank, world_size, max(0.1, deadline - time.monotonic()))
-            try:
-                if not _stale_store(rdzv, _worlds_made):
-                    return rdzv
-            except BaseException:
-                rdzv.close()
-                raise
-            rdzv.close()
-        except (AuthenticationError, RendezvousError) as exc:
-            broke = isinstance(exc.__cause__ or exc.__context__, OSError)
-            if not _worlds_made or not broke or time.monotonic() > deadline:
-                raise
-        if time.monotonic() > deadline:
-            raise RendezvousError("init: rank 0's store still belongs to the previous world (did "
-                                  "rank 0 call destroy() and init() again?)")
-        time.sleep(0.05)
-
-
-def init(init_method: str | None = None, rank: int | None = None, world_size: int | None = None,
-         timeout: float | datetime.timedelta | None = None, *, store: Store | None = None,
-         secret: str | bytes | None = None, backend: str | None = None,
-         keep_going: bool | None = None) -> None:
-    """Join the job: rendezvous, connect to every rank, create the world group.
-
-    Args:
-        init_method: ``env://`` (default: read the launcher's environment), ``tcp://host:port``
-            or ``file:///path``. Under mpirun/mpiexec (or srun with PMI/PMIx) without
-            ``MASTER_ADDR``, the ranks meet through MPI when mpi4py is installed; under srun
-            alone at the first host of the node list; with no launcher at all, the world is
-            this one process (docs/env.md).
-        rank: this process's global rank (default: from the environment).
-        world_size: number of ranks (default: from the environment).
-        timeout: seconds (or a ``timedelta``) that bounds every blocking call, set-up included.
-        store: meet on this ``tensorcomm.rendezvous.Store`` instead of an ``init_method``, as
-            torch's ``init_process_group(store=...)`` does; ``rank`` and ``world_size`` are then
-            required.
-        secret: the job secret (default: ``TENSORCOMM_SECRET``, else one generated and handed
-            to the ranks of this host in a private file); with ``store`` only.
-        backend: ``"tensorcomm"`` (its own TCP mesh between hosts) or ``"mpi"`` (MPI through
-            mpi4py; the ranks are MPI's, and without ``init_method`` or ``store`` rank 0 serves
-            the store and MPI hands its address and the secret to the others); default
-            ``TENSORCOMM_BACKEND``, else ``"tensorcomm"``. See docs/mpi.md.
-        keep_going: a failed call leaves each in-place array untouched or complete
-            (docs/semantics.md says what that costs), for jobs that shrink and go on after a failure
-            (docs/elastic.md); default ``TENSORCOMM_KEEP_GOING``, which ``tensorcomm run
-            --keep-going`` sets, else False: the arrays of a failed call are unspecified.
-
-    Raises:
-        RuntimeError: already initialised.
-        RendezvousError: the job could not assemble within the timeout.
-        AuthenticationError: a connection failed the job-secret challenge.
-        ImportError: ``backend="mpi"`` without mpi4py (the message says how to install it).
-    """
-    global _current, _worlds_made
-    with _current_lock:
-        if _current is not None:
-            raise RuntimeError("tensorcomm is already initialized; call destroy() first")
-        from ..rendezvous.discovery import discover
-
-        info = discover()
-        if info.msrun_scheduler:
-            # msrun runs the script in its scheduler process too; it is no rank, and its work
-            # (MindSpore's scheduler, for a script that calls MindSpore's init() first) is done.
-            print("tensorcomm: msrun's scheduler process (MS_ROLE=MS_SCHED) is not a rank; it ends "
-                  "here", file=sys.stderr, flush=True)
-            raise SystemExit(0)
-        seconds = _seconds(timeout, info.timeout or config.DEFAULT_TIMEOUT)
-        chosen = _backend(backend, info.backend)
-        if keep_going is not None and not isinstance(keep_going, bool):
-            raise TypeError(f"init: keep_going must be a bool or None, got {type(keep_going).__name__}")
-        if store is not None:
-            if init_method is not None:
-                raise ValueError("init: pass either init_method or store, not both")
-            rdzv = from_store(store, rank, world_size, seconds, secret)
-        elif secret is not None:
-            raise ValueError("init: secret= goes with store=; otherwise set TENSORCOMM_SECRET")
-        elif ((chosen == "mpi" and init_method is None)
-              or (init_method in (None, "env://") and meets_through_mpi(info))):
-            # Under mpirun without MASTER_ADDR: rank 0 serves the store, MPI hands out where.
-            from ..transports.mpi.join import rendezvous as mpi_rendezvous
-
-            rdzv = mpi_rendezvous(rank, world_size, seconds)
-        else:
-            rdzv = _meet(init_method, rank, world_size, seconds)
-        try:
-            _current = World(rdzv, seconds, info.transport, chosen, info.hierarchy, info.algorithms,
-                             info.keep_going if keep_going is None else keep_going, info.cma)
-        except BaseException:
-            rdzv.close()
-            raise
-        _worlds_made += 1
-    world = _current
-    trace.on_init(world.rank, world.size, lambda: barrier(world.world_group, False))  # collective
-
-
-def destroy(group: Group | None = None) -> None:
-    """Leave the job: fail pending calls, close every connection. A no-op if not initialised.
-
-    With a ``group`` other than the world, destroy only that group (``Group.destroy``), as
-    ``torch.distributed.destroy_process_group(group)`` does.
-    """
-    global _current
-    if group is not None:
-        if not isinstance(group, Group):
-            raise TypeError(f"destroy: group must be a tensorcomm.Group or None, got {type(group).__name__}")
-        world = _current
-        if world is not None and group._target() is not world.world_group:
-            group.destroy()
-            return
-    trace.on_destroy()
-    with _current_lock:
-        world, _current = _current, None
-    if world is not None:
-        world.close()
-
-
-def is_initialized() -> bool:
-    """Whether ``init()`` has been called and ``destroy()`` not yet."""
-    return _current is not None
-
-
-def current_world() -> World:
-    """The current world.
-
-    Raises:
-        RuntimeError: ``init()`` has not been called.
-    """
-    world = _current
-    if world is None:
-        raise RuntimeError("tensorcomm is not initialized: call tensorcomm.init() first")
-    return world
-
-
-class _WorldHandle(Group):
-    """``tensorcomm.WORLD``: the world group of whichever ``init()`` is current, so it can be
-    imported before ``init()``."""
-
-    def __init__(self) -> None:  # no state of its own
-        pass
-
-    def _target(self) -> Group:
-        return current_world().world_group
-
-    # Group._plans is a plain attribute (read on every call) that is never reassigned; the
-    # handle reads the current world group's.
-    @property
-    def _plans(self) -> dict[Hashable, Plan]:  # type: ignore[override]
-        return self._target()._plans
-
-    @property
-    def _world(self) -> World:  # type: ignore[override]
-        return self._target()._world
-
-    @property
-    def _group_id(self) -> int:  # type: ignore[override]
-        return self._target()._group_id
-
-    def __repr__(self) -> str:
-        return "tensorcomm.WORLD"
-
-
-WORLD: Group = _WorldHandle()

@@ -16,8 +16,8 @@ import numpy as np
 
 from ..core import collectives, p2p
 from ..core.group import Group
+from ..core.lifecycle import current_world
 from ..core.work import Work
-from ..core.world import current_world
 from ..types import SUPPORTED_DTYPES, ReduceOp, ReduceOpLike
 from . import calls, validate
 from .arrays import Staged

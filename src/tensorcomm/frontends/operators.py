@@ -18,7 +18,7 @@ import numpy as np
 from ..algorithms import kernels
 from ..core import collectives
 from ..core.group import Group
-from ..core.world import WORLD
+from ..core.lifecycle import WORLD
 from ..types import ReduceOp, ReduceOpLike
 from . import validate
 from .arrays import Staged

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..core import collectives
 from ..core.group import Group
-from ..core.world import WORLD
+from ..core.lifecycle import WORLD
 from . import uneven, validate
 from .operators import _Operator
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..core.group import Group
-from ..core.world import current_world, destroy, init, is_initialized
+from ..core.lifecycle import current_world, destroy, init, is_initialized
 from . import validate
 
 __all__ = ["init", "init_process_group", "destroy", "destroy_process_group", "is_initialized",

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..core.group import Group
-from ..core.world import current_world
+from ..core.lifecycle import current_world
 from ..errors import ArgumentMismatchError
 from .arrays import Staged
 

@@ -23,7 +23,7 @@ from typing import Any
 import ray
 
 from .. import config
-from ..core import world as core_world
+from ..core import lifecycle
 from .store import RayStore, StoreServer
 
 __all__ = ["init_group", "destroy_group", "register_collective_backend", "setup_torch_backend",
@@ -31,11 +31,11 @@ __all__ = ["init_group", "destroy_group", "register_collective_backend", "setup_
 
 
 def _join(actor: object, store: RayStore, rank: int, size: int, timeout: float) -> None:
-    core_world.init(store=store, rank=rank, world_size=size, timeout=timeout, secret=store.secret())
+    lifecycle.init(store=store, rank=rank, world_size=size, timeout=timeout, secret=store.secret())
 
 
 def _leave(actor: object) -> None:
-    core_world.destroy()
+    lifecycle.destroy()
 
 
 def _check_actors(actors: Sequence[Any]) -> list[Any]:
@@ -72,7 +72,7 @@ def init_group(actors: Sequence[Any], *, timeout: float | datetime.timedelta | N
             others then fail at once too.
     """
     members = _check_actors(actors)
-    seconds = core_world._seconds(timeout, config.DEFAULT_TIMEOUT)
+    seconds = lifecycle._seconds(timeout, config.DEFAULT_TIMEOUT)
     store = RayStore.create(seconds)
     pending = [actor.__ray_call__.remote(_join, store, rank, len(members), seconds)
                for rank, actor in enumerate(members)]

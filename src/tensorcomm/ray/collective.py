@@ -16,7 +16,7 @@ from ray.util.collective.backend_registry import register_collective_backend
 from ray.util.collective.collective_group.base_collective_group import BaseGroup
 
 from .. import all_gather, all_reduce, barrier, broadcast, config, recv, reduce, reduce_scatter, send
-from ..core import world as core_world
+from ..core import lifecycle
 from ..types import ReduceOp
 from .store import RayStore
 
@@ -41,12 +41,12 @@ class TensorcommGroup(BaseGroup):
 
     def __init__(self, world_size: int, rank: int, group_name: str) -> None:
         super().__init__(world_size, rank, group_name)
-        if core_world.is_initialized():
+        if lifecycle.is_initialized():
             raise RuntimeError(f"ray.util.collective group {group_name!r}: this process is already "
                                "in a tensorcomm job; tensorcomm holds one per process")
-        seconds = core_world._seconds(None, config.DEFAULT_TIMEOUT)
+        seconds = lifecycle._seconds(None, config.DEFAULT_TIMEOUT)
         self._store = RayStore.create(seconds, name=f"tensorcomm-store-{group_name}")
-        core_world.init(store=self._store, rank=rank, world_size=world_size, timeout=seconds,
+        lifecycle.init(store=self._store, rank=rank, world_size=world_size, timeout=seconds,
                         secret=self._store.secret())
 
     @classmethod
@@ -58,7 +58,7 @@ class TensorcommGroup(BaseGroup):
         return True
 
     def destroy_group(self) -> None:
-        core_world.destroy()
+        lifecycle.destroy()
 
     def allreduce(self, tensors: list[Any], allreduce_options: Any = None) -> None:
         all_reduce(_one(tensors, "tensors"), op=_op(allreduce_options))

@@ -19,19 +19,19 @@ import ray
 from ray.train.torch import TorchConfig as RayTorchConfig
 from ray.train.torch.config import _TorchBackend
 
-from ..core import world as core_world
+from ..core import lifecycle
 from .store import RayStore
 
 
 def _join(store: RayStore, world_rank: int, size: int, timeout: float) -> None:
     import tensorcomm.torch  # noqa: F401 - registers the torch backend in this worker
 
-    core_world.init(store=store, rank=world_rank, world_size=size, timeout=timeout,
+    lifecycle.init(store=store, rank=world_rank, world_size=size, timeout=timeout,
                     secret=store.secret())
 
 
 def _leave() -> None:
-    core_world.destroy()
+    lifecycle.destroy()
 
 
 class _TensorcommTorchBackend(_TorchBackend):
