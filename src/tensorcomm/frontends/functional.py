@@ -21,7 +21,7 @@ from ..core.work import Work
 from ..types import SUPPORTED_DTYPES, ReduceOp, ReduceOpLike
 from . import calls, validate
 from .arrays import Staged
-from .uneven import agree_counts
+from .uneven import agree_if_uneven
 
 _ndarray = np.ndarray
 _SUPPORTED = frozenset(SUPPORTED_DTYPES)
@@ -243,8 +243,7 @@ def reduce_scatter(output: Any, input_list: Any, op: ReduceOpLike = ReduceOp.SUM
     g = _resolved(group, async_op, fn)
     call = calls.reduce_scatter(output, input_list, g, fn)
     send, out, counts = call.args
-    if counts.count(counts[0]) != len(counts):
-        agree_counts(g, send, counts, op, fn)
+    agree_if_uneven(g, send, counts, op, fn)
     return _done(collectives.reduce_scatter(g, send, out, counts, op, async_op, fn), call.outputs, async_op)
 
 

@@ -25,7 +25,7 @@ from ..core.persistent import Binding, Prequest
 from ..types import ReduceOp, ReduceOpLike
 from . import calls
 from .functional import _resolved, _root
-from .uneven import agree_counts
+from .uneven import agree_if_uneven
 
 _ndarray = np.ndarray
 
@@ -166,8 +166,7 @@ def reduce_scatter_init(output: Any, input_list: Any, op: ReduceOpLike = ReduceO
     g = _resolved(group, False, fn)
     call = calls.reduce_scatter(output, input_list, g, fn)
     send, out, counts = call.args
-    if counts.count(counts[0]) != len(counts):
-        agree_counts(g, send, counts, op, fn)
+    agree_if_uneven(g, send, counts, op, fn)
     return collectives.reduce_scatter_init(g, send, out, counts, op, _binding(call, fn), fn)
 
 

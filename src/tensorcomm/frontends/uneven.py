@@ -187,6 +187,14 @@ def scatter_v(tensor: Any = None, splits: Sequence[int] | None = None, src: int 
     return out if staged is None else staged.adapter.new_like(staged.obj, out)
 
 
+def agree_if_uneven(group: Group, send: np.ndarray, counts: Sequence[int], op: ReduceOpLike,
+                    fn: str) -> None:
+    """``agree_counts`` where this member's blocks differ in size: blocks of one size need no
+    agreement (the core's reduce_scatter compares their total, which then fixes each block)."""
+    if counts.count(counts[0]) != len(counts):
+        agree_counts(group, send, counts, op, fn)
+
+
 def agree_counts(group: Group, send: np.ndarray, counts: Sequence[int], op: ReduceOpLike, fn: str) -> None:
     """Check, before a reduce-scatter whose blocks differ in size (``counts[q]`` elements for
     member ``q``), that every member passes the same dtype and counts: the core's reduce_scatter
