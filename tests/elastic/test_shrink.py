@@ -60,7 +60,12 @@ def check_survivors(records: dict, survivors: list[int], output: str) -> list[di
 def test_a_rank_killed_at_step_50_the_others_finish_on_three(tmp_path, transport):
     records, output = run_job(tmp_path, {"kill": {"1": 50}}, transport)
     shrinks = check_survivors(records, [0, 2, 3], output)
-    assert shrinks == [{"resume": 50, "ranks": [0, 2, 3], "transport": transport.upper()}], shrinks
+    # Rank 1 dies after its own step 49 returned; a survivor still waiting for rank 1's last
+    # bytes of step 49 (sent, not yet delivered: a finished send is not a delivered one) fails
+    # that step, and the survivors then agree to redo it: both resume points are right, and
+    # check_survivors has checked the parameters against the one they agreed on.
+    assert shrinks in [[{"resume": resume, "ranks": [0, 2, 3], "transport": transport.upper()}]
+                       for resume in (49, 50)], shrinks
     assert all(s["failed"] in ("PeerLostError", "GroupAbortedError")
                for r in (0, 2, 3) for s in records[r]["shrinks"]), records
     assert "rank 1 was killed by SIGKILL (exit code 137); the other ranks go on" in output
