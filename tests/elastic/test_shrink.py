@@ -77,7 +77,9 @@ def test_a_second_rank_dies_during_the_agreement(tmp_path, transport):
     # acknowledgement: the others see it lost, retry the round without it and agree on [0, 2].
     records, output = run_job(tmp_path, {"kill": {"1": 50}, "die_acknowledging": [3]}, transport)
     shrinks = check_survivors(records, [0, 2], output)
-    assert shrinks == [{"resume": 50, "ranks": [0, 2], "transport": transport.upper()}], shrinks
+    # (resume 49 or 50: see the test above)
+    assert shrinks in [[{"resume": resume, "ranks": [0, 2], "transport": transport.upper()}]
+                       for resume in (49, 50)], shrinks
     assert "ranks [3] were lost during the shrink; agreeing again without them" in output
 
 

@@ -47,7 +47,12 @@ def test_survivors_on_two_hosts_shrink_and_finish(netns_cluster: MakeCluster, tm
     records = {rank: json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2, 6)}
     shrinks = [[{k: s[k] for k in ("resume", "ranks", "hierarchical")} for s in r["shrinks"]]
                for r in records.values()]
-    assert shrinks[0] == [{"resume": 20, "ranks": [2, 3, 4, 5], "hierarchical": True}], shrinks
+    # Host 0's ranks die after their own step 19 returned; a survivor still missing their last
+    # bytes of step 19 (a finished send is not a delivered one: a killed socket may reset them)
+    # fails that step, and the survivors agree to redo it. Either resume point is right; the
+    # parameters are checked below against the one they agreed on.
+    assert shrinks[0] in [[{"resume": resume, "ranks": [2, 3, 4, 5], "hierarchical": True}]
+                          for resume in (19, 20)], shrinks
     assert all(s == shrinks[0] for s in shrinks), shrinks
     expected = elastic_job.reference(STEPS, 6, records[2]["shrinks"])
     for rank, record in records.items():
