@@ -43,6 +43,27 @@ Predicate = Callable[["Team", int], bool]
 # ``prepare(team, plan, *args)``: an algorithm's per-shape state, from the plan's first call's
 # arguments (the algorithm's own, after the ``Ctx``); see ``Row``.
 Prepare = Callable[..., Any]
+# ``bind(plan, *args)``: a persistent call's one round, bound to its arrays, or None; see ``Row``.
+Bind = Callable[..., "OneRound | None"]
+
+
+class OneRound(NamedTuple):
+    """A persistent call that is one round of the shared-memory protocol, bound to the arrays it
+    was made with (``Row.bind``); ``core.one_round`` runs it. Per IN slot ``p``: the calls of
+    ``put[p]`` write this member's contribution into its slot, the round starts (``Slots.start``
+    with ``extent``), every peer's announced extent is compared with ``extents`` (member ``q``'s
+    at ``extents[q]``; None: not compared), and the calls of ``take[p]`` read what this member
+    receives. A peer's extent that differs calls ``verify(ctx)``, which raises the error the
+    algorithm raises. The slots' contents, extents and checks are exactly the algorithm's own
+    for the plan, so that members running one and the other meet.
+    """
+
+    domain: Any
+    put: tuple[tuple[Callable[[], object], ...], tuple[Callable[[], object], ...]]
+    take: tuple[tuple[Callable[[], object], ...], tuple[Callable[[], object], ...]]
+    extent: int | None = None
+    extents: tuple[int, ...] | None = None
+    verify: Callable[[Ctx], None] | None = None
 
 
 class Row(NamedTuple):
@@ -54,6 +75,10 @@ class Row(NamedTuple):
     and the first call's arguments, and keeps its result in ``Plan.state``. It must read only the
     shape of those arguments (dtype, sizes, counts, op, root: what the plan's key holds), never
     their values.
+
+    ``bind``, when given, makes a persistent call of the plan that is one round on shared memory
+    (``OneRound``) from the plan and the request's arguments, or None where ``fn`` takes more
+    than one round for them.
     """
 
     collective: str
@@ -61,6 +86,7 @@ class Row(NamedTuple):
     predicate: Predicate
     fn: Callable[..., None]
     prepare: Prepare | None = None
+    bind: Bind | None = None
 
 
 class Hierarchy:
@@ -205,9 +231,10 @@ class Plan:
         state: the algorithm's own set-up for this shape (slot views, bounds...): what its
             row's ``prepare`` made when the plan was made (``make_plan``), else None; gone with
             the group.
+        bind: the row's ``bind`` (for persistent calls), else None.
     """
 
-    __slots__ = ("label", "signature", "algorithm", "run", "op", "reduction", "state")
+    __slots__ = ("label", "signature", "algorithm", "run", "op", "reduction", "state", "bind")
 
     def __init__(self, label: str, signature: Signature, algorithm: str,
                  run: Callable[..., Any], op: Any = None, reduction: Reduction | None = None) -> None:
@@ -218,6 +245,7 @@ class Plan:
         self.op = op
         self.reduction = reduction
         self.state: Any = None
+        self.bind: Bind | None = None
 
 
 def make_plan(row: Row, label: str, signature: Signature, team: Team, args: Sequence[Any],
@@ -232,6 +260,7 @@ def make_plan(row: Row, label: str, signature: Signature, team: Team, args: Sequ
     plan = Plan(label, signature, row.name, row.fn, op, reduction)
     if row.prepare is not None:
         plan.state = row.prepare(team, plan, *args)
+    plan.bind = row.bind
     return plan
 
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from ..errors import CollectiveMismatchError
 from .allgather import bounds
-from .base import Ctx, Plan, Team
+from .base import Ctx, OneRound, Plan, Team
 from .shm_common import Journal, Read, Stream, copy, domain, run_rounds
 
 
@@ -131,6 +132,31 @@ def all_gather(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence[int
             _check_sizes(ctx, counts, send.itemsize, d.peers, extents)
         _copy_slots(out, slots[in_slot], offsets, r)
     copy(out[offsets[r]:offsets[r + 1]], send)
+
+
+def bind_all_gather(plan: Plan, send: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> OneRound | None:
+    """``all_gather`` as one bound round (``OneRound``) where every block fits one slot: the
+    same copy into the slot, the same extents checked, the same copies out (this member's own
+    block last); else None."""
+    s: Gathered = plan.state
+    d, offsets, slots = s.d, s.offsets, s.slots
+    if slots is None:
+        return None
+    r = d.rank
+    own = partial(copy, out[offsets[r]:offsets[r + 1]], send)
+    put, take = [], []
+    for p in (0, 1):
+        put.append((partial(copy, slots[p][r], send),))
+        if d.size == 2:
+            q = 1 - r
+            take.append((partial(copy, out[offsets[q]:offsets[q + 1]], slots[p][q]), own))
+        else:
+            take.append((partial(_copy_slots, out, slots[p], offsets, r), own))
+
+    def verify(ctx: Ctx) -> None:
+        _check_sizes(ctx, counts, send.itemsize, d.peers, d.extents(ctx))
+
+    return OneRound(d, (put[0], put[1]), (take[0], take[1]), send.nbytes, tuple(s.expected), verify)
 
 
 def gather(ctx: Ctx, send: np.ndarray, out: np.ndarray | None, counts: Sequence[int], root: int) -> None:

@@ -27,11 +27,12 @@ This module must not import ``core``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from .base import Ctx, Plan, Team
+from .base import Ctx, OneRound, Plan, Team
 from .shm_common import Journal, Op, Reduction, copy, load, no_domain, part_size, reduce_terms
 
 # Bytes of one pipelined chunk (at most one IN slot; through the OUT regions, chunks of one size
@@ -134,6 +135,20 @@ def direct(ctx: Ctx, x: np.ndarray, op: Op, root: int | None = None) -> None:
             pair(terms[0], terms[1], x)
         else:
             reduce_terms(red, s.terms[in_slot], x)
+
+
+def bind_direct(plan: Plan, x: np.ndarray, op: Op) -> OneRound:
+    """``direct``'s all-reduce of ``x`` as one bound round (``OneRound``): the same copy into
+    the slot, the same reduction of every slot into ``x``."""
+    s: Direct = plan.state
+    red = s.red
+    put, take = [], []
+    for p in (0, 1):
+        put.append((partial(np.copyto, s.mine[p], x),) if red.raw else (partial(load, red, s.mine[p], x),))
+        terms = s.terms[p]
+        take.append((partial(s.pair, terms[0], terms[1], x),) if s.pair is not None
+                    else (partial(reduce_terms, red, terms, x),))
+    return OneRound(s.d, (put[0], put[1]), (take[0], take[1]))
 
 
 @dataclass(frozen=True, slots=True)

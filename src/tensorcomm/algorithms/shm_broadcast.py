@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from .allgather import bounds
-from .base import Ctx, Plan, Team
+from .base import Ctx, OneRound, Plan, Team
 from .shm_common import Journal, Stream, copy, domain, run_rounds
 
 
@@ -78,6 +79,19 @@ def broadcast(ctx: Ctx, x: np.ndarray, root: int) -> None:
             copy(raw[lo:b], source[in_slot][:b - lo])
 
     run_rounds(ctx, Stream.of([]), read, [x])
+
+
+def bind_broadcast(plan: Plan, x: np.ndarray, root: int) -> OneRound | None:
+    """``broadcast`` of ``x`` as one bound round (``OneRound``) where it fits the root's slot:
+    the root copies ``x`` in, the others copy it out; else None."""
+    s: Broadcast = plan.state
+    views = s.views
+    if views is None:
+        return None
+    copies = tuple((partial(np.copyto, views[p], x) if s.d.rank == root else partial(np.copyto, x, views[p]),)
+                   for p in (0, 1))
+    return OneRound(s.d, (copies[0], copies[1]), ((), ())) if s.d.rank == root else \
+        OneRound(s.d, ((), ()), (copies[0], copies[1]))
 
 
 def staged(ctx: Ctx, x: np.ndarray, root: int) -> None:

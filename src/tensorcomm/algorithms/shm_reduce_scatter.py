@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from .allgather import bounds
-from .base import Ctx, Plan, Team
+from .base import Ctx, OneRound, Plan, Team
 from .shm_common import Journal, Op, Reduction, Stream, copy, domain, load, reduce_terms, run_rounds
 
 
@@ -122,6 +123,26 @@ def reduce_scatter(ctx: Ctx, send: np.ndarray, out: np.ndarray, counts: Sequence
             reduce_terms(red, window, out[(a - start) // itemsize:(b - start) // itemsize])
 
     run_rounds(ctx, Stream.of([terms]), read)  # ``out`` is an output only: no journal
+
+
+def bind(plan: Plan, send: np.ndarray, out: np.ndarray, counts: Sequence[int], op: Op) -> OneRound | None:
+    """``reduce_scatter`` as one bound round (``OneRound``) where ``reduce_scatter`` runs its
+    plain two-member round or its one round on more members; else None."""
+    s: ReduceScatter = plan.state
+    d, red, offsets, terms = s.d, s.red, s.offsets, s.terms
+    r = d.rank
+    if s.plain:
+        given, own = send[offsets[1 - r]:offsets[2 - r]], send[offsets[r]:offsets[r + 1]]
+        put = tuple((partial(copy, terms[p][0], given),) for p in (0, 1))
+        ufunc = red.ufunc  # in member order, as ``reduce_scatter`` reduces
+        take = tuple((partial(ufunc, *((own, terms[p][1]) if r == 0 else (terms[p][1], own)), out),)
+                     for p in (0, 1))
+    elif not s.pair and terms is not None:
+        put = tuple((partial(load, red, s.mine[p], send),) for p in (0, 1))
+        take = tuple((partial(reduce_terms, red, terms[p], out),) for p in (0, 1))
+    else:
+        return None
+    return OneRound(d, (put[0], put[1]), (take[0], take[1]))
 
 
 def _pair(ctx: Ctx, s: ReduceScatter, send: np.ndarray, out: np.ndarray) -> None:

@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..algorithms.base import Plan
+from ..algorithms.base import Ctx, Plan
+from .one_round import runner
 from .work import Work
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ class Prequest:
         transport: what carries it (as ``Work.transport``).
     """
 
-    __slots__ = ("_group", "_plan", "_args", "_check", "_commit", "_now", "_pending", "_label",
+    __slots__ = ("_group", "_plan", "_args", "_check", "_commit", "_now", "_round", "_pending", "_label",
                  "algorithm", "transport", "__weakref__")
 
     def __init__(self, group: Group, plan: Plan, args: tuple[Any, ...], binding: Binding | None,
@@ -71,6 +72,9 @@ class Prequest:
         self._check: Callable[[], None] | None = None if binding is None else binding.check
         self._commit: Callable[[], None] | None = None if binding is None else binding.commit
         self._now = group._now
+        one = None if plan.bind is None else plan.bind(plan, *args)
+        # a run of one round on shared memory skips the ordinary path (``one_round`` says how)
+        self._round = None if one is None else runner(group, Ctx.of(group._member_team(), 0, plan), one)
         self._pending: Work | None = None
         self.algorithm = plan.algorithm
         self.transport = transport
@@ -91,7 +95,9 @@ class Prequest:
         check = self._check
         if check is not None:
             check()
-        self._now(self._plan, args)
+        fast = self._round
+        if fast is None or not fast():
+            self._now(self._plan, args)
         commit = self._commit
         if commit is not None:
             commit()

@@ -1,0 +1,167 @@
+"""``core.one_round``: a persistent call of one shared-memory round, run in one frame, pinned
+against the ordinary path it copies (``Engine.enter``/``leave``, ``recorder.begin``/``done``,
+``ShmDomain.next_round``, ``Slots.start``, ``_execute``): a run of each leaves the same traces in
+the engine, the recorder, the domain and the control area, members on either path meet, and the
+copy checks what the algorithm checks."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tensorcomm as tc
+from tensorcomm.core import collectives
+from tensorcomm.testing import run_ranks
+from tensorcomm.trace import recorder
+
+pytestmark = pytest.mark.multiprocess
+
+COLLECTIVES = ["all_reduce", "all_gather", "broadcast", "reduce_scatter"]
+
+
+def _request(name: str, x: np.ndarray, out: np.ndarray, block: np.ndarray) -> tc.Prequest:
+    return {"all_reduce": lambda: tc.all_reduce_init(x),
+            "all_gather": lambda: tc.all_gather_into_tensor_init(out, block),
+            "broadcast": lambda: tc.broadcast_init(x, src=0),
+            "reduce_scatter": lambda: tc.reduce_scatter_tensor_init(block, x)}[name]()
+
+
+def _traces(request: tc.Prequest) -> dict[str, Any]:
+    """What the last run left behind, relative to its step where it names it."""
+    group = tc.WORLD._target()
+    engine, d = group._engine, group._member_team().shm
+    slots = d.slots
+    seq = engine._seq - 1
+    entry = slots._my_entry[seq & 1]
+    call = recorder.calls()[-1]
+    last = call.to_json()
+    raw = recorder._ring[call.index % len(recorder._ring)]  # the thread that ran it, for dumps
+    return {"seq": seq, "round": d._round, "posts": slots.posts,
+            "entry": [slots.words[entry] - seq, slots.words[entry + 1] ^ seq, slots.words[entry + 2]],
+            "record": {k: last[k] for k in ("state", "collective", "call", "algorithm", "transport", "site")},
+            "record_seq": last["seq"] - seq,
+            "raw": (len(raw), raw[5] == threading.get_ident()), "inline": engine._inline,
+            "last_call": tuple(group.last_call), "held": engine._running.locked()}
+
+
+def body_traces(name: str) -> list[str]:
+    """The request's runs alternate between the copy and the ordinary path of a blocking call
+    (``Group._now``); each run's traces must equal the one before's."""
+    rank, size = tc.get_rank(), tc.get_world_size()
+    x = np.full(4 * size, rank, np.float32)
+    out, block = np.zeros(4 * size, np.float32), np.full(4, rank, np.float32)
+    request = _request(name, x, out, block)
+    assert request._round is not None, name  # bound as one round
+    request()
+    runs = []
+    for turn in range(4):
+        posts = _traces(request)["posts"]
+        if turn % 2:
+            fast, request._round = request._round, None
+            request()
+            request._round = fast
+        else:
+            assert request._round(), name
+        traces = _traces(request)
+        traces["posts"] -= posts
+        runs.append(traces)
+    wrong = []
+    for turn, (before, after) in enumerate(itertools.pairwise(runs), 1):
+        if after["seq"] - before["seq"] != 1 or after["round"] - before["round"] != 1:
+            wrong.append(f"{name} turn {turn}: step or round moved otherwise: {before} -> {after}")
+        for key in ("posts", "entry", "record", "record_seq", "raw", "inline", "last_call", "held"):
+            if after[key] != before[key]:
+                wrong.append(f"{name} turn {turn}: {key} {before[key]} -> {after[key]}")
+    request.free()
+    return wrong
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("name", COLLECTIVES)
+def test_a_run_of_the_copy_leaves_what_the_ordinary_path_leaves(name: str, ranks: int) -> None:
+    for wrong in run_ranks(body_traces, ranks, name, timeout=60):
+        assert wrong == []
+
+
+def body_mixed(name: str) -> list[str]:
+    """Even ranks run the request through the copy, odd ranks through the ordinary path (or an
+    ordinary call): every member must get what numpy says."""
+    rank, size = tc.get_rank(), tc.get_world_size()
+    x, out, block = np.zeros(4 * size, np.float32), np.zeros(4 * size, np.float32), np.zeros(4, np.float32)
+    request = _request(name, x, out, block)
+    wrong = []
+    for turn in range(4):
+        values = [np.arange(4 * size, dtype=np.float32) * (q + 1) + turn for q in range(size)]
+        x[...] = values[rank]
+        block[...] = values[rank][:4]
+        if rank % 2 == 0:
+            assert request._round is not None and request._round(), name
+        elif turn % 2:
+            {"all_reduce": lambda: tc.all_reduce(x),
+             "all_gather": lambda: tc.all_gather_into_tensor(out, block),
+             "broadcast": lambda: tc.broadcast(x, src=0),
+             "reduce_scatter": lambda: tc.reduce_scatter_tensor(block, x)}[name]()
+        else:
+            request.start()
+            request.wait()
+        expected, found = {
+            "all_reduce": (sum(values), x), "all_gather": (np.concatenate([v[:4] for v in values]), out),
+            "broadcast": (values[0], x), "reduce_scatter": (sum(values)[4 * rank:4 * rank + 4], block)}[name]
+        if not np.array_equal(found, expected):
+            wrong.append(f"{name} turn {turn}: {found} != {expected}")
+    return wrong
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("name", COLLECTIVES)
+def test_members_on_the_copy_and_on_the_ordinary_path_meet(name: str, ranks: int) -> None:
+    for wrong in run_ranks(body_mixed, ranks, name, timeout=60):
+        assert wrong == []
+
+
+def body_sizes() -> str:
+    """Rank 0 gathers blocks of 2 through the copy; rank 1 calls the same total as blocks of 1
+    and 3: the sizes the members announce differ, and both must say so."""
+    rank = tc.get_rank()
+    out = np.zeros(4, np.float32)
+    request = tc.all_gather_into_tensor_init(out, np.ones(2, np.float32))
+    if rank == 0:
+        assert request._round is not None
+        with pytest.raises(tc.CollectiveMismatchError) as raised:
+            request._round()
+        step = tc.WORLD._target()._engine._seq - 1
+        assert f"at step {step}" in str(raised.value), (step, str(raised.value))
+    else:
+        group = tc.WORLD._target()
+        with pytest.raises(tc.CollectiveMismatchError) as raised:
+            collectives.all_gather(group, np.ones(3, np.float32), out, (1, 3), False)
+    return str(raised.value)
+
+
+def test_the_copy_checks_the_sizes_its_peers_announce() -> None:
+    said = run_ranks(body_sizes, 2, timeout=60)
+    assert "called it expecting 2 from rank 1" in said[0], said
+    assert "called it expecting 1 from rank 0" in said[1], said
+
+
+def body_aside() -> list[bool]:
+    x = np.ones(4, np.float32)
+    request = tc.all_reduce_init(x)
+    ran = [request._round()]  # type: ignore[misc]
+    calls = recorder._size
+    recorder.configure(calls, sites=True)  # every call records its caller: the ordinary path does
+    ran.append(request._round())  # type: ignore[misc]
+    request()
+    assert recorder.calls()[-1].to_json()["site"] is not None
+    recorder.configure(calls)
+    ran.append(request._round())  # type: ignore[misc]
+    return ran
+
+
+def test_the_copy_steps_aside_where_the_ordinary_path_must_run() -> None:
+    for ran in run_ranks(body_aside, 2, timeout=60):
+        assert ran == [True, False, True]
