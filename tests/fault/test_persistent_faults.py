@@ -29,14 +29,16 @@ VICTIM = 1
 def body_die_while_started(collective: str, progress: str, stamp_dir: str) -> dict:
     """Every rank runs a persistent call with start()/wait() in a loop; the victim is killed
     part-way. ``progress``: "wait" waits at once (the run goes ahead on this thread), "worker"
-    sleeps between start and wait (the group's worker runs it)."""
+    sleeps between start and wait (the group's worker runs it), "call" runs 8-byte calls with
+    ``request()`` (on shared memory: ``core.one_round``'s path)."""
     rank, size = tc.get_rank(), tc.get_world_size()
-    x = np.ones(1 << 18, np.float32)
+    x = np.ones(2 if progress == "call" else 1 << 18, np.float32)
     if collective == "all_reduce":
         request = tc.all_reduce_init(x)
     else:
         out = np.empty(size * x.size, np.float32)
         request = tc.all_gather_into_tensor_init(out, x)
+    assert progress != "call" or request.transport != "shm" or request._round is not None  # one round
     if rank == VICTIM:
         def die() -> None:
             with open(os.path.join(stamp_dir, "death"), "w") as f:
@@ -44,8 +46,11 @@ def body_die_while_started(collective: str, progress: str, stamp_dir: str) -> di
             os.kill(os.getpid(), signal.SIGKILL)
         threading.Timer(0.5, die).start()
     try:
-        for _ in range(100_000):
+        for _ in range(100_000_000 if progress == "call" else 100_000):
             x[...] = 1
+            if progress == "call":
+                request()
+                continue
             request.start()
             if progress == "worker":
                 time.sleep(0.02)
@@ -62,7 +67,7 @@ def body_die_while_started(collective: str, progress: str, stamp_dir: str) -> di
     raise AssertionError("the loop ended without an error")
 
 
-@pytest.mark.parametrize("progress", ["wait", "worker"])
+@pytest.mark.parametrize("progress", ["wait", "worker", "call"])
 @pytest.mark.parametrize("collective", ["all_reduce", "all_gather"])
 @pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -83,19 +88,25 @@ def test_a_rank_killed_during_started_runs_is_named_on_every_survivor(world_size
         assert result["again"].startswith("PeerLostError"), result
 
 
-def body_stop_while_started(stamp_dir: str) -> dict:
+def body_stop_while_started(stamp_dir: str, how: str) -> dict:
+    """``how``: "start" (``start()`` then ``wait()``) or "call" (``request()``: on shared memory,
+    ``core.one_round``'s path)."""
     rank = tc.get_rank()
     with open(os.path.join(stamp_dir, f"pid{rank}"), "w") as f:
         f.write(str(os.getpid()))
     x = np.ones(1024, np.float32)
     request = tc.all_reduce_init(x)
+    assert how != "call" or request.transport != "shm" or request._round is not None  # one round
     request()
     if rank == VICTIM:
         os.kill(os.getpid(), signal.SIGSTOP)
     start = time.monotonic()
-    request.start()
     try:
-        request.wait()
+        if how == "call":
+            request()
+        else:
+            request.start()
+            request.wait()
     except tc.CommTimeoutError as exc:
         try:  # the other survivor may have killed it first, and its parent reaped it
             with open(os.path.join(stamp_dir, f"pid{VICTIM}")) as f:
@@ -106,9 +117,10 @@ def body_stop_while_started(stamp_dir: str) -> dict:
     raise AssertionError(f"no CommTimeoutError: the run returned with values {np.unique(x)}")
 
 
+@pytest.mark.parametrize("how", ["start", "call"])
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_a_stopped_rank_makes_a_started_run_time_out_naming_the_call(transport, tmp_path):
-    outcomes = spawn_ranks(body_stop_while_started, 3, str(tmp_path), timeout=JOB_TIMEOUT,
+def test_a_stopped_rank_makes_a_started_run_time_out_naming_the_call(transport, how, tmp_path):
+    outcomes = spawn_ranks(body_stop_while_started, 3, str(tmp_path), how, timeout=JOB_TIMEOUT,
                            comm_timeout=STOP_TIMEOUT, env=TRANSPORTS[transport])
     survivors = [o for o in outcomes if o.rank != VICTIM]
     for outcome in survivors:

@@ -7,7 +7,10 @@ copy checks what the algorithm checks."""
 from __future__ import annotations
 
 import itertools
+import os
+import signal
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -165,3 +168,29 @@ def body_aside() -> list[bool]:
 def test_the_copy_steps_aside_where_the_ordinary_path_must_run() -> None:
     for ran in run_ranks(body_aside, 2, timeout=60):
         assert ran == [True, False, True]
+
+
+def body_interrupted() -> str:
+    """Rank 0's run is interrupted (Ctrl-C) while it waits for rank 1; rank 1 comes late and must
+    fail at once, told of rank 0's failure, rather than finish the call rank 0 gave up."""
+    rank = tc.get_rank()
+    request = tc.all_reduce_init(np.ones(2, np.float32))
+    request()
+    if rank == 0:
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt):
+            request()
+        with pytest.raises(tc.CommError) as raised:
+            request()  # the group ended here too
+        return str(raised.value)
+    time.sleep(1.0)
+    started = time.monotonic()
+    with pytest.raises(tc.CommError) as raised:
+        request()
+    assert time.monotonic() - started < 5, "told of the failure at its timeout only"
+    return str(raised.value)
+
+
+def test_a_run_interrupted_on_one_member_fails_on_the_others() -> None:
+    said = run_ranks(body_interrupted, 2, timeout=60)
+    assert "KeyboardInterrupt" in said[1] and "rank 0" in said[1], said
