@@ -23,14 +23,15 @@ from tensorcomm.trace import recorder
 
 pytestmark = pytest.mark.multiprocess
 
-COLLECTIVES = ["all_reduce", "all_gather", "broadcast", "reduce_scatter"]
+COLLECTIVES = ["all_reduce", "all_gather", "broadcast", "reduce_scatter", "all_to_all"]
 
 
 def _request(name: str, x: np.ndarray, out: np.ndarray, block: np.ndarray) -> tc.Prequest:
     return {"all_reduce": lambda: tc.all_reduce_init(x),
             "all_gather": lambda: tc.all_gather_into_tensor_init(out, block),
             "broadcast": lambda: tc.broadcast_init(x, src=0),
-            "reduce_scatter": lambda: tc.reduce_scatter_tensor_init(block, x)}[name]()
+            "reduce_scatter": lambda: tc.reduce_scatter_tensor_init(block, x),
+            "all_to_all": lambda: tc.all_to_all_single_init(out, x)}[name]()
 
 
 def _traces(request: tc.Prequest) -> dict[str, Any]:
@@ -107,13 +108,15 @@ def body_mixed(name: str) -> list[str]:
             {"all_reduce": lambda: tc.all_reduce(x),
              "all_gather": lambda: tc.all_gather_into_tensor(out, block),
              "broadcast": lambda: tc.broadcast(x, src=0),
-             "reduce_scatter": lambda: tc.reduce_scatter_tensor(block, x)}[name]()
+             "reduce_scatter": lambda: tc.reduce_scatter_tensor(block, x),
+             "all_to_all": lambda: tc.all_to_all_single(out, x)}[name]()
         else:
             request.start()
             request.wait()
         expected, found = {
             "all_reduce": (sum(values), x), "all_gather": (np.concatenate([v[:4] for v in values]), out),
-            "broadcast": (values[0], x), "reduce_scatter": (sum(values)[4 * rank:4 * rank + 4], block)}[name]
+            "broadcast": (values[0], x), "reduce_scatter": (sum(values)[4 * rank:4 * rank + 4], block),
+            "all_to_all": (np.concatenate([v[4 * rank:4 * rank + 4] for v in values]), out)}[name]
         if not np.array_equal(found, expected):
             wrong.append(f"{name} turn {turn}: {found} != {expected}")
     return wrong
@@ -194,3 +197,28 @@ def body_interrupted() -> str:
 def test_a_run_interrupted_on_one_member_fails_on_the_others() -> None:
     said = run_ranks(body_interrupted, 2, timeout=60)
     assert "KeyboardInterrupt" in said[1] and "rank 0" in said[1], said
+
+
+def body_all_to_all_goes_on() -> list[bool]:
+    """Rank 0's all_to_all fits one round, and is bound as one; rank 1 sends rank 2 a block larger
+    than a slot, so rank 0 finds, after the first round, that the call takes more: the copy goes on
+    round by round as the algorithm does, and every member gets its blocks."""
+    rank, b, big = tc.get_rank(), 4, 1 << 19
+    sends = {0: [b, b, b], 1: [b, b, big], 2: [b, b, b]}
+    gets = {0: [b, b, b], 1: [b, b, b], 2: [b, big, b]}
+    x = np.concatenate([np.full(n, 10 * rank + j, np.float32) for j, n in enumerate(sends[rank])])
+    out = np.zeros(sum(gets[rank]), np.float32)
+    request = tc.all_to_all_single_init(out, x, gets[rank], sends[rank])
+    assert (request._round is not None) == (rank == 0)
+    good = []
+    for _ in range(3):
+        out[...] = -1
+        request()
+        expected = np.concatenate([np.full(n, 10 * q + rank, np.float32) for q, n in enumerate(gets[rank])])
+        good.append(bool(np.array_equal(out, expected)))
+    return good
+
+
+def test_a_bound_all_to_all_goes_on_where_a_peer_needs_more_rounds() -> None:
+    for good in run_ranks(body_all_to_all_goes_on, 3, timeout=60):
+        assert good == [True] * 3

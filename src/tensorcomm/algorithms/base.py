@@ -54,8 +54,10 @@ class OneRound(NamedTuple):
     with ``extent``), every peer's announced extent is compared with ``extents`` (member ``q``'s
     at ``extents[q]``; None: not compared), and the calls of ``take[p]`` read what this member
     receives. A peer's extent that differs calls ``verify(ctx)``, which raises the error the
-    algorithm raises. The slots' contents, extents and checks are exactly the algorithm's own
-    for the plan, so that members running one and the other meet.
+    algorithm raises. ``finish``, when given, runs instead of ``take`` as ``finish(ctx, p)``:
+    the algorithm's own rest of the call, which may go on with more rounds. The slots' contents,
+    extents and checks are exactly the algorithm's own for the plan, so that members running one
+    and the other meet.
     """
 
     domain: Any
@@ -64,6 +66,7 @@ class OneRound(NamedTuple):
     extent: int | None = None
     extents: tuple[int, ...] | None = None
     verify: Callable[[Ctx], None] | None = None
+    finish: Callable[[Ctx, int], None] | None = None
 
 
 class Row(NamedTuple):

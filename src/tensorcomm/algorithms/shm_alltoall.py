@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from ..errors import CollectiveMismatchError
 from .allgather import bounds
-from .base import Ctx, Plan, Team
+from .base import Ctx, OneRound, Plan, Team
 from .shm_common import Journal, Stream, copy, domain, run_rounds
 
 
@@ -107,28 +108,65 @@ def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.n
         recv_counts: elements this member receives from each member.
     """
     s: AllToAll = ctx.plan.state
+    if s.outgoing is not None and s.uniform is not None:  # one round, blocks of one size
+        in_slot = s.d.next_round()
+        publish(s, send, in_slot)
+        s.d.start(ctx, s.nbytes)
+        after_first_round(s, send, send_counts, out, recv_counts, ctx, in_slot)
+        return
+    _rounds(ctx, s, send, send_counts, out, recv_counts, None)
+
+
+def publish(s: AllToAll, send: np.ndarray, in_slot: int) -> None:
+    """Write this member's header and its blocks for the peers into its IN slot ``in_slot``
+    (its stream fits one slot: ``AllToAll.outgoing``)."""
+    s.header_slots[in_slot][...] = s.header
+    send_offsets = s.send_offsets
+    for j, place in zip(s.d.peers, s.outgoing[in_slot], strict=True):  # type: ignore[index]
+        copy(place, send[send_offsets[j]:send_offsets[j + 1]])
+
+
+def after_first_round(s: AllToAll, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
+                      recv_counts: Sequence[int], ctx: Ctx, in_slot: int) -> None:
+    """The rest of a call whose first round (``publish``, then ``start``) fitted this member's
+    stream: where every peer's did too and put this member's block where ``uniform`` has it,
+    copy the blocks out of the slots; else go on round by round."""
+    d, uniform, recv_offsets, send_offsets = s.d, s.uniform, s.recv_offsets, s.send_offsets
+    assert uniform is not None  # a one-round call
+    r = d.rank
+    peer_place = s.peer_place  # two members: one extent, the peer's two header words
+    if peer_place is not None:
+        fits = d.extent(1 - r, ctx) <= d.slot_bytes and peer_place[in_slot].tolist() == uniform[0][1 - r]
+    else:
+        fits = max(d.extents(ctx)) <= d.slot_bytes and s.places[in_slot].tolist() == uniform[0]
+    if not fits:
+        _rounds(ctx, s, send, send_counts, out, recv_counts, in_slot)
+        return
+    for q, block in zip(d.peers, uniform[1][in_slot], strict=True):
+        copy(out[recv_offsets[q]:recv_offsets[q + 1]], block)
+    copy(out[recv_offsets[r]:recv_offsets[r + 1]], send[send_offsets[r]:send_offsets[r + 1]])
+
+
+def bind(plan: Plan, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
+         recv_counts: Sequence[int]) -> OneRound | None:
+    """``all_to_all`` as one bound round (``OneRound``) where it starts with one round of blocks
+    of one size: the same ``publish``, then ``after_first_round`` (which goes on round by round
+    where a peer's stream did not fit); else None."""
+    s: AllToAll = plan.state
+    if s.outgoing is None or s.uniform is None:
+        return None
+    put = tuple((partial(publish, s, send, p),) for p in (0, 1))
+    return OneRound(s.d, (put[0], put[1]), ((), ()), s.nbytes,
+                    finish=partial(after_first_round, s, send, send_counts, out, recv_counts))
+
+
+def _rounds(ctx: Ctx, s: AllToAll, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
+            recv_counts: Sequence[int], started: int | None) -> None:
+    """The call round by round (``run_rounds``), its first round already started in IN slot
+    ``started`` (``after_first_round``) or not (None)."""
     d, header, expected, uniform = s.d, s.header, s.expected, s.uniform
     send_offsets, recv_offsets, header_bytes = s.send_offsets, s.recv_offsets, s.header.size
     r, itemsize = d.rank, out.itemsize
-    started = None
-    if s.outgoing is not None and uniform is not None:  # one round, blocks of one size
-        started = in_slot = d.next_round()
-        s.header_slots[in_slot][...] = header
-        for j, place in zip(d.peers, s.outgoing[in_slot], strict=True):
-            copy(place, send[send_offsets[j]:send_offsets[j + 1]])
-        d.start(ctx, s.nbytes)
-        # this member's stream fits one slot (``outgoing``): do the peers', with this member's
-        # block where ``uniform`` has it (two members: one extent, the peer's two header words)?
-        peer_place = s.peer_place
-        if peer_place is not None:
-            fits = d.extent(1 - r, ctx) <= d.slot_bytes and peer_place[in_slot].tolist() == uniform[0][1 - r]
-        else:
-            fits = max(d.extents(ctx)) <= d.slot_bytes and s.places[in_slot].tolist() == uniform[0]
-        if fits:
-            for q, block in zip(d.peers, uniform[1][in_slot], strict=True):
-                copy(out[recv_offsets[q]:recv_offsets[q + 1]], block)
-            copy(out[recv_offsets[r]:recv_offsets[r + 1]], send[send_offsets[r]:send_offsets[r + 1]])
-            return
     raw = out.view(np.uint8)
     taken: list[tuple[int, int, int]] = []  # (peer, start, stop) of this member's block in its stream
     whole: list[tuple[np.ndarray, ...]] = []  # each peer's block in its slot, when that applies

@@ -1,11 +1,11 @@
 """A persistent call that is one round of the shared-memory protocol, run in one Python frame.
 
 A persistent request (``core.persistent.Prequest``) whose algorithm binds it as one round
-(``Row.bind`` made a ``OneRound``: the small all_reduce, all_gather, reduce_scatter and broadcast)
-runs through the closure ``runner`` makes instead of the group's ordinary path, whenever it can
-start at once. It takes the same steps in the same order, with the same effects, as the ordinary
-path that runs the request otherwise; each step is a copy of code that lives elsewhere, because
-at 8 bytes every Python call it saves costs about a tenth of the protocol itself
+(``Row.bind`` made a ``OneRound``: the small all_reduce, all_gather, reduce_scatter, broadcast and
+all_to_all) runs through the closure ``runner`` makes instead of the group's ordinary path,
+whenever it can start at once. It takes the same steps in the same order, with the same effects,
+as the ordinary path that runs the request otherwise; each step is a copy of code that lives
+elsewhere, because at 8 bytes every Python call it saves costs about a tenth of the protocol itself
 (``benchmarks/bare_protocol.py``; docs/performance.md has the figures):
 
 - ``Engine.enter`` / ``leave``: the call's place in the group's issue order and its sequence
@@ -52,7 +52,8 @@ def runner(group: Group, ctx: Ctx, one: OneRound) -> Callable[[], bool]:
     d = one.domain
     slots = d.slots
     words, peers = slots.words, slots.peers
-    put, take, extent, extents, verify = one.put, one.take, one.extent, one.extents, one.verify
+    put, take, extent, extents, verify, finish = one.put, one.take, one.extent, one.extents, one.verify, \
+        one.finish
     digest = hash(tuple(signature))  # as ``Slots._announce_signature`` hashes it
     my_entry, my_counter, my_sleepers = slots._my_entry, slots._my_counter, slots._my_sleepers
     peer_counters, peer_tokens = slots._peer_counters, slots._peer_tokens
@@ -113,6 +114,9 @@ def runner(group: Group, ctx: Ctx, one: OneRound) -> Callable[[], bool]:
                     for word, expected in peer_extents[step_parity]:
                         if words[word] != expected:
                             verify(ctx)  # type: ignore[misc]  # given with extents
+                if finish is not None:  # it may wait for more rounds
+                    ctx.deadline = _monotonic() + team.timeout
+                    finish(ctx, in_slot)
                 for step in take[in_slot]:
                     step()
             except BaseException as exc:
