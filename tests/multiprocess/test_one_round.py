@@ -222,3 +222,92 @@ def body_all_to_all_goes_on() -> list[bool]:
 def test_a_bound_all_to_all_goes_on_where_a_peer_needs_more_rounds() -> None:
     for good in run_ranks(body_all_to_all_goes_on, 3, timeout=60):
         assert good == [True] * 3
+
+
+def body_forked() -> int:
+    """Rank 0 forks after a run: the child's run of the request must refuse at once (it would
+    answer rank 1 in its parent's place), as the ordinary path refuses."""
+    request = tc.all_reduce_init(np.ones(2, np.float32))
+    request()
+    code = 0
+    if tc.get_rank() == 0:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                request()
+            except RuntimeError as exc:
+                os._exit(0 if "forked" in str(exc) else 3)
+            except BaseException:  # noqa: BLE001  # any other outcome is the failure
+                os._exit(4)
+            os._exit(5)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    request()  # the parent goes on
+    return code
+
+
+def test_a_forked_child_cannot_run_its_parents_request() -> None:
+    assert run_ranks(body_forked, 2, timeout=60, env={"TENSORCOMM_TIMEOUT": "5"}) == [0, 0]
+
+
+def body_let_go() -> list[bool]:
+    """The one-round path lets go of the group's shared memory with the group (and of the
+    request with ``free()``), as the ordinary path's plans do."""
+    group = tc.new_group([0, 1])
+    kept = tc.all_reduce_init(np.ones(2, np.float32), group=group)
+    freed = tc.all_reduce_init(np.ones(2, np.float32), group=group)
+    kept()
+    freed()
+    freed.free()
+    domain = group._member_team().shm
+    found = [kept._round is not None, freed._round is None]
+    group.destroy()
+    found += [kept._round is None, domain.arena.mm.closed]
+    recorder.configure(0)  # the recorder off: runs go on, recorded nowhere
+    world = tc.all_reduce_init(np.ones(2, np.float32))
+    world()
+    found += [world._round is not None, recorder.calls() == []]
+    return found
+
+
+def test_the_path_lets_go_with_its_group_and_runs_with_the_recorder_off() -> None:
+    for found in run_ranks(body_let_go, 2, timeout=60):
+        assert found == [True] * 6
+
+
+def body_dtypes_and_ops() -> list[str]:
+    """The bound reductions (the copy into the slot or ``load``, the ufunc or ``reduce_terms``)
+    give the ordinary call's bits for every dtype and op kind: raw terms, float16 accumulated in
+    float32, AVG's division, PREMUL_SUM's factor, MAX."""
+    rank, size = tc.get_rank(), tc.get_world_size()
+    wrong = []
+    for dtype in (np.float16, np.float32, np.float64, np.int32):
+        ops: list[Any] = [tc.ReduceOp.SUM, tc.ReduceOp.MAX]
+        if np.dtype(dtype).kind == "f":
+            ops += [tc.ReduceOp.AVG, tc.ReduceOp.premul_sum(0.3)]
+        for op in ops:
+            data = (np.arange(4 * size) * 1.7 + rank * 3.1).astype(dtype)
+            for name in ("all_reduce", "reduce_scatter"):
+                ordinary, bound = data.copy(), data.copy()
+                got, want = np.zeros(4, dtype), np.zeros(4, dtype)
+                if name == "all_reduce":
+                    tc.all_reduce(ordinary, op=op)
+                    request = tc.all_reduce_init(bound, op=op)
+                else:
+                    tc.reduce_scatter_tensor(want, ordinary, op=op)
+                    request = tc.reduce_scatter_tensor_init(got, bound, op=op)
+                # (a two-member reduce_scatter binds only its plain round: raw terms, no AVG)
+                bound_here = request._round is not None
+                assert bound_here or (name == "reduce_scatter" and size == 2), (name, dtype, op)
+                request()
+                same = (bound.tobytes() == ordinary.tobytes()) if name == "all_reduce" else \
+                    (got.tobytes() == want.tobytes())
+                if not same:
+                    wrong.append(f"{name} {np.dtype(dtype)} {op}")
+                request.free()
+    return wrong
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_bound_reductions_give_the_ordinary_calls_bits(ranks: int) -> None:
+    for wrong in run_ranks(body_dtypes_and_ops, ranks, timeout=60):
+        assert wrong == []

@@ -22,7 +22,7 @@ import numpy as np
 
 from .allgather import bounds
 from .base import Ctx, OneRound, Plan, Team
-from .shm_common import Journal, Stream, copy, domain, run_rounds
+from .shm_common import Journal, Stream, copier, copy, domain, run_rounds
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +88,8 @@ def bind_broadcast(plan: Plan, x: np.ndarray, root: int) -> OneRound | None:
     views = s.views
     if views is None:
         return None
-    copies = tuple((partial(np.copyto, views[p], x) if s.d.rank == root else partial(np.copyto, x, views[p]),)
+    move = copier(x.nbytes)
+    copies = tuple((partial(move, views[p], x) if s.d.rank == root else partial(move, x, views[p]),)
                    for p in (0, 1))
     return OneRound(s.d, (copies[0], copies[1]), ((), ())) if s.d.rank == root else \
         OneRound(s.d, ((), ()), (copies[0], copies[1]))

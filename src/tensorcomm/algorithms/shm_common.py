@@ -73,6 +73,12 @@ def part_size(count: int, size: int, itemsize: int) -> int:
 PIECE_BYTES = 512 << 10
 
 
+def copier(nbytes: int) -> Callable[[np.ndarray, np.ndarray], Any]:
+    """``copy`` for arrays of ``nbytes``, as a bound call (``OneRound``) holds it: numpy's own
+    copy where that is one piece (no Python call in between), else ``copy``."""
+    return np.copyto if nbytes <= PIECE_BYTES else copy
+
+
 def copy(dst: np.ndarray, src: np.ndarray) -> None:
     """``dst[...] = src`` for 1-D arrays of one length, in pieces of at most ``PIECE_BYTES``,
     so that the bytes land in the caches (see ``PIECE_BYTES``)."""

@@ -17,8 +17,12 @@ elsewhere, because at 8 bytes every Python call it saves costs about a tenth of 
 - ``group._execute``: ``Group.last_call`` and, when anything fails, ``_failing``'s handling.
 
 The call's ``Ctx`` is the request's own, made once: its step is set each run, its deadline only
-when the round has to wait (``Slots._block`` reads it), since a round that finds its peers there
-never reads the clock for it. ``tests/unit/test_inlined.py`` runs each copy beside its original.
+when the round has to wait (``Slots._block`` reads it) or goes on with more rounds, since a round
+that finds its peers there never reads the clock for it (nor sweeps the group's idle scratch, as
+``Ctx.of`` does: the next ordinary call does). The group drops the closure when it stops or the
+process is forked (``Group._stop``, ``World._inherited``): it holds views of the group's shared
+memory and the engine of its time. ``tests/multiprocess/test_one_round.py`` runs each copy beside
+its original; ``tests/unit/test_inlined.py`` counts them.
 """
 
 from __future__ import annotations
@@ -102,9 +106,11 @@ def runner(group: Group, ctx: Ctx, one: OneRound) -> Callable[[], bool]:
                 words[my_counter] = target
                 if words[my_sleepers]:
                     slots._wake_sleepers()
+                timed = False  # the deadline is set once, when the run first has to wait
                 for word in peer_counters:
                     if words[word] < target:
                         ctx.deadline = _monotonic() + team.timeout
+                        timed = True
                         slots._block(peers, target, ctx)
                         break
                 for word in peer_tokens[step_parity]:
@@ -115,7 +121,8 @@ def runner(group: Group, ctx: Ctx, one: OneRound) -> Callable[[], bool]:
                         if words[word] != expected:
                             verify(ctx)  # type: ignore[misc]  # given with extents
                 if finish is not None:  # it may wait for more rounds
-                    ctx.deadline = _monotonic() + team.timeout
+                    if not timed:
+                        ctx.deadline = _monotonic() + team.timeout
                     finish(ctx, in_slot)
                 for step in take[in_slot]:
                     step()
@@ -128,9 +135,10 @@ def runner(group: Group, ctx: Ctx, one: OneRound) -> Callable[[], bool]:
                 raise cause from exc
             if index >= 0:  # ``recorder.done``, inline
                 ring = rec._ring
-                slot = index % len(ring)
-                if ring[slot][0] == index:
-                    rec._ended[slot] = _now()
+                if ring:  # (``configure`` may have emptied it meanwhile, from another thread)
+                    slot = index % len(ring)
+                    if ring[slot][0] == index:
+                        rec._ended[slot] = _now()
         finally:
             # ``Engine.leave``, inline
             engine._inline = None

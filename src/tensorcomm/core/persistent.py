@@ -161,7 +161,7 @@ class Prequest:
         """
         if self._pending is not None:
             raise self._refused()
-        self._args = self._check = self._commit = None
+        self._args = self._check = self._commit = self._round = None
         self._group._requests.discard(self)
 
     def _refused(self) -> ValueError:

@@ -364,6 +364,8 @@ class World:
             "call tensorcomm.init() in the child, or start it with 'spawn' or 'forkserver'")
         for group in self._groups:  # new engines: the old ones' locks may be held by parent threads
             group._engine = Engine.refusing(group.name, self.forked)
+            for request in group._requests:  # its one-round path holds the old engine
+                request._round = None
 
 
 def _connect(backend: str, rdzv: Rendezvous, store: Store, timeout: float,
