@@ -23,13 +23,14 @@ from tensorcomm.trace import recorder
 
 pytestmark = pytest.mark.multiprocess
 
-COLLECTIVES = ["all_reduce", "all_gather", "broadcast", "reduce_scatter", "all_to_all"]
+COLLECTIVES = ["all_reduce", "all_gather", "broadcast", "broadcast_from_last", "reduce_scatter", "all_to_all"]
 
 
 def _request(name: str, x: np.ndarray, out: np.ndarray, block: np.ndarray) -> tc.Prequest:
     return {"all_reduce": lambda: tc.all_reduce_init(x),
             "all_gather": lambda: tc.all_gather_into_tensor_init(out, block),
             "broadcast": lambda: tc.broadcast_init(x, src=0),
+            "broadcast_from_last": lambda: tc.broadcast_init(x, src=tc.get_world_size() - 1),
             "reduce_scatter": lambda: tc.reduce_scatter_tensor_init(block, x),
             "all_to_all": lambda: tc.all_to_all_single_init(out, x)}[name]()
 
@@ -108,6 +109,7 @@ def body_mixed(name: str) -> list[str]:
             {"all_reduce": lambda: tc.all_reduce(x),
              "all_gather": lambda: tc.all_gather_into_tensor(out, block),
              "broadcast": lambda: tc.broadcast(x, src=0),
+             "broadcast_from_last": lambda: tc.broadcast(x, src=size - 1),
              "reduce_scatter": lambda: tc.reduce_scatter_tensor(block, x),
              "all_to_all": lambda: tc.all_to_all_single(out, x)}[name]()
         else:
@@ -115,7 +117,8 @@ def body_mixed(name: str) -> list[str]:
             request.wait()
         expected, found = {
             "all_reduce": (sum(values), x), "all_gather": (np.concatenate([v[:4] for v in values]), out),
-            "broadcast": (values[0], x), "reduce_scatter": (sum(values)[4 * rank:4 * rank + 4], block),
+            "broadcast": (values[0], x), "broadcast_from_last": (values[-1], x),
+            "reduce_scatter": (sum(values)[4 * rank:4 * rank + 4], block),
             "all_to_all": (np.concatenate([v[4 * rank:4 * rank + 4] for v in values]), out)}[name]
         if not np.array_equal(found, expected):
             wrong.append(f"{name} turn {turn}: {found} != {expected}")
