@@ -377,9 +377,7 @@ def _execute(seq: int, group: Group, plan: Plan, args: tuple[Any, ...], index: i
     try:
         result = plan.run(ctx, *args)
     except BaseException as exc:
-        cause = _failing(ctx, exc)
-        if index >= 0:
-            recorder.end(index, cause)
+        cause = _failing(ctx, exc, index)
         if cause is exc:
             raise
         raise cause from exc
@@ -393,11 +391,15 @@ _begin = recorder.begin
 _done = recorder.done
 
 
-def _failing(ctx: Ctx, error: BaseException) -> BaseException:
+def _failing(ctx: Ctx, error: BaseException, index: int) -> BaseException:
     """A call failed with ``error``: end the group on every member (``_failed``), the peers
-    first, at once; return what the call raises (``_cause``)."""
+    first, at once, and tell the flight recorder (its record ``index``; -1: none); return what
+    the call raises (``_cause``)."""
     _failed(ctx, error)
-    return _cause(ctx, error)
+    cause = _cause(ctx, error)
+    if index >= 0:
+        recorder.end(index, cause)
+    return cause
 
 
 def _cause(ctx: Ctx, error: BaseException) -> BaseException:

@@ -14,7 +14,7 @@ elsewhere, because at 8 bytes every Python call it saves costs about a tenth of 
   feeds a timeline: the closure steps aside);
 - ``ShmDomain.next_round`` and ``Slots.start``: the round's IN slot, the announcement (step,
   token, extent), the post, the wait for every peer and the comparison of their tokens;
-- ``group._execute``: ``Group.last_call`` and, when anything fails, ``_failing``'s handling.
+- ``group._execute``: ``Group.last_call``; when anything fails it calls the same ``_failing``.
 
 The call's ``Ctx`` is the request's own, made once: its step is set each run, its deadline only
 when the round has to wait (``Slots._block`` reads it) or goes on with more rounds, since a round
@@ -127,9 +127,7 @@ def runner(group: Group, ctx: Ctx, one: OneRound) -> Callable[[], bool]:
                 for step in take[in_slot]:
                     step()
             except BaseException as exc:
-                cause = _failing(ctx, exc)
-                if index >= 0:
-                    rec.end(index, cause)
+                cause = _failing(ctx, exc, index)
                 if cause is exc:
                     raise
                 raise cause from exc
