@@ -9,7 +9,9 @@ import os
 import numpy as np
 import pytest
 
-from tensorcomm.bench import bound
+from tensorcomm import cli
+from tensorcomm.bench import bound, options, runner
+from tensorcomm.bench.peers.base import Task
 from tensorcomm.bench.results import Row
 from tensorcomm.transports.shm import cma
 
@@ -42,6 +44,43 @@ def test_summary_prints_time_over_bound_for_tensorcomm_rows_only(monkeypatch):
     assert len(lines) == 4 and lines[-1].split()[:4] == ["broadcast", "1000", "4.0", "1.0"]
     assert lines[-1].endswith("2.00x")  # 2 us over the cheaper design's 1 us
     assert bound.summary([_row("reduce", 1000)], 2) == []
+
+
+def test_a_bound_timed_beside_the_rows_is_the_median_of_its_rounds(monkeypatch):
+    timings = iter([{"slots": 10.0, "cma": 50.0}, {"slots": 30.0, "cma": 20.0}, {"slots": 20.0, "cma": 40.0}])
+    asked = []
+
+    def measure(collectives, sizes, ranks, shared):
+        asked.append((list(collectives), list(sizes), ranks, shared))
+        return {(collectives[0], sizes[0]): next(timings)}
+
+    monkeypatch.setattr(bound, "measure", measure)
+    beside = bound.Beside(2, 4)
+    for _ in range(3):
+        beside(Task("broadcast", 250, "float32", "sum"))
+    assert asked == [(["broadcast"], [1000], 2, False)] * 3
+    assert beside.found() == {("broadcast", 1000): {"slots": 20.0, "cma": 40.0}}
+    monkeypatch.setattr(bound, "measure", lambda *a: pytest.fail("timed again after the sweep"))
+    lines = bound.summary([_row("broadcast", 1000, time_us=30.0)], 2, found=beside.found())
+    assert "median over the rounds" in lines[1] and lines[-1].endswith("1.50x")  # 30 over 20
+
+
+def test_the_sweep_times_the_bound_after_the_libraries_in_every_round():
+    order = []
+
+    def run(name):
+        def one(task):
+            order.append((name, task.count))
+            return {"done": {"batch_times": [1e-5], "wrong": 0, "iters": 1}}
+        return one
+
+    opts = options.from_args(cli.build_parser().parse_args(
+        ["bench", "broadcast", "-b", "1K", "-e", "2K", "-f", "2", "--rounds", "2"]))
+    runner.sweep(opts, 2, {"tensorcomm": run("tensorcomm"), "mpi": run("mpi")}, print,
+                 lambda step: None, lambda rows: None, lambda task: order.append(("bound", task.count)))
+    assert order == [("tensorcomm", 256), ("mpi", 256), ("bound", 256), ("mpi", 256), ("tensorcomm", 256),
+                     ("bound", 256), ("tensorcomm", 512), ("mpi", 512), ("bound", 512), ("mpi", 512),
+                     ("tensorcomm", 512), ("bound", 512)]
 
 
 def _designs_of(collective: str, ranks: int, shared: bool, cma_ok: bool) -> dict[str, list]:

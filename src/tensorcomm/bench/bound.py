@@ -31,6 +31,12 @@ Per rank ``r`` of ``n``, ``S`` the call's bytes as the bench counts them (all bl
 The bound of a call (``bound_us``) is its cheapest design: slots or direct reads on plain arrays
 (direct reads where the kernel allows them), the in-place design on shared arrays.
 
+How fast one core copies what the other just wrote changes on this kind of host by 2x and more
+for seconds at a time, whatever runs (the same two-process numpy copy, fresh process pairs one
+after another: 79-82 or 179-199 us per 4 MiB), so a bound timed at another moment than its rows
+can be off by that much. ``Beside`` times each call's designs in every round of the sweep, right
+after the libraries ran it, and the table shows the median over the rounds.
+
 Imports numpy, the standard library, ``check``, ``results``, ``transports.shm.cma`` and
 ``algorithms.shm_cma`` (its chunk size).
 """
@@ -40,6 +46,7 @@ from __future__ import annotations
 import mmap
 import multiprocessing
 import os
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from queue import Empty
@@ -307,16 +314,41 @@ def bound_us(designs: dict[str, float], shared: bool = False) -> float | None:
     return min(times) if times else None
 
 
-def summary(rows: Sequence[Row], ranks: int, shared: bool = False) -> list[str]:
-    """The table of tensorcomm's time over the copy bound, per collective and size, timing the
-    designs' copies now (seconds); no lines when no row has a bound."""
+class Beside:
+    """The copy bound timed during a sweep (``runner.sweep``'s ``beside``): each call's designs
+    once per round, right after the libraries ran the call; ``found`` gives the medians."""
+
+    def __init__(self, ranks: int, itemsize: int, shared: bool = False) -> None:
+        self.ranks, self.itemsize, self.shared = ranks, itemsize, shared
+        self._rounds: dict[tuple[str, int], list[dict[str, float]]] = {}
+
+    def __call__(self, task: Any) -> None:
+        """Time the designs of ``task`` (a ``peers.base.Task``) now."""
+        size = task.count * self.itemsize
+        timed = measure([task.collective], [size], self.ranks, self.shared).get((task.collective, size))
+        if timed:
+            self._rounds.setdefault((task.collective, size), []).append(timed)
+
+    def found(self) -> dict[tuple[str, int], dict[str, float]]:
+        """Per call, each design's median over the rounds."""
+        return {call: {design: statistics.median(r[design] for r in rounds) for design in rounds[0]}
+                for call, rounds in self._rounds.items()}
+
+
+def summary(rows: Sequence[Row], ranks: int, shared: bool = False,
+            found: dict[tuple[str, int], dict[str, float]] | None = None) -> list[str]:
+    """The table of tensorcomm's time over the copy bound, per collective and size: from
+    ``found`` (``Beside.found``), else timing the designs' copies now (seconds); no lines when
+    no row has a bound."""
     mine = [r for r in rows if r.library == TENSORCOMM and r.time_us and r.collective in COLLECTIVES]
     if not mine:
         return []
-    found = measure([r.collective for r in mine], [r.size for r in mine], ranks, shared)
+    when = "timed beside the rows, median over the rounds" if found is not None else "timed after the rows"
+    if found is None:
+        found = measure([r.collective for r in mine], [r.size for r in mine], ranks, shared)
     designs = SHARED if shared else PLAIN
     title = (f"# tensorcomm time / copy bound (each design's copies run alone, {ranks} processes at once"
-             + (", on shared arrays" if shared else "") + ", in us per call; docs/algorithms.md)")
+             + (", on shared arrays" if shared else "") + f", {when}, in us per call; docs/algorithms.md)")
     columns = f"# {'collective':<14}{'size(B)':>12}" + "".join(f"{d:>10}" for d in designs) + \
         f"{'bound(us)':>11}{'time(us)':>11}{'÷ bound':>9}"
     lines = ["#", title, columns]

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..launch.env import LaunchConfigError
 from ..rendezvous.discovery import discover
-from . import bound, peers, report, runner
+from . import bound, check, peers, report, runner
 from . import options as bench_options
 from .options import BenchOptions
 from .progress import progress
@@ -56,9 +56,10 @@ def _footer(rows: Sequence[Row]) -> list[str]:
 
 
 def _finish(opts: BenchOptions, rows: list[Row], machine: Mapping[str, Any],
-            ranks: int) -> int:
+            ranks: int, beside: bound.Beside | None = None) -> int:
     """Print the summary, write the requested files; return the exit code."""
-    for line in report.ratio_summary(rows) + bound.summary(rows, ranks, opts.shared) + _footer(rows):
+    found = beside.found() if beside is not None else None
+    for line in report.ratio_summary(rows) + bound.summary(rows, ranks, opts.shared, found) + _footer(rows):
         print(line)
     try:
         if opts.csv:
@@ -121,11 +122,12 @@ def _launched(opts: BenchOptions, ranks: int) -> int:
             runs: dict[str, runner.Run] = {n: partial(j.run, plan=opts.plan())
                                            for n, j in jobs.items()}
             table = report.TableWriter(sys.stdout)
-            rows = runner.sweep(opts, ranks, runs, _say, advance, table.emit)
+            beside = bound.Beside(ranks, check.DTYPES[opts.dtype].itemsize, opts.shared)
+            rows = runner.sweep(opts, ranks, runs, _say, advance, table.emit, beside)
     finally:
         for job in jobs.values():
             job.stop()
-    return _finish(opts, rows, machine, ranks)
+    return _finish(opts, rows, machine, ranks, beside)
 
 
 def _in_process(opts: BenchOptions) -> int:

@@ -132,10 +132,13 @@ def tasks(options: BenchOptions, ranks: int) -> list[Task]:
 
 def sweep(options: BenchOptions, ranks: int, runs: dict[str, Run],
           say: Callable[[str], None], advance: Callable[[str], None],
-          emit: Callable[[list[Row]], None]) -> list[Row]:
+          emit: Callable[[list[Row]], None],
+          beside: Callable[[Task], None] | None = None) -> list[Row]:
     """Run every task on every library, interleaved; ``emit`` each size's rows as they finish.
 
-    A library whose run raises JobFailed is reported through ``say`` and dropped.
+    ``beside``, when given, runs after the libraries in each round of each task (the copy
+    bound, timed next to the rows it bounds). A library whose run raises JobFailed is reported
+    through ``say`` and dropped.
     """
     itemsize = check.DTYPES[options.dtype].itemsize
     live = dict(runs)
@@ -161,6 +164,8 @@ def sweep(options: BenchOptions, ranks: int, runs: dict[str, Run],
                     notes[name] = f"n/a: {reply['unsupported']}"
                 else:
                     done[name].append(reply["done"])
+            if beside is not None:
+                beside(task)
         size_rows = [make_row(task, name, ranks, itemsize, done[name],
                               notes.get(name) or failed.get(name, "")) for name in runs]
         rows += size_rows
