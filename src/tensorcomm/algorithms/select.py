@@ -167,10 +167,12 @@ def _shm_one_slot(team: Team, nbytes: int) -> bool:
 # 4 MiB 123 / 148, 8 MiB 279 / 188; all_gather 4 MiB 161 / 185, 8 MiB 336 / 304, 32 MiB 4235 /
 # 3248; all_to_all 2 MiB 91 / 103, 4 MiB 176 / 155; reduce_scatter 16 MiB 861 / 1014, 32 MiB
 # 2857 / 3163, 64 MiB 4177 / 3175; all_reduce 32 MiB 4144 / 5305, 48 MiB 6931 / 7443, 64 MiB
-# 8657 / 6016. Where the crossover lies moves with where the arrays land (huge pages or not);
-# ``tensorcomm tune`` measures it on a host.
+# 8657 / 6016. all_to_all, measured again with the sides in both orders (7 rounds each, load
+# 0.5-1.2): 4 MiB 146 / 191, 8 MiB 373 / 417, 16 MiB 1148 / 1139 and 1162 / 1117. Where the
+# crossover lies moves with where the arrays land (huge pages or not); ``tensorcomm tune``
+# measures it on a host.
 CMA_BYTES = {"all_reduce": 64 << 20, "reduce_scatter": 64 << 20, "all_gather": 8 << 20,
-             "broadcast": 8 << 20, "all_to_all": 4 << 20}
+             "broadcast": 8 << 20, "all_to_all": 16 << 20}
 # A group with shared arrays (``tensorcomm.empty``) reads from these sizes up: a shared array is
 # copied once, through the caches, straight from its owner's block, which beats the slots' two
 # copies from 1 MiB (2 members, us per call through the slots / directly, on shared arrays,
@@ -182,9 +184,10 @@ SHARED_BYTES = dict.fromkeys(CMA_BYTES, 1 << 20)
 # per call): reduce_scatter's direct reads win from 4 MiB (4 MiB: 2025 / 1084 at 4 members,
 # 1998 / 1102 at 8, 2277 / 1880 at 16); many readers of one array slow each other, so all_gather
 # keeps the slots to 16 MiB (2513 / 2447, 3665 / 4903, 5536 / 8491) and broadcast to 8 MiB
-# (4 MiB: 692 / 599, 931 / 1321, 1101 / 3477; 16 MiB: 4016 / 1221, 6010 / 4634, 7641 / 7077).
+# (4 MiB: 692 / 599, 931 / 1321, 1101 / 3477; 16 MiB: 4016 / 1221, 6010 / 4634, 7641 / 7077);
+# all_to_all reads directly from 4 MiB (4 MiB at 4 members: 1337 / 664).
 CMA_BYTES_OWN_CORES = {**CMA_BYTES, "reduce_scatter": 4 << 20, "all_gather": 32 << 20,
-                       "broadcast": 16 << 20}
+                       "broadcast": 16 << 20, "all_to_all": 4 << 20}
 
 
 def _can_read(team: Team, nbytes: int) -> bool:
