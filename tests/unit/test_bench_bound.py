@@ -65,6 +65,23 @@ def test_a_bound_timed_beside_the_rows_is_the_median_of_its_rounds(monkeypatch):
     assert "median over the rounds" in lines[1] and lines[-1].endswith("1.50x")  # 30 over 20
 
 
+def test_a_bound_worker_that_fails_stops_the_timing_not_the_sweep(monkeypatch):
+    calls = []
+
+    def measure(collectives, sizes, ranks, shared):
+        calls.append(sizes[0])
+        if len(calls) == 2:
+            raise RuntimeError("a copy-bound worker failed (exit code 9)")
+        return {(collectives[0], sizes[0]): {"slots": 10.0}}
+
+    monkeypatch.setattr(bound, "measure", measure)
+    beside = bound.Beside(2, 4)
+    for count in (256, 512, 1024):
+        beside(Task("all_gather", count, "float32", "sum"))
+    assert calls == [1024, 2048] and beside.found() == {("all_gather", 1024): {"slots": 10.0}}
+    assert beside.error is not None and "all_gather 2048 B" in beside.error and "exit code 9" in beside.error
+
+
 def test_the_sweep_times_the_bound_after_the_libraries_in_every_round():
     order = []
 

@@ -31,11 +31,12 @@ Per rank ``r`` of ``n``, ``S`` the call's bytes as the bench counts them (all bl
 The bound of a call (``bound_us``) is its cheapest design: slots or direct reads on plain arrays
 (direct reads where the kernel allows them), the in-place design on shared arrays.
 
-How fast one core copies what the other just wrote changes on this kind of host by 2x and more
-for seconds at a time, whatever runs (the same two-process numpy copy, fresh process pairs one
-after another: 79-82 or 179-199 us per 4 MiB), so a bound timed at another moment than its rows
-can be off by that much. ``Beside`` times each call's designs in every round of the sweep, right
-after the libraries ran it, and the table shows the median over the rounds.
+How fast one core copies what the other just wrote jumps between levels on the 2-core VM for
+seconds at a time, whatever runs (``benchmarks/cross_core_modes.py``: the same two-process numpy
+copy of 4 MiB, fresh process pairs one after another, 78-83, 120-125 or 160-216 us), so a bound
+timed at another moment than its rows can be off by 2x. ``Beside`` times each call's designs in
+every round of the sweep, right after the libraries ran it, and the table shows the median over
+the rounds.
 
 Imports numpy, the standard library, ``check``, ``results``, ``transports.shm.cma`` and
 ``algorithms.shm_cma`` (its chunk size).
@@ -320,18 +321,26 @@ class Beside:
 
     def __init__(self, ranks: int, itemsize: int, shared: bool = False) -> None:
         self.ranks, self.itemsize, self.shared = ranks, itemsize, shared
+        self.error: str | None = None  # why timing stopped (a worker failed): the rows go on
         self._rounds: dict[tuple[str, int], list[dict[str, float]]] = {}
 
     def __call__(self, task: Any) -> None:
         """Time the designs of ``task`` (a ``peers.base.Task``) now."""
+        if self.error is not None:
+            return
         size = task.count * self.itemsize
-        timed = measure([task.collective], [size], self.ranks, self.shared).get((task.collective, size))
+        try:
+            timed = measure([task.collective], [size], self.ranks, self.shared).get((task.collective, size))
+        except RuntimeError as exc:
+            self.error = f"copy bound not timed from {task.collective} {size} B on: {exc}"
+            return
         if timed:
             self._rounds.setdefault((task.collective, size), []).append(timed)
 
     def found(self) -> dict[tuple[str, int], dict[str, float]]:
-        """Per call, each design's median over the rounds."""
-        return {call: {design: statistics.median(r[design] for r in rounds) for design in rounds[0]}
+        """Per call, the median over the rounds of each design timed in every round."""
+        return {call: {design: statistics.median(r[design] for r in rounds)
+                       for design in set(rounds[0]).intersection(*rounds)}
                 for call, rounds in self._rounds.items()}
 
 

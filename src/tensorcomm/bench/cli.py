@@ -59,6 +59,8 @@ def _finish(opts: BenchOptions, rows: list[Row], machine: Mapping[str, Any],
             ranks: int, beside: bound.Beside | None = None) -> int:
     """Print the summary, write the requested files; return the exit code."""
     found = beside.found() if beside is not None else None
+    if beside is not None and beside.error:
+        _say(beside.error)
     for line in report.ratio_summary(rows) + bound.summary(rows, ranks, opts.shared, found) + _footer(rows):
         print(line)
     try:
