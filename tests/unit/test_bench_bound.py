@@ -71,7 +71,7 @@ def test_a_bound_worker_that_fails_stops_the_timing_not_the_sweep(monkeypatch):
     def measure(collectives, sizes, ranks, shared):
         calls.append(sizes[0])
         if len(calls) == 2:
-            raise RuntimeError("a copy-bound worker failed (exit code 9)")
+            raise OSError(12, "Cannot allocate memory")
         return {(collectives[0], sizes[0]): {"slots": 10.0}}
 
     monkeypatch.setattr(bound, "measure", measure)
@@ -79,7 +79,7 @@ def test_a_bound_worker_that_fails_stops_the_timing_not_the_sweep(monkeypatch):
     for count in (256, 512, 1024):
         beside(Task("all_gather", count, "float32", "sum"))
     assert calls == [1024, 2048] and beside.found() == {("all_gather", 1024): {"slots": 10.0}}
-    assert beside.error is not None and "all_gather 2048 B" in beside.error and "exit code 9" in beside.error
+    assert beside.error is not None and "all_gather 2048 B" in beside.error and "allocate" in beside.error
 
 
 def test_the_sweep_times_the_bound_after_the_libraries_in_every_round():
@@ -151,3 +151,11 @@ def test_a_worker_that_dies_is_an_error_not_a_hang():
     worker.join()
     with pytest.raises(RuntimeError, match="exit code 3"):
         bound._result(context.Queue(), [worker])
+
+
+def test_the_sweep_times_no_bound_for_a_call_tensorcomm_did_not_run():
+    timed = []
+    opts = options.from_args(cli.build_parser().parse_args(["bench", "broadcast", "-b", "1K", "-e", "1K"]))
+    unsupported = {"tensorcomm": lambda task: {"unsupported": "not here"}}
+    runner.sweep(opts, 2, unsupported, print, lambda step: None, lambda rows: None, timed.append)
+    assert timed == []

@@ -28,7 +28,7 @@ from .control import TOKEN_ENV, JobChannel, JobFailed
 from .formulas import element_count
 from .options import BenchOptions
 from .peers.base import Task, Unsupported
-from .results import Row, make_row
+from .results import TENSORCOMM, Row, make_row
 from .timing import Plan, measure
 
 Run = Callable[[Task], dict[str, Any]]  # one task on one library -> its final control message
@@ -136,8 +136,8 @@ def sweep(options: BenchOptions, ranks: int, runs: dict[str, Run],
           beside: Callable[[Task], None] | None = None) -> list[Row]:
     """Run every task on every library, interleaved; ``emit`` each size's rows as they finish.
 
-    ``beside``, when given, runs after the libraries in each round of each task (the copy
-    bound, timed next to the rows it bounds). A library whose run raises JobFailed is reported
+    ``beside``, when given, runs after the libraries in each round of each task that tensorcomm
+    ran (the copy bound, timed next to the rows it bounds). A library whose run raises JobFailed is reported
     through ``say`` and dropped.
     """
     itemsize = check.DTYPES[options.dtype].itemsize
@@ -164,7 +164,7 @@ def sweep(options: BenchOptions, ranks: int, runs: dict[str, Run],
                     notes[name] = f"n/a: {reply['unsupported']}"
                 else:
                     done[name].append(reply["done"])
-            if beside is not None:
+            if beside is not None and TENSORCOMM in live and TENSORCOMM not in notes:
                 beside(task)
         size_rows = [make_row(task, name, ranks, itemsize, done[name],
                               notes.get(name) or failed.get(name, "")) for name in runs]
