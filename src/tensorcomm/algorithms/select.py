@@ -168,7 +168,9 @@ def _shm_one_slot(team: Team, nbytes: int) -> bool:
 # 3248; all_to_all 2 MiB 91 / 103, 4 MiB 176 / 155; reduce_scatter 16 MiB 861 / 1014, 32 MiB
 # 2857 / 3163, 64 MiB 4177 / 3175; all_reduce 32 MiB 4144 / 5305, 48 MiB 6931 / 7443, 64 MiB
 # 8657 / 6016. all_to_all, measured again with the sides in both orders (7 rounds each, load
-# 0.5-1.2): 4 MiB 146 / 191, 8 MiB 373 / 417, 16 MiB 1148 / 1139 and 1162 / 1117. Where the
+# 0.5-1.2): 4 MiB 146 / 191, 8 MiB 373 / 417, 16 MiB 1148 / 1139 and 1162 / 1117; 4 members on
+# the 2 cores (5 rounds each): 4 MiB 802 / 1012 and 774 / 1271, 8 MiB 1927 / 2152 and 1657 /
+# 2193, 16 MiB 3907 / 3818 (both direct reads at 16 MiB). Where the
 # crossover lies moves with where the arrays land (huge pages or not); ``tensorcomm tune``
 # measures it on a host.
 CMA_BYTES = {"all_reduce": 64 << 20, "reduce_scatter": 64 << 20, "all_gather": 8 << 20,
