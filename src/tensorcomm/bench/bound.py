@@ -33,7 +33,7 @@ The bound of a call (``bound_us``) is its cheapest design: slots or direct reads
 
 How fast one core copies what the other just wrote jumps between levels on the 2-core VM for
 seconds at a time, whatever runs (``benchmarks/cross_core_modes.py``: the same two-process numpy
-copy of 4 MiB, fresh process pairs one after another, 78-83, 120-125 or 160-216 us), so a bound
+copy of 4 MiB in fresh process pairs: medians 83-87 or 146-224 us per pair), so a bound
 timed at another moment than its rows can be off by 2x. ``Beside`` times each call's designs in
 every round of the sweep, right after the libraries ran it, and the table shows the median over
 the rounds.
