@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -176,9 +177,10 @@ def test_the_copy_steps_aside_where_the_ordinary_path_must_run() -> None:
         assert ran == [True, False, True]
 
 
-def body_interrupted() -> str:
-    """Rank 0's run is interrupted (Ctrl-C) while it waits for rank 1; rank 1 comes late and must
-    fail at once, told of rank 0's failure, rather than finish the call rank 0 gave up."""
+def body_interrupted(interrupted: str) -> str:
+    """Rank 0's run is interrupted (Ctrl-C) while it waits for rank 1; rank 1 comes late (once
+    rank 0 has written the file ``interrupted``) and must fail at once, told of rank 0's failure,
+    rather than finish the call rank 0 gave up."""
     rank = tc.get_rank()
     request = tc.all_reduce_init(np.ones(2, np.float32))
     request()
@@ -186,10 +188,12 @@ def body_interrupted() -> str:
         threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
         with pytest.raises(KeyboardInterrupt):
             request()
+        Path(interrupted).touch()
         with pytest.raises(tc.CommError) as raised:
             request()  # the group ended here too
         return str(raised.value)
-    time.sleep(1.0)
+    while not os.path.exists(interrupted):  # however late rank 0's timer fires
+        time.sleep(0.01)
     started = time.monotonic()
     with pytest.raises(tc.CommError) as raised:
         request()
@@ -197,8 +201,8 @@ def body_interrupted() -> str:
     return str(raised.value)
 
 
-def test_a_run_interrupted_on_one_member_fails_on_the_others() -> None:
-    said = run_ranks(body_interrupted, 2, timeout=60)
+def test_a_run_interrupted_on_one_member_fails_on_the_others(tmp_path: Path) -> None:
+    said = run_ranks(body_interrupted, 2, str(tmp_path / "interrupted"), timeout=60)
     assert "KeyboardInterrupt" in said[1] and "rank 0" in said[1], said
 
 
