@@ -185,6 +185,9 @@ def body_interrupted(interrupted: str) -> str:
     request = tc.all_reduce_init(np.ones(2, np.float32))
     request()
     if rank == 0:
+        # Ctrl-C raises KeyboardInterrupt, as in a program started in the foreground (started in
+        # the background by a shell without job control, the suite would inherit SIGINT ignored)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
         with pytest.raises(KeyboardInterrupt):
             request()
