@@ -55,7 +55,7 @@ def test_a_bound_timed_beside_the_rows_is_the_median_of_its_rounds(monkeypatch):
         return {(collectives[0], sizes[0]): next(timings)}
 
     monkeypatch.setattr(bound, "measure", measure)
-    beside = bound.Beside(2, 4)
+    beside = bound.Beside(2)
     for _ in range(3):
         beside(Task("broadcast", 250, "float32", "sum"))
     assert asked == [(["broadcast"], [1000], 2, False)] * 3
@@ -75,7 +75,7 @@ def test_a_bound_worker_that_fails_stops_the_timing_not_the_sweep(monkeypatch):
         return {(collectives[0], sizes[0]): {"slots": 10.0}}
 
     monkeypatch.setattr(bound, "measure", measure)
-    beside = bound.Beside(2, 4)
+    beside = bound.Beside(2)
     for count in (256, 512, 1024):
         beside(Task("all_gather", count, "float32", "sum"))
     assert calls == [1024, 2048] and beside.found() == {("all_gather", 1024): {"slots": 10.0}}

@@ -321,8 +321,8 @@ class Beside:
     """The copy bound timed during a sweep (``runner.sweep``'s ``beside``): each call's designs
     once per round, right after the libraries ran the call; ``found`` gives the medians."""
 
-    def __init__(self, ranks: int, itemsize: int, shared: bool = False) -> None:
-        self.ranks, self.itemsize, self.shared = ranks, itemsize, shared
+    def __init__(self, ranks: int, shared: bool = False) -> None:
+        self.ranks, self.shared = ranks, shared
         self.error: str | None = None  # why timing stopped (a worker failed): the rows go on
         self._rounds: dict[tuple[str, int], list[dict[str, float]]] = {}
 
@@ -330,7 +330,7 @@ class Beside:
         """Time the designs of ``task`` (a ``peers.base.Task``) now."""
         if self.error is not None:
             return
-        size = task.count * self.itemsize
+        size = task.count * check.DTYPES[task.dtype].itemsize
         try:
             timed = measure([task.collective], [size], self.ranks, self.shared).get((task.collective, size))
         except Exception as exc:  # noqa: BLE001 - whatever stops the bound must not stop the rows

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..launch.env import LaunchConfigError
 from ..rendezvous.discovery import discover
-from . import bound, check, peers, report, runner
+from . import bound, peers, report, runner
 from . import options as bench_options
 from .options import BenchOptions
 from .progress import progress
@@ -124,7 +124,7 @@ def _launched(opts: BenchOptions, ranks: int) -> int:
             runs: dict[str, runner.Run] = {n: partial(j.run, plan=opts.plan())
                                            for n, j in jobs.items()}
             table = report.TableWriter(sys.stdout)
-            beside = bound.Beside(ranks, check.DTYPES[opts.dtype].itemsize, opts.shared)
+            beside = bound.Beside(ranks, opts.shared)
             rows = runner.sweep(opts, ranks, runs, _say, advance, table.emit, beside)
     finally:
         for job in jobs.values():
