@@ -11,13 +11,14 @@ Protocol, after the handshake; all integers big-endian::
     request   op:u8  key_len:u16  value_len:u64  timeout:f64  key  value
     response  status:u8  value_len:u64  value
 
-    op      SET=1 GET=2 ADD=3 WAIT=4 CHECK=5 DELETE=6 PING=7 COMPARE_SET=8
+    op      SET=1 GET=2 ADD=3 WAIT=4 CHECK=5 DELETE=6 PING=7 COMPARE_SET=8 MULTI_GET=9
     status  OK=0, TIMEOUT=1 (value: the missing keys), ERROR=2 (value: a UTF-8 message)
 
-ADD carries and returns an i64; WAIT and CHECK carry their keys in ``value`` as repeated
-``len:u16 key``; COMPARE_SET carries ``expected_len:u64 expected desired`` and returns the value
-the key holds afterwards (``store.compare_and_set``'s rule); ``timeout`` (seconds) is read by GET
-and WAIT only, so the server answers a blocking request by then and the client never has to
+ADD carries and returns an i64; WAIT, CHECK and MULTI_GET carry their keys in ``value`` as
+repeated ``len:u16 key`` (MULTI_GET returns the values as repeated ``len:u64 value``, at most
+``MAX_VALUE_BYTES`` in all); COMPARE_SET carries ``expected_len:u64 expected desired`` and returns the value
+the key holds afterwards (``store.compare_and_set``'s rule); ``timeout`` (seconds) is read by GET,
+WAIT and MULTI_GET only, so the server answers a blocking request by then and the client never has to
 abandon a connection mid-frame. Lengths are checked against ``MAX_KEY_BYTES``/``MAX_VALUE_BYTES``
 before anything is read or allocated; a frame that breaks a rule closes that connection and is
 logged, and the server serves on.
@@ -71,9 +72,9 @@ _RESPONSE = struct.Struct("!BQ")
 _KEY_LEN = struct.Struct("!H")
 _I64 = struct.Struct("!q")
 _U64 = struct.Struct("!Q")
-SET, GET, ADD, WAIT, CHECK, DELETE, PING, COMPARE_SET = range(1, 9)
+SET, GET, ADD, WAIT, CHECK, DELETE, PING, COMPARE_SET, MULTI_GET = range(1, 10)
 _OP_NAMES = {SET: "set", GET: "get", ADD: "add", WAIT: "wait", CHECK: "check", DELETE: "delete", PING: "ping",
-             COMPARE_SET: "compare_set"}
+             COMPARE_SET: "compare_set", MULTI_GET: "multi_get"}
 OK, TIMEOUT, ERROR = 0, 1, 2
 
 
@@ -298,6 +299,14 @@ class TCPStoreServer:
         if op == WAIT:
             _, missing = self._await(decode_keys(value), timeout)
             return (TIMEOUT, encode_keys(missing)) if missing else (OK, b"")
+        if op == MULTI_GET:
+            values, missing = self._await(decode_keys(value), timeout)
+            if missing:
+                return TIMEOUT, encode_keys(missing)
+            reply = b"".join(_U64.pack(len(v)) + v for v in values)
+            if len(reply) > MAX_VALUE_BYTES:
+                return ERROR, f"multi_get: values of {len(reply)} bytes, over {MAX_VALUE_BYTES}".encode()
+            return OK, reply
         if op == CHECK:
             keys = decode_keys(value)
             with self._cond:
@@ -380,6 +389,22 @@ class TCPStore(Store):
         keys, timeout = check_keys(keys), self._timeout(timeout)
         if keys:
             self._request(WAIT, "", encode_keys(keys), timeout, "wait")
+
+    def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
+        keys, timeout = check_keys(keys), self._timeout(timeout)
+        if not keys:
+            return []
+        reply = memoryview(self._request(MULTI_GET, "", encode_keys(keys), timeout, "multi_get"))
+        values, at = [], 0
+        for _ in keys:
+            if at + _U64.size > len(reply) or at + _U64.size + _U64.unpack_from(reply, at)[0] > len(reply):
+                self._fail("multi_get", f"reply of {len(reply)} bytes for {len(keys)} keys")
+            end = at + _U64.size + _U64.unpack_from(reply, at)[0]
+            values.append(bytes(reply[at + _U64.size:end]))
+            at = end
+        if at != len(reply):
+            self._fail("multi_get", f"{len(reply) - at} bytes beyond {len(keys)} values")
+        return values
 
     def check(self, keys: Sequence[str]) -> bool:
         keys = check_keys(keys)
