@@ -42,7 +42,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-import ml_dtypes
 import numpy as np
 
 from ... import config
@@ -55,6 +54,7 @@ from ...errors import (
 )
 from ...rendezvous import discovery
 from ...signature import NO_SIGNATURE, Signature
+from ...types import bfloat16
 from ..base import (
     P2P_FLAG,
     SEQ_BITS,
@@ -72,7 +72,6 @@ from .link import Link, Unexpected
 from .mesh import Mesh
 from .sealing import Sealer
 
-_WIRE_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
 _POLLIN = select.POLLIN | select.POLLERR | select.POLLHUP
 _CALL_SHIFT = SEQ_BITS + STEP_BITS  # a collective tag's group id, above its call's sequence number
 _SEQ_MASK = (1 << SEQ_BITS) - 1
@@ -95,7 +94,7 @@ class TcpTransport(Transport):
         self.send_timeout = send_timeout
         self.size = size
         wire = discovery.wire_dtype()
-        self.wire_dtype = None if wire is None else _WIRE_DTYPES[wire]
+        self.wire_dtype = None if wire is None else bfloat16() if wire == "bfloat16" else np.dtype(np.float16)
         # Shared with the links: the matching state and its lock, and the driver role.
         self.lock = threading.Lock()  # guards ``match``, ``_progress`` and the spares
         self.match: Matching[MessageRequest, Unexpected] = Matching(rank, size)
