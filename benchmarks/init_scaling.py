@@ -7,12 +7,14 @@ Python processes from this script, or ``mpiexec`` for MPICH) and each rank repor
 - ``init``: seconds from just before joining until it can communicate: tensorcomm ``init()``
   then a barrier; Gloo ``init_process_group("gloo")`` then a barrier; MPICH ``MPI_Init`` then a
   barrier. It includes the wait for the slowest rank, as a user's start-up does;
-- ``fds``: descriptors the rank holds once ready (``/proc/self/fd``).
+- ``fds``: descriptors the rank holds once ready (``/proc/self/fd``): the median over the ranks,
+  and the largest (rank 0, which serves the store for tensorcomm and Gloo here: a connection per
+  rank).
 
 A row gives the smallest, median and largest ``init`` over the ranks (the smallest is the last
 rank to arrive: the library's own work once everyone is there; the largest adds the spread of
 the ranks' start), the job's wall time (first process started to last rank ready) and the
-largest descriptor count. Each library's ranks run
+descriptor counts. Each library's ranks run
 alone (one library at a time), libraries alternate within each world size, and the load average
 is printed before every row: on a shared machine compare libraries within one world size only.
 
@@ -150,9 +152,10 @@ def _spawn(library: str, size: int, port: int, kill: bool = False) -> list[dict]
 def _row(library: str, size: int, reports: list[dict]) -> str:
     inits = sorted(r["init"] for r in reports)
     imports = sorted(r["import"] for r in reports)
-    wall, fds = max(r["ready_at"] for r in reports), max(r["fds"] for r in reports)
+    wall, fds = max(r["ready_at"] for r in reports), sorted(r["fds"] for r in reports)
     return (f"{library:<11}{size:>6}{imports[len(imports) // 2]:>10.2f}{inits[0]:>10.2f}"
-            f"{inits[len(inits) // 2]:>10.2f}{inits[-1]:>10.2f}{wall:>10.2f}{fds:>6}")
+            f"{inits[len(inits) // 2]:>10.2f}{inits[-1]:>10.2f}{wall:>10.2f}{fds[len(fds) // 2]:>6}"
+            f"{fds[-1]:>9}")
 
 
 def _kill_row(size: int, reports: list[dict]) -> str:
@@ -187,7 +190,7 @@ def main(argv: list[str]) -> int:
     print(f"# cores: {os.cpu_count()}; times in seconds: import and init are medians over the ranks, "
           "init min/max the fastest/slowest rank's, wall from the first start to the last rank ready")
     print(f"{'library':<11}{'ranks':>6}{'import':>10}{'init min':>10}{'init':>10}{'init max':>10}"
-          f"{'wall':>10}{'fds':>6}")
+          f"{'wall':>10}{'fds':>6}{'fds max':>9}")
     for size in sizes:
         for _ in range(args.repeat):
             for library in libraries:
