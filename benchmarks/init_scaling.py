@@ -116,17 +116,20 @@ def _killed(tc: Any, rank: int, size: int) -> dict:
         return {"named": exc.rank, "noticed": time.time()}
 
 
-def _spawn(library: str, size: int, port: int, kill: bool = False) -> list[dict]:
+def _spawn(library: str, size: int, port: int, kill: bool = False, user_secret: bool = False) -> list[dict]:
     """Run ``size`` ranks of ``library``; their reports (with ``kill``: the last rank's is its
     death, and it exits by SIGKILL)."""
     import secrets
     import subprocess
 
+    # As ``tensorcomm run`` hands one host's ranks a secret (a generated one is used as it is; one
+    # a user sets costs each rank a scrypt stretch, about 0.1 s of a core: --user-secret).
+    secret = secrets.token_hex(32) if user_secret else "generated:" + secrets.token_hex(32)
     started = time.time()
     argv = [sys.executable, os.path.abspath(__file__), "--worker", library, repr(started), str(int(kill))]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TENSORCOMM_", "OMPI_", "PMI_"))}
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(size),
-               TENSORCOMM_SECRET=secrets.token_hex(32), PYTHONUNBUFFERED="1")
+               TENSORCOMM_SECRET=secret, PYTHONUNBUFFERED="1")
     if library == "mpich":
         procs = [subprocess.Popen(["mpiexec", "-n", str(size), *argv], env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True)]
@@ -179,6 +182,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--libraries", default="tensorcomm,gloo,mpich",
                         help="which of tensorcomm, gloo, mpich to run, in this order per size")
     parser.add_argument("--repeat", type=int, default=1, help="rounds per size (libraries alternate)")
+    parser.add_argument("--user-secret", action="store_true",
+                        help="tensorcomm: a secret as a user sets one (stretched with scrypt by every rank) "
+                        "instead of a generated one, as tensorcomm run gives")
     parser.add_argument("--kill", action="store_true",
                         help="tensorcomm: then kill the last rank and time the survivors' naming it")
     args = parser.parse_args(argv)
@@ -200,7 +206,7 @@ def main(argv: list[str]) -> int:
                 load = os.getloadavg()[0]
                 kill = args.kill and library == "tensorcomm"
                 try:
-                    reports = _spawn(library, size, port, kill)
+                    reports = _spawn(library, size, port, kill, args.user_secret)
                     line = _row(library, size, [r for r in reports if "init" in r])
                     if kill:
                         line += f"    # load {load:.1f}\n" + _kill_row(size, reports)
