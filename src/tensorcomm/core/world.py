@@ -265,7 +265,7 @@ class World:
             for part in (host, cross):
                 part._stop(GroupAbortedError(f"group {label!r} was not made: {exc}"))
             raise
-        if not all(self.store.get(key) == b"1" for key in keys):
+        if not all(value == b"1" for value in self.store.multi_get(list(keys))):
             for part in (host, cross):
                 part._stop(GroupAbortedError(f"group {label!r} runs flat"))
             return None, []
@@ -305,7 +305,7 @@ class World:
             if store.check([prefix + "fatal"]):
                 why = store.get(prefix + "fatal").decode()
                 raise RendezvousError(f"group {name!r} cannot be made: {why}")
-            if all(store.get(key) == b"1" for key in keys):
+            if all(value == b"1" for value in store.multi_get(list(keys))):  # one request, not n
                 assert domain is not None
                 domain.settle_cma(self.cma, self.timeout)
                 return domain
