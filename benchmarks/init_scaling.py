@@ -121,6 +121,7 @@ def _spawn(library: str, size: int, port: int, kill: bool = False, user_secret: 
     death, and it exits by SIGKILL)."""
     import secrets
     import subprocess
+    import threading
 
     # As ``tensorcomm run`` hands one host's ranks a secret (a generated one is used as it is; one
     # a user sets costs each rank a scrypt stretch, about 0.1 s of a core: --user-secret).
@@ -138,14 +139,28 @@ def _spawn(library: str, size: int, port: int, kill: bool = False, user_secret: 
                                              "LOCAL_WORLD_SIZE": str(size)},
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for r in range(size)]
-    reports, failures = [], []
+    outs: list[str] = [""] * len(procs)
+
+    def read(i: int) -> None:
+        outs[i] = procs[i].communicate()[0]
+
+    readers = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(len(procs))]
+    for reader in readers:
+        reader.start()
+    deadline = time.time() + 1800
+    failures: list[str] = []
+    while any(reader.is_alive() for reader in readers) and time.time() < deadline and not failures:
+        time.sleep(0.5)  # a rank that failed ends the job at once, rather than its peers' timeouts
+        failures = [f"rank {i} exited with {proc.returncode}: {outs[i][-2000:]}"
+                    for i, proc in enumerate(procs) if proc.returncode and not readers[i].is_alive()
+                    and not (kill and i == len(procs) - 1 and library != "mpich")]
     for proc in procs:
-        out, _ = proc.communicate(timeout=1800)
-        for line in out.splitlines():
-            if MARK in line:
-                reports.append(json.JSONDecoder().raw_decode(line.split(MARK, 1)[1])[0])
-        if proc.returncode and not (kill and proc is procs[-1]):
-            failures.append(out[-2000:])
+        if proc.poll() is None:
+            proc.kill()
+    for reader in readers:
+        reader.join(10)
+    reports = [json.JSONDecoder().raw_decode(line.split(MARK, 1)[1])[0]
+               for out in outs for line in out.splitlines() if MARK in line]
     if failures or len(reports) != size:  # with ``kill``, the last rank reports its death only
         raise RuntimeError(f"{library} at {size} ranks: {len(reports)} reports; "
                            f"{failures[0] if failures else ''}")
