@@ -261,28 +261,24 @@ class Mesh:
                 if self._closed:
                     return
                 if out_of_descriptors(exc):
-                    self._out_of_descriptors(exc)
+                    self._out_of_descriptors(describe_error(exc))
                     time.sleep(0.1)
                     continue
                 log.warning("rank %d: the data listener failed: %s", self.rank, exc)
                 return
-            if not self._gate.admit(sock, f"{addr[0]}:{addr[1]}", self._handshake):
-                try:  # refused for want of a descriptor (the gate's watcher), or closed?
-                    socket.socket().close()
-                except OSError as exc:
-                    if out_of_descriptors(exc):
-                        self._out_of_descriptors(exc)
+            if not self._gate.admit(sock, f"{addr[0]}:{addr[1]}", self._handshake) and self._gate.starved:
+                self._out_of_descriptors(self._gate.starved)  # no descriptor to watch it with
 
-    def _out_of_descriptors(self, exc: OSError) -> None:
+    def _out_of_descriptors(self, why: str) -> None:
         """Fail set-up, naming the descriptor limit (after set-up: warn)."""
         with self._lock:
             setting_up = self._deliver is None
             if setting_up and self._error is None:
                 self._error = RendezvousError(f"rank {self.rank}: cannot accept the other ranks' "
-                                              f"connections: {describe_error(exc)}")
+                                              f"connections: {why}")
                 self._arrived.notify_all()
         if not setting_up:
-            self._gate.warn(f"cannot accept a connection: {describe_error(exc)}")
+            self._gate.warn(f"cannot accept a connection: {why}")
 
     def _handshake(self, sock: socket.socket, peer: str) -> None:
         try:
