@@ -17,6 +17,7 @@ bits as Gloo's, and the load average before each round. A benchmark, not a test.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shlex
 import statistics
@@ -79,7 +80,7 @@ def main() -> None:
                     results = [torch.load(os.path.join(out, f"rank{rank}.pt")) for rank in range(2)]
                 for result in results:
                     ends = result["step_ends"][args.warmup:]
-                    times.setdefault((job, backend), []).extend(b - a for a, b in zip(ends, ends[1:]))
+                    times.setdefault((job, backend), []).extend(b - a for a, b in itertools.pairwise(ends))
                 prints.setdefault((job, backend), set()).add(tuple(fingerprint(results)))
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     print(f"{args.launcher}, 2 ranks, torch {torch.__version__}, width {args.width}, {args.steps} steps "
@@ -89,9 +90,9 @@ def main() -> None:
         same = prints[(job, "tensorcomm")] == prints[(job, "gloo")] and len(prints[(job, "gloo")]) == 1
         for backend in BACKENDS:
             q = statistics.quantiles(times[(job, backend)], n=4)
-            print(f"  {job:16s} {backend:10s} {1e3 * medians[backend]:8.2f} ms "
-                  f"(p25-p75 {1e3 * q[0]:.2f}-{1e3 * q[2]:.2f})  / gloo {medians[backend] / medians['gloo']:.2f}"
-                  + (f"  bits as gloo's: {'yes' if same else 'NO'}" if backend == "tensorcomm" else ""))
+            bits = f"  bits as gloo's: {'yes' if same else 'NO'}" if backend == "tensorcomm" else ""
+            print(f"  {job:16s} {backend:10s} {1e3 * medians[backend]:8.2f} ms (p25-p75 {1e3 * q[0]:.2f}-"
+                  f"{1e3 * q[2]:.2f})  / gloo {medians[backend] / medians['gloo']:.2f}{bits}")
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def mlp_and_data(width: int, samples: int) -> tuple[torch.nn.Module, torch.utils
 
 
 def lightning_job(record: Record, backend: str, steps: int, width: int, fsdp2: bool) -> None:
-    import lightning as L
+    import lightning
     from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
     from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
@@ -78,11 +78,11 @@ def lightning_job(record: Record, backend: str, steps: int, width: int, fsdp2: b
         def train_dataloader(self) -> Any:
             return torch.utils.data.DataLoader(RandomDataset(32, 8 * steps), batch_size=4)
 
-    L.seed_everything(0)
+    lightning.seed_everything(0)
     strategy = (ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1,
                                       process_group_backend=backend) if fsdp2
                 else DDPStrategy(process_group_backend=backend))
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_epochs=1, logger=False,
+    trainer = lightning.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_epochs=1, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, deterministic=True)
     model = Model()
@@ -113,8 +113,13 @@ def accelerate_job(record: Record, backend: str, steps: int, width: int) -> None
 def transformers_job(record: Record, backend: str, steps: int, width: int) -> None:
     import tempfile
 
-    from transformers import (BertConfig, BertForSequenceClassification, Trainer, TrainerCallback,
-                              TrainingArguments)
+    from transformers import (
+        BertConfig,
+        BertForSequenceClassification,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
 
     dist.init_process_group(backend)  # first: the Trainer takes the group it finds
 

@@ -68,7 +68,8 @@ def launch(launcher: str, job: str, backend: str, out: Path) -> None:
 
 def bits(tensor: torch.Tensor) -> tuple[str, tuple[int, ...], bytes]:
     """What must match bit for bit: dtype, shape and the bytes."""
-    return str(tensor.dtype), tuple(tensor.shape), tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+    raw = tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+    return str(tensor.dtype), tuple(tensor.shape), raw
 
 
 @pytest.mark.parametrize("job", sorted(CASES))
