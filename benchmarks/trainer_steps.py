@@ -10,8 +10,10 @@ backend per round, alternating the backends and flipping their order every round
 gets a quieter machine. Each run is a fresh launch with the same seeds; a step's time is the
 time between two step ends on a rank (data loading, forward, backward, optimizer and the
 library's own calls), the first ``--warmup`` steps of each run left out. Prints the median and
-quartiles per backend, the ratio to Gloo, whether every run's losses and parameters are the same
-bits as Gloo's, and the load average before each round. A benchmark, not a test.
+quartiles per backend, the ratio to Gloo, the median CPU time a rank's process spent per step
+(all its threads: steadier than wall time on a busy machine, and what a backend that spins
+while it waits pays), whether every run's losses and parameters are the same bits as Gloo's,
+and the load average before each round. A benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ def main() -> None:
     args = parser.parse_args()
     print("command:", shlex.join([sys.executable, *sys.argv]), flush=True)
     times: dict[tuple[str, str], list[float]] = {}
+    cpu: dict[tuple[str, str], list[float]] = {}
     prints: dict[tuple[str, str], set[tuple[bytes, ...]]] = {}
     for round_ in range(args.rounds):
         load = " ".join(f"{v:.2f}" for v in os.getloadavg())
@@ -79,20 +82,24 @@ def main() -> None:
                     launch(args.launcher, job, backend, out, args)
                     results = [torch.load(os.path.join(out, f"rank{rank}.pt")) for rank in range(2)]
                 for result in results:
-                    ends = result["step_ends"][args.warmup:]
-                    times.setdefault((job, backend), []).extend(b - a for a, b in itertools.pairwise(ends))
+                    for kind, into in (("step_ends", times), ("step_cpu_ends", cpu)):
+                        ends = result[kind][args.warmup:]
+                        into.setdefault((job, backend), []).extend(b - a for a, b in itertools.pairwise(ends))
                 prints.setdefault((job, backend), set()).add(tuple(fingerprint(results)))
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     print(f"{args.launcher}, 2 ranks, torch {torch.__version__}, width {args.width}, {args.steps} steps "
           f"({args.warmup} left out) x {args.rounds} rounds per backend; load average {load}")
     for job in args.jobs:
         medians = {backend: statistics.median(times[(job, backend)]) for backend in BACKENDS}
+        cpu_medians = {backend: statistics.median(cpu[(job, backend)]) for backend in BACKENDS}
         same = prints[(job, "tensorcomm")] == prints[(job, "gloo")] and len(prints[(job, "gloo")]) == 1
         for backend in BACKENDS:
             q = statistics.quantiles(times[(job, backend)], n=4)
+            cpu_ms, cpu_ratio = 1e3 * cpu_medians[backend], cpu_medians[backend] / cpu_medians["gloo"]
             bits = f"  bits as gloo's: {'yes' if same else 'NO'}" if backend == "tensorcomm" else ""
             print(f"  {job:16s} {backend:10s} {1e3 * medians[backend]:8.2f} ms (p25-p75 {1e3 * q[0]:.2f}-"
-                  f"{1e3 * q[2]:.2f})  / gloo {medians[backend] / medians['gloo']:.2f}{bits}")
+                  f"{1e3 * q[2]:.2f})  / gloo {medians[backend] / medians['gloo']:.2f}"
+                  f"  CPU {cpu_ms:.2f} ms / gloo {cpu_ratio:.2f}{bits}")
 
 
 if __name__ == "__main__":

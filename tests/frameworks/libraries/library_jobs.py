@@ -4,7 +4,8 @@
     python -m tensorcomm run -n 2 library_jobs.py JOB BACKEND OUT
 
 Every rank trains from the same seeds and writes ``OUT/rank<r>.pt``: the losses it saw, its final
-parameters (whole tensors) and the time each step ended (``time.perf_counter``), which
+parameters (whole tensors), and when each step ended: wall time (``time.perf_counter``) and the
+process's CPU time, all threads (``time.process_time``), which
 test_libraries.py compares between backends bit for bit and benchmarks/trainer_steps.py times.
 The libraries are used as their own docs show, with the backend's name as the only change (and
 the group initialised first where a library keeps a fixed list of names). Nothing here imports
@@ -24,16 +25,22 @@ import torch.distributed as dist
 
 
 class Record:
-    """What one rank saw: each step's loss and the time it ended, then the final parameters."""
+    """What one rank saw: each step's loss and when it ended, then the final parameters."""
 
     def __init__(self) -> None:
         self.losses: list[torch.Tensor] = []
         self.step_ends: list[float] = []
+        self.step_cpu_ends: list[float] = []
         self.params: dict[str, torch.Tensor] = {}
+
+    def step_ended(self) -> None:
+        """Note that a step ended now (wall and CPU time)."""
+        self.step_ends.append(time.perf_counter())
+        self.step_cpu_ends.append(time.process_time())
 
     def step(self, loss: Any) -> None:
         """Note a step's loss (a tensor or a Python float) and that the step ended now."""
-        self.step_ends.append(time.perf_counter())
+        self.step_ended()
         self.losses.append(loss.detach().clone() if isinstance(loss, torch.Tensor)
                            else torch.tensor(loss, dtype=torch.float64))
 
@@ -131,7 +138,7 @@ def transformers_job(record: Record, backend: str, steps: int, width: int) -> No
 
     class StepEnds(TrainerCallback):
         def on_step_end(self, *args: Any, **kwargs: Any) -> None:
-            record.step_ends.append(time.perf_counter())
+            record.step_ended()
 
     torch.manual_seed(0)
     config = BertConfig(vocab_size=64, hidden_size=width, num_hidden_layers=2, num_attention_heads=2,
