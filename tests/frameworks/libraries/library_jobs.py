@@ -4,9 +4,9 @@
     python -m tensorcomm run -n 2 library_jobs.py JOB BACKEND OUT
 
 Every rank trains from the same seeds and writes ``OUT/rank<r>.pt``: the losses it saw, its final
-parameters (whole tensors), and when each step ended: wall time (``time.perf_counter``) and the
-process's CPU time, all threads (``time.process_time``), which
-test_libraries.py compares between backends bit for bit and benchmarks/trainer_steps.py times.
+parameters (whole tensors), and when each step ended, in wall time (``time.perf_counter``) and in
+the process's CPU time over all its threads (``time.process_time``). test_libraries.py compares
+the losses and parameters between backends bit for bit; benchmarks/trainer_steps.py times the steps.
 The libraries are used as their own docs show, with the backend's name as the only change (and
 the group initialised first where a library keeps a fixed list of names). Nothing here imports
 tensorcomm: torch loads the backend itself.
