@@ -1,0 +1,184 @@
+"""``from tensorcomm import MPI``: a module shaped like ``mpi4py.MPI``, over tensorcomm.
+
+An mpi4py program runs with its import changed from ``from mpi4py import MPI`` and started by
+``tensorcomm run -n N`` (or mpiexec, srun, torchrun, or plain ``python`` for one process); no
+MPI library is needed. The first use of a communicator initialises tensorcomm, unless the
+program called ``tensorcomm.init()`` itself. docs/mpi.md lists what is offered, call by call,
+and what raises ``NotImplementedError``.
+
+The package: ``comm`` (communicators), ``pt2pt`` and ``p2p`` (point-to-point and its matching),
+``collectives`` (buffer collectives), ``objects`` (object collectives), ``buffers`` (message
+specifications), ``datatype``, ``op``, ``request``, ``status``, ``group``, ``exceptions``,
+``constants``, ``runtime`` (initialisation, clocks, versions).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .buffers import BOTTOM, IN_PLACE
+from .comm import COMM_NULL, COMM_SELF, COMM_WORLD, Comm, Intracomm
+from .constants import (
+    ANY_SOURCE,
+    ANY_TAG,
+    COMM_TYPE_HW_GUIDED,
+    COMM_TYPE_HW_UNGUIDED,
+    COMM_TYPE_RESOURCE_GUIDED,
+    COMM_TYPE_SHARED,
+    CONGRUENT,
+    ERRORS_ABORT,
+    ERRORS_ARE_FATAL,
+    ERRORS_RETURN,
+    IDENT,
+    KEYVAL_INVALID,
+    MAX_ERROR_STRING,
+    MAX_LIBRARY_VERSION_STRING,
+    MAX_PROCESSOR_NAME,
+    PROC_NULL,
+    ROOT,
+    SIMILAR,
+    SUBVERSION,
+    TAG_UB,
+    THREAD_FUNNELED,
+    THREAD_MULTIPLE,
+    THREAD_SERIALIZED,
+    THREAD_SINGLE,
+    UNDEFINED,
+    UNEQUAL,
+    VERSION,
+)
+from .datatype import DATATYPE_NULL, PREDEFINED, Datatype
+from .exceptions import (
+    ERR_ARG,
+    ERR_BUFFER,
+    ERR_COMM,
+    ERR_COUNT,
+    ERR_GROUP,
+    ERR_IN_STATUS,
+    ERR_INTERN,
+    ERR_LASTCODE,
+    ERR_NOT_SAME,
+    ERR_OP,
+    ERR_OTHER,
+    ERR_PENDING,
+    ERR_PROC_FAILED,
+    ERR_RANK,
+    ERR_REQUEST,
+    ERR_REVOKED,
+    ERR_ROOT,
+    ERR_TAG,
+    ERR_TOPOLOGY,
+    ERR_TRUNCATE,
+    ERR_TYPE,
+    ERR_UNKNOWN,
+    ERR_UNSUPPORTED_OPERATION,
+    SUCCESS,
+    Exception,
+    Get_error_class,
+    Get_error_string,
+)
+from .group import GROUP_EMPTY, GROUP_NULL, Group
+from .info import INFO_ENV, INFO_NULL, Info
+from .op import (
+    BAND,
+    BOR,
+    BXOR,
+    LAND,
+    LOR,
+    LXOR,
+    MAX,
+    MAXLOC,
+    MIN,
+    MINLOC,
+    NO_OP,
+    OP_NULL,
+    PROD,
+    REPLACE,
+    SUM,
+    Op,
+)
+from .pt2pt import Message
+from .request import Grequest, Prequest, Request
+from .runtime import (
+    Finalize,
+    Get_library_version,
+    Get_processor_name,
+    Get_version,
+    Init,
+    Init_thread,
+    Is_finalized,
+    Is_initialized,
+    Is_thread_main,
+    Query_thread,
+    Wtick,
+    Wtime,
+    get_vendor,
+)
+from .status import Status
+
+BSEND_OVERHEAD = 96  # MPICH's; buffered sends need no attached buffer here
+BUFFER_AUTOMATIC = BOTTOM
+REQUEST_NULL = Request()
+MESSAGE_NULL = Message()
+MESSAGE_NO_PROC = Message()
+ERRHANDLER_NULL = None
+ERRORS_RETURN_HANDLER = ERRORS_RETURN
+
+globals().update(PREDEFINED)
+globals()["2INT"] = PREDEFINED["TWOINT"]
+
+
+def Get_hw_resource_info() -> Any:
+    """Not offered: raises NotImplementedError."""
+    raise NotImplementedError("MPI.Get_hw_resource_info is not offered by tensorcomm.MPI")
+
+
+def Get_abi_version() -> tuple[int, int]:
+    """(0, 0): no MPI ABI is implemented."""
+    return 0, 0
+
+
+def Attach_buffer(buf: Any) -> None:
+    """Buffered sends need no buffer here: a no-op."""
+
+
+def Detach_buffer() -> Any:
+    """No buffer is attached: None."""
+    return None
+
+
+def Pcontrol(level: int) -> None:
+    """Profiling control: a no-op."""
+
+
+def _unsupported(name: str, what: str) -> type:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"MPI.{name}: {what} are not offered by tensorcomm.MPI; see docs/mpi.md")
+
+    return type(name, (), {"__init__": refuse, "__doc__": f"Not offered: {what}.",
+                           "__init_subclass__": classmethod(lambda cls: None)})
+
+
+Intercomm = _unsupported("Intercomm", "intercommunicators")
+Cartcomm = _unsupported("Cartcomm", "process topologies")
+Graphcomm = _unsupported("Graphcomm", "process topologies")
+Distgraphcomm = _unsupported("Distgraphcomm", "process topologies")
+Topocomm = _unsupported("Topocomm", "process topologies")
+Win = _unsupported("Win", "one-sided windows")
+File = _unsupported("File", "MPI-IO files")
+Session = _unsupported("Session", "MPI sessions")
+Errhandler = _unsupported("Errhandler", "error handler objects")
+
+
+def Open_port(*args: Any) -> str:
+    """Not offered: raises NotImplementedError."""
+    raise NotImplementedError("MPI.Open_port: dynamic processes are not offered by tensorcomm.MPI")
+
+
+def Alloc_mem(size: int, info: Any = None) -> memoryview:
+    """``size`` bytes of ordinary memory."""
+    return memoryview(bytearray(size))
+
+
+def Free_mem(mem: Any) -> None:
+    """Release memory from ``Alloc_mem`` (the garbage collector does)."""
