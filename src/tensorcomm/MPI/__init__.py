@@ -14,6 +14,7 @@ specifications), ``datatype``, ``op``, ``request``, ``status``, ``group``, ``exc
 
 from __future__ import annotations
 
+import pickle as _pickle
 from typing import Any
 
 from .buffers import BOTTOM, IN_PLACE
@@ -131,6 +132,29 @@ globals()["2INT"] = PREDEFINED["TWOINT"]
 def Get_hw_resource_info() -> Any:
     """Not offered: raises NotImplementedError."""
     raise NotImplementedError("MPI.Get_hw_resource_info is not offered by tensorcomm.MPI")
+
+
+class Pickle:
+    """How the object calls pickle: ``dumps``/``loads`` with the highest protocol. **``loads``
+    runs code the data chose**: use among trusted processes only."""
+
+    PROTOCOL = _pickle.HIGHEST_PROTOCOL
+
+    def __init__(self, dumps: Any = None, loads: Any = None, protocol: int | None = None) -> None:
+        self._dumps = dumps or _pickle.dumps
+        self._loads = loads or _pickle.loads
+        self.PROTOCOL = self.PROTOCOL if protocol is None else protocol
+
+    def dumps(self, obj: Any) -> bytes:
+        """``obj`` pickled."""
+        return self._dumps(obj, self.PROTOCOL)
+
+    def loads(self, data: Any) -> Any:
+        """The object ``data`` holds."""
+        return self._loads(data)
+
+
+pickle = Pickle()
 
 
 def Get_abi_version() -> tuple[int, int]:

@@ -170,24 +170,32 @@ class Collectives:
                         nonblocking: bool, fn: str) -> Pending:
         g = self._tc()
         n, me = g.size, g.rank
+        in_place = sendbuf is IN_PLACE or sendbuf is None
         recv = message(recvbuf, fn, True)
         per = recv.datatype.count
-        counts = [recv.count] * n if recvcounts is None else [int(c) for c in recvcounts]
+        if fn == "Reduce_scatter_block":
+            counts = [recv.count // n if in_place else recv.count] * n
+        elif recvcounts is None:  # as mpi4py: every member's receive count, gathered
+            mine = np.array([recv.count // n if in_place else recv.count], _I64)
+            gathered = np.empty(n, _I64)
+            core.all_gather(g, mine, gathered, [1] * n, False)
+            counts = [int(c) for c in gathered]
+        else:
+            counts = [int(c) for c in recvcounts]
         if len(counts) != n:
             raise exceptions.error(exceptions.ERR_COUNT, f"{fn}: expected {n} recvcounts, got {len(counts)}")
         elements = [c * per for c in counts]
         total = sum(elements)
-        if sendbuf is IN_PLACE or sendbuf is None:
-            whole = message([recvbuf[0] if isinstance(recvbuf, (list, tuple)) else recvbuf, recv.datatype],
-                            fn, True).array
-            send = np.array(whole[:total], copy=True)
-            out = whole[:elements[me]]
+        if in_place:
+            send = np.array(recv.array[:total], copy=True)
         else:
             send = message(sendbuf, fn, False).array[:total]
-            out = recv.array[:elements[me]]
+        out = recv.array[:elements[me]]
         if send.size < total or out.size < elements[me]:
             raise exceptions.error(exceptions.ERR_COUNT, f"{fn}: the buffers hold fewer elements than "
                                    f"the counts {counts} say")
+        if not in_place and np.may_share_memory(send, out):
+            send = send.copy()
         native = op.native(out.dtype)
         if native is not None:
             if total == 0:

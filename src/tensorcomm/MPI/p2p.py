@@ -27,6 +27,7 @@ import pickle
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -90,18 +91,21 @@ class Receive:
                 return False
         return self.payload is None or self.payload.done()
 
+    def _arrived(self) -> bool:
+        return self.matched() and (self.payload is None or self.payload.done())
+
     def finish(self) -> Any:
         engine = self.engine
-        if engine is not None and not self.matched():
-            engine.wait_for(self.matched, self.source)
-        if self.payload is not None:
-            assert engine is not None
-            engine.finish_transfer(self.payload)
-            self.payload = None
+        if engine is not None:
+            if not self._arrived():
+                engine.wait_for(self._arrived, self.source)
+            if self.payload is not None:
+                engine.finish_transfer(self.payload)
+                self.payload = None
         if self.error is not None:
             raise self.error
         if self.buffer is None and self.data is not None:
-            return unpickle(self.data)
+            return unpickle(self.data) if self.data.size else None
         return None
 
     def describe(self, status: Status) -> None:
@@ -134,12 +138,19 @@ class Send:
     def __init__(self, engine: Engine | None, requests: list[TransportRequest], keep: Any = None) -> None:
         self.engine, self.requests, self.keep = engine, requests, keep
 
-    def done(self) -> bool:
+    def _sent(self) -> bool:
         return all(request.done() for request in self.requests)
+
+    def done(self) -> bool:
+        if self.engine is not None:
+            self.engine.poll()  # a synchronous send to this rank is matched here
+        return self._sent()
 
     def finish(self) -> Any:
         engine = self.engine
         if engine is not None:
+            if not self._sent():
+                engine.wait_for(self._sent, ANY_SOURCE)
             for request in self.requests:
                 engine.finish_transfer(request)
         self.keep = None
@@ -294,8 +305,10 @@ class Engine:
                     return envelope
         return None
 
-    def wait_for(self, ready: Any, source: int) -> None:
-        """Receive envelopes until ``ready()``, within the job's timeout.
+    def wait_for(self, ready: Callable[[], bool], source: int) -> None:
+        """Receive (and match) envelopes until ``ready()``, within the job's timeout: a rank
+        that waits for anything point-to-point matches what arrives meanwhile, so a synchronous
+        send to it is answered.
 
         Raises:
             MPI.Exception and PeerLostError: ``source`` left the job.
@@ -315,7 +328,13 @@ class Engine:
                     who = "any rank" if peer is None else f"rank {peer}"
                     raise CommTimeoutError(f"no message from {who} within {self.timeout:g} s")
                 try:
-                    request.wait(min(left, _SLICE))
+                    driver = getattr(request, "_driver", None)
+                    if driver is not None:  # wake on the next envelope or on ``ready``, whichever first
+                        driver.run_until(lambda: request.done() or ready(), min(left, _SLICE))
+                        if not request.done():
+                            raise CommTimeoutError("slice")
+                    else:
+                        request.wait(min(left, _SLICE))
                 except CommTimeoutError:
                     lost = self.transport.lost_peers()
                     if peer is not None and peer in lost:
