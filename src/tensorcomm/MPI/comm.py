@@ -20,7 +20,7 @@ import numpy as np
 from ..core.group import Group as TcGroup
 from . import exceptions, runtime
 from .collectives import Collectives
-from .constants import COMM_TYPE_SHARED, CONGRUENT, IDENT, SIMILAR, TAG_UB, UNDEFINED, UNEQUAL
+from .constants import COMM_TYPE_HW_GUIDED, COMM_TYPE_RESOURCE_GUIDED, COMM_TYPE_SHARED, CONGRUENT, IDENT, SIMILAR, TAG_UB, UNDEFINED, UNEQUAL
 from .group import Group
 from .info import Info
 from .objects import ObjectCollectives
@@ -65,6 +65,8 @@ class Comm(PointToPoint, Collectives, ObjectCollectives):
     __slots__ = ("_h",)
 
     def __init__(self, comm: Comm | None = None) -> None:
+        if comm is not None and not isinstance(comm, Comm):
+            raise TypeError(f"Comm: expected a communicator to copy, got {type(comm).__name__}")
         self._h: _Handle = _NULL if comm is None else comm._h
 
     @classmethod
@@ -299,7 +301,10 @@ class Comm(PointToPoint, Collectives, ObjectCollectives):
         g = self._h.resolve()
         hosts = g._world.hosts_of(g.ranks)
         mine = hosts[g.rank]
-        color = hosts.index(mine) if split_type == COMM_TYPE_SHARED else None
+        shared = split_type == COMM_TYPE_SHARED or (
+            split_type in (COMM_TYPE_HW_GUIDED, COMM_TYPE_RESOURCE_GUIDED) and isinstance(info, Info)
+            and bool(info) and info.Get("mpi_hw_resource_type") == "mpi_shared_memory")
+        color = hosts.index(mine) if shared else None
         made = g.split(color, key)
         return self._new(made, f"shared split of {self._h.name}")
 

@@ -262,6 +262,8 @@ class Request:
         for i, request in enumerate(requests):
             if request and request.Get_status(status):
                 return i, True
+        if status is not None and all(not r for r in requests):
+            status._clear()
         return _UNDEFINED, all(not r for r in requests)
 
     get_status_any = Get_status_any
