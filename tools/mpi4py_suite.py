@@ -53,7 +53,8 @@ class _Record(unittest.TestResult):
         if name.endswith(")") and " (" in name:  # a subtest: count its test once, worst outcome
             name = name.split(" (")[0]
         previous = self.outcomes.get(name)
-        if previous is None or previous[0] == "pass" or outcome in ("fail", "error") and previous[0] == "skip":
+        worse = outcome in ("fail", "error") and previous is not None and previous[0] == "skip"
+        if previous is None or previous[0] == "pass" or worse:
             self.outcomes[name] = (outcome, detail)
 
     def addSuccess(self, test: unittest.TestCase) -> None:

@@ -50,7 +50,8 @@ def body_communicators() -> list[int]:
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_communicators(world_size):
-    assert run_ranks(body_communicators, world_size, timeout=60) == [[r, world_size] for r in range(world_size)]
+    results = run_ranks(body_communicators, world_size, timeout=60)
+    assert results == [[r, world_size] for r in range(world_size)]
 
 
 def body_point_to_point() -> None:
@@ -189,7 +190,8 @@ def body_collectives() -> None:
     assert comm.allgather(rank) == list(everyone)
     assert comm.alltoall([(rank, j) for j in everyone]) == [(r, rank) for r in everyone]
     assert comm.allreduce(rank, op=MPI.SUM) == sum(everyone)
-    assert comm.reduce([rank], op=lambda a, b: a + b, root=size - 1) == (list(everyone) if rank == size - 1 else None)
+    joined = comm.reduce([rank], op=lambda a, b: a + b, root=size - 1)
+    assert joined == (list(everyone) if rank == size - 1 else None)
     assert comm.exscan(rank + 1) == (None if rank == 0 else rank * (rank + 1) // 2)
 
 

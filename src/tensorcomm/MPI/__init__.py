@@ -74,7 +74,7 @@ from .exceptions import (
     ERR_UNKNOWN,
     ERR_UNSUPPORTED_OPERATION,
     SUCCESS,
-    Exception,
+    Exception,  # noqa: A004 - mpi4py's name
     Get_error_class,
     Get_error_string,
 )
@@ -125,7 +125,7 @@ MESSAGE_NO_PROC = Message()
 ERRHANDLER_NULL = None
 ERRORS_RETURN_HANDLER = ERRORS_RETURN
 
-globals().update(PREDEFINED)
+globals().update(PREDEFINED)  # MPI.INT, MPI.DOUBLE, ... (each in __all__ below)
 globals()["2INT"] = PREDEFINED["TWOINT"]
 
 
@@ -206,3 +206,38 @@ def Alloc_mem(size: int, info: Any = None) -> memoryview:
 
 def Free_mem(mem: Any) -> None:
     """Release memory from ``Alloc_mem`` (the garbage collector does)."""
+
+
+__all__ = [  # every name the package offers (the datatypes come from PREDEFINED)
+    "AINT", "ANY_SOURCE", "ANY_TAG", "Alloc_mem", "Attach_buffer", "BAND", "BOOL", "BOR", "BOTTOM",
+    "BSEND_OVERHEAD", "BUFFER_AUTOMATIC", "BXOR", "BYTE", "CHAR", "CHARACTER", "COMM_NULL",
+    "COMM_SELF", "COMM_TYPE_HW_GUIDED", "COMM_TYPE_HW_UNGUIDED", "COMM_TYPE_RESOURCE_GUIDED",
+    "COMM_TYPE_SHARED", "COMM_WORLD", "COMPLEX", "COMPLEX16", "COMPLEX8", "CONGRUENT", "COUNT",
+    "CXX_BOOL", "CXX_DOUBLE_COMPLEX", "CXX_FLOAT_COMPLEX", "CXX_LONG_DOUBLE_COMPLEX", "C_BOOL",
+    "C_COMPLEX", "C_DOUBLE_COMPLEX", "C_FLOAT_COMPLEX", "C_LONG_DOUBLE_COMPLEX", "Cartcomm", "Comm",
+    "DATATYPE_NULL", "DOUBLE", "DOUBLE_COMPLEX", "DOUBLE_INT", "DOUBLE_PRECISION", "Datatype",
+    "Detach_buffer", "Distgraphcomm", "ERRHANDLER_NULL", "ERRORS_ABORT", "ERRORS_ARE_FATAL",
+    "ERRORS_RETURN", "ERRORS_RETURN_HANDLER", "ERR_ARG", "ERR_BUFFER", "ERR_COMM", "ERR_COUNT",
+    "ERR_GROUP", "ERR_INTERN", "ERR_IN_STATUS", "ERR_LASTCODE", "ERR_NOT_SAME", "ERR_OP",
+    "ERR_OTHER", "ERR_PENDING", "ERR_PROC_FAILED", "ERR_RANK", "ERR_REQUEST", "ERR_REVOKED",
+    "ERR_ROOT", "ERR_TAG", "ERR_TOPOLOGY", "ERR_TRUNCATE", "ERR_TYPE", "ERR_UNKNOWN",
+    "ERR_UNSUPPORTED_OPERATION", "Errhandler", "Exception", "FLOAT", "FLOAT16_T", "FLOAT_INT",
+    "File", "Finalize", "Free_mem", "GROUP_EMPTY", "GROUP_NULL", "Get_abi_version",
+    "Get_error_class", "Get_error_string", "Get_hw_resource_info", "Get_library_version",
+    "Get_processor_name", "Get_version", "Graphcomm", "Grequest", "Group", "IDENT", "INFO_ENV",
+    "INFO_NULL", "INT", "INT16_T", "INT32_T", "INT64_T", "INT8_T", "INTEGER", "INTEGER1",
+    "INTEGER2", "INTEGER4", "INTEGER8", "INT_INT", "IN_PLACE", "Info", "Init", "Init_thread",
+    "Intercomm", "Intracomm", "Is_finalized", "Is_initialized", "Is_thread_main", "KEYVAL_INVALID",
+    "LAND", "LOGICAL", "LOGICAL1", "LOGICAL2", "LOGICAL4", "LOGICAL8", "LONG", "LONG_DOUBLE",
+    "LONG_DOUBLE_INT", "LONG_INT", "LONG_LONG", "LONG_LONG_INT", "LOR", "LXOR", "MAX", "MAXLOC",
+    "MAX_ERROR_STRING", "MAX_LIBRARY_VERSION_STRING", "MAX_PROCESSOR_NAME", "MESSAGE_NO_PROC",
+    "MESSAGE_NULL", "MIN", "MINLOC", "Message", "NO_OP", "OFFSET", "OP_NULL", "Op", "Open_port",
+    "PACKED", "PREDEFINED", "PROC_NULL", "PROD", "Pcontrol", "Pickle", "Prequest", "Query_thread",
+    "REAL", "REAL2", "REAL4", "REAL8", "REPLACE", "REQUEST_NULL", "ROOT", "Request", "SHORT",
+    "SHORT_FLOAT", "SHORT_INT", "SIGNED_CHAR", "SIMILAR", "SUBVERSION", "SUCCESS", "SUM", "Session",
+    "Status", "TAG_UB", "THREAD_FUNNELED", "THREAD_MULTIPLE", "THREAD_SERIALIZED", "THREAD_SINGLE",
+    "TWODOUBLE_PRECISION", "TWOINT", "TWOINTEGER", "TWOREAL", "Topocomm", "UINT16_T", "UINT32_T",
+    "UINT64_T", "UINT8_T", "UNDEFINED", "UNEQUAL", "UNSIGNED", "UNSIGNED_CHAR", "UNSIGNED_INT",
+    "UNSIGNED_LONG", "UNSIGNED_LONG_LONG", "UNSIGNED_SHORT", "VERSION", "WCHAR", "Win", "Wtick",
+    "Wtime", "get_vendor", "pickle",
+]

@@ -43,7 +43,7 @@ class Message(NamedTuple):
 
     array: np.ndarray
     datatype: Datatype
-    count: int
+    length: int
 
 
 class Vector(NamedTuple):
@@ -141,7 +141,7 @@ def _from_dlpack(obj: Any, fn: str) -> np.ndarray:
     if count == 0 or not tensor.data:
         return np.empty(0, dtype)
     raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(tensor.data + tensor.byte_offset)
-    raw._capsule = capsule  # type: ignore[attr-defined]
+    raw._capsule = capsule
     return np.frombuffer(raw, dtype)
 
 
@@ -194,12 +194,9 @@ def message(spec: Any, fn: str, writable: bool) -> Message:
         return Message(flat, datatype, flat.size // datatype.count)
     if spec is None or spec is BOTTOM:
         return Message(np.empty(0, _UINT8), of_dtype(_UINT8), 0)
-    obj, count, displ, datatype = _parts(spec)
-    if obj is None or obj is BOTTOM:
-        flat = np.empty(0, _UINT8)
-    else:
-        flat = as_array(obj, fn, writable)
-    flat, datatype = _typed(flat, datatype, fn)
+    obj, count, displ, given = _parts(spec)
+    flat = np.empty(0, _UINT8) if obj is None or obj is BOTTOM else as_array(obj, fn, writable)
+    flat, datatype = _typed(flat, given, fn)
     per = datatype.count
     start = 0 if displ is None else int(displ) * per
     if count is None:
@@ -215,9 +212,9 @@ def message(spec: Any, fn: str, writable: bool) -> Message:
 def vector(spec: Any, size: int, fn: str, writable: bool) -> Vector:
     """The vector message ``spec`` describes for ``size`` members (counts: equal blocks of the
     buffer when not given; displacements: blocks back to back when not given)."""
-    obj, counts, displs, datatype = _parts(spec)
+    obj, counts, displs, given = _parts(spec)
     flat = np.empty(0, _UINT8) if obj is None or obj is BOTTOM else as_array(obj, fn, writable)
-    flat, datatype = _typed(flat, datatype, fn)
+    flat, datatype = _typed(flat, given, fn)
     if counts is None:
         counts = [flat.size // datatype.count // size] * size if size else []
     elif isinstance(counts, (int, np.integer)):
@@ -232,7 +229,7 @@ def vector(spec: Any, size: int, fn: str, writable: bool) -> Vector:
         raise exceptions.error(exceptions.ERR_COUNT, f"{fn}: expected {size} counts and displacements, "
                                f"got {len(counts)} and {len(displs)}")
     per = datatype.count
-    for c, d in zip(counts, displs):
+    for c, d in zip(counts, displs, strict=True):
         if c < 0 or d < 0 or (d + c) * per > flat.size:
             raise exceptions.error(exceptions.ERR_COUNT, f"{fn}: a block of {c} at displacement {d} "
                                    f"does not fit a buffer of {flat.size} elements")

@@ -47,7 +47,7 @@ def _fold(op: Op, blocks: Sequence[np.ndarray], out: np.ndarray, datatype: Datat
 def _standard(counts: Sequence[int], displs: Sequence[int]) -> bool:
     """Whether the blocks lie back to back from displacement 0."""
     at = 0
-    for count, displ in zip(counts, displs):
+    for count, displ in zip(counts, displs, strict=True):
         if displ != at:
             return False
         at += count
@@ -78,18 +78,19 @@ class Collectives:
             return WorkPending(core.barrier(g, nonblocking))
         return WorkPending(core.broadcast(g, data, r, nonblocking))
 
-    def _reduce_inputs(self, sendbuf: Any, recvbuf: Any, fn: str, receives: bool) -> tuple[Message, Message | None]:
+    def _reduce_inputs(self, sendbuf: Any, recvbuf: Any, fn: str,
+                       receives: bool) -> tuple[Message, Message | None]:
         """(what this rank contributes, where the result goes on this rank)."""
         if sendbuf is IN_PLACE or (sendbuf is None and receives):
             if not receives:
                 raise exceptions.error(exceptions.ERR_BUFFER, f"{fn}: IN_PLACE is for the root only")
-            recv = message(recvbuf, fn, True)
-            return recv, recv
+            both = message(recvbuf, fn, True)
+            return both, both
         send = message(sendbuf, fn, False)
         recv = message(recvbuf, fn, True) if receives else None
         if recv is not None and recv.array.nbytes < send.array.nbytes:
-            raise exceptions.error(exceptions.ERR_TRUNCATE, f"{fn}: recvbuf holds {recv.count} x "
-                                   f"{recv.datatype.name}, sendbuf {send.count} x {send.datatype.name}")
+            raise exceptions.error(exceptions.ERR_TRUNCATE, f"{fn}: recvbuf holds {recv.length} x "
+                                   f"{recv.datatype.name}, sendbuf {send.length} x {send.datatype.name}")
         return send, recv
 
     def _gathered(self, send: np.ndarray, nonblocking: bool,
@@ -103,7 +104,8 @@ class Collectives:
         blocks = [out[i * raw.size:(i + 1) * raw.size].view(send.dtype) for i in range(n)]
         return WorkPending(work, lambda: then(blocks))
 
-    def _allreduce(self, sendbuf: Any, recvbuf: Any, op: Op, nonblocking: bool, fn: str = "Allreduce") -> Pending:
+    def _allreduce(self, sendbuf: Any, recvbuf: Any, op: Op, nonblocking: bool,
+                   fn: str = "Allreduce") -> Pending:
         g = self._tc()
         send, recv = self._reduce_inputs(sendbuf, recvbuf, fn, True)
         assert recv is not None
@@ -174,9 +176,9 @@ class Collectives:
         recv = message(recvbuf, fn, True)
         per = recv.datatype.count
         if fn == "Reduce_scatter_block":
-            counts = [recv.count // n if in_place else recv.count] * n
+            counts = [recv.length // n if in_place else recv.length] * n
         elif recvcounts is None:  # as mpi4py: every member's receive count, gathered
-            mine = np.array([recv.count // n if in_place else recv.count], _I64)
+            mine = np.array([recv.length // n if in_place else recv.length], _I64)
             gathered = np.empty(n, _I64)
             core.all_gather(g, mine, gathered, [1] * n, False)
             counts = [int(c) for c in gathered]
@@ -254,7 +256,7 @@ class Collectives:
 
         def place() -> None:
             at = 0
-            for count, displ in zip(counts, displs):
+            for count, displ in zip(counts, displs, strict=True):
                 flat[displ:displ + count] = scratch[at:at + count]
                 at += count
         return WorkPending(core.gather(g, raw, scratch, counts, r, nonblocking), place)
@@ -296,7 +298,7 @@ class Collectives:
         data = None
         if flat is not None and displs is not None:
             data = flat[:sum(counts)] if _standard(counts, displs) else \
-                np.concatenate([flat[d:d + c] for c, d in zip(counts, displs)])
+                np.concatenate([flat[d:d + c] for c, d in zip(counts, displs, strict=True)])
         return WorkPending(core.scatter(g, data, target if not in_place else out, counts, r, nonblocking))
 
     def _allgather(self, sendbuf: Any, recvbuf: Any, nonblocking: bool, uneven: bool) -> Pending:
@@ -323,7 +325,7 @@ class Collectives:
 
         def place() -> None:
             at = 0
-            for count, displ in zip(counts, displs):
+            for count, displ in zip(counts, displs, strict=True):
                 flat[displ:displ + count] = scratch[at:at + count]
                 at += count
         return WorkPending(core.all_gather(g, raw, scratch, counts, nonblocking), place)
@@ -346,14 +348,15 @@ class Collectives:
             sdispls = [d * swidth for d in send.displs]
             sflat = _bytes(send.array)
         data = sflat[:sum(scounts)] if _standard(scounts, sdispls) else \
-            np.concatenate([sflat[d:d + c] for c, d in zip(scounts, sdispls)] or [np.empty(0, _U8)])
+            np.concatenate([sflat[d:d + c] for c, d in zip(scounts, sdispls, strict=True)]
+                           or [np.empty(0, _U8)])
         if _standard(rcounts, rdispls):
             return WorkPending(core.all_to_all(g, data, scounts, rflat[:sum(rcounts)], rcounts, nonblocking))
         scratch = np.empty(sum(rcounts), _U8)
 
         def place() -> None:
             at = 0
-            for count, displ in zip(rcounts, rdispls):
+            for count, displ in zip(rcounts, rdispls, strict=True):
                 rflat[displ:displ + count] = scratch[at:at + count]
                 at += count
         return WorkPending(core.all_to_all(g, data, scounts, scratch, rcounts, nonblocking), place)
@@ -392,7 +395,8 @@ class Collectives:
         """Nonblocking ``Reduce``."""
         return _request(self._reduce(sendbuf, recvbuf, op, root, True))
 
-    def Reduce_init(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0, info: Any = None) -> Prequest:
+    def Reduce_init(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0,
+                    info: Any = None) -> Prequest:
         """Persistent ``Reduce``."""
         return Prequest._made(lambda: self._reduce(sendbuf, recvbuf, op, root, True))
 
@@ -440,7 +444,8 @@ class Collectives:
         """Nonblocking ``Reduce_scatter_block``."""
         return _request(self._reduce_scatter(sendbuf, recvbuf, None, op, True, "Reduce_scatter_block"))
 
-    def Reduce_scatter_block_init(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, info: Any = None) -> Prequest:
+    def Reduce_scatter_block_init(self, sendbuf: Any, recvbuf: Any, op: Op = SUM,
+                                  info: Any = None) -> Prequest:
         """Persistent ``Reduce_scatter_block``."""
         return Prequest._made(lambda: self._reduce_scatter(sendbuf, recvbuf, None, op, True,
                                                            "Reduce_scatter_block"))

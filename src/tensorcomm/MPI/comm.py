@@ -20,7 +20,17 @@ import numpy as np
 from ..core.group import Group as TcGroup
 from . import exceptions, runtime
 from .collectives import Collectives
-from .constants import COMM_TYPE_HW_GUIDED, COMM_TYPE_RESOURCE_GUIDED, COMM_TYPE_SHARED, CONGRUENT, IDENT, SIMILAR, TAG_UB, UNDEFINED, UNEQUAL
+from .constants import (
+    COMM_TYPE_HW_GUIDED,
+    COMM_TYPE_RESOURCE_GUIDED,
+    COMM_TYPE_SHARED,
+    CONGRUENT,
+    IDENT,
+    SIMILAR,
+    TAG_UB,
+    UNDEFINED,
+    UNEQUAL,
+)
 from .group import Group
 from .info import Info
 from .objects import ObjectCollectives
@@ -68,12 +78,6 @@ class Comm(PointToPoint, Collectives, ObjectCollectives):
         if comm is not None and not isinstance(comm, Comm):
             raise TypeError(f"Comm: expected a communicator to copy, got {type(comm).__name__}")
         self._h: _Handle = _NULL if comm is None else comm._h
-
-    @classmethod
-    def _on(cls, group: TcGroup | None, name: str) -> Comm:
-        comm = cls()
-        comm._h = _NULL if group is None else _Handle("made", group, name)
-        return comm
 
     # -- what the mixins use --------------------------------------------------------------------
 
@@ -260,7 +264,7 @@ class Comm(PointToPoint, Collectives, ObjectCollectives):
     # -- new communicators ----------------------------------------------------------------------
 
     def _new(self, group: TcGroup | None, name: str) -> Intracomm:
-        return Intracomm._on(group, name)
+        return _made(group, name)
 
     def Dup(self, info: Any = None) -> Intracomm:
         """A new communicator with the same processes (collective)."""
@@ -392,7 +396,15 @@ class Intracomm(Comm):
         ranks = group._members()
         if world.rank not in ranks:
             return Intracomm()
-        return Intracomm._on(world.new_group(list(ranks)), f"communicator of {list(ranks)}")
+        return _made(world.new_group(list(ranks)), f"communicator of {list(ranks)}")
+
+
+def _made(group: TcGroup | None, name: str) -> Intracomm:
+    """A communicator on ``group`` (``COMM_NULL``'s handle when None)."""
+    comm = Intracomm()
+    if group is not None:
+        comm._h = _Handle("made", group, name)
+    return comm
 
 
 def _handle_of(name: str) -> Intracomm:
@@ -404,7 +416,8 @@ def _translate_errors(cls: type) -> None:
     """Wrap every public method so tensorcomm's job errors are ``MPI.Exception``s too."""
     for klass in cls.__mro__:
         for name, value in list(vars(klass).items()):
-            if name[0] != "_" and inspect.isfunction(value) and not hasattr(cls.__dict__.get(name), "__wrapped__"):
+            wrapped = hasattr(cls.__dict__.get(name), "__wrapped__")
+            if name[0] != "_" and inspect.isfunction(value) and not wrapped:
                 setattr(cls, name, exceptions.translated(value))
 
 

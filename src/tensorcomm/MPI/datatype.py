@@ -27,8 +27,8 @@ class Datatype:
 
     def __init__(self, datatype: Datatype | None = None) -> None:
         self.dtype: np.dtype | None = None if datatype is None else datatype.dtype
-        self.count = 1 if datatype is None else datatype.count
-        self.name = "MPI_DATATYPE_NULL" if datatype is None else datatype.name
+        self.count: int = 1 if datatype is None else datatype.count
+        self.name: str = "MPI_DATATYPE_NULL" if datatype is None else datatype.name
         self.committed = True
         self.base: Datatype | None = None if datatype is None else datatype.base
 
@@ -214,7 +214,8 @@ _TABLE: dict[str, Any] = {
     "TWOREAL": [("v", "f4"), ("i", "f4")], "TWODOUBLE_PRECISION": [("v", "f8"), ("i", "f8")],
     "TWOINTEGER": [("v", "i4"), ("i", "i4")],
 }
-PREDEFINED: dict[str, Datatype] = {name: Datatype._make(f"MPI_{name}", dtype) for name, dtype in _TABLE.items()}
+PREDEFINED: dict[str, Datatype] = {name: Datatype._make(f"MPI_{name}", dtype)
+                                   for name, dtype in _TABLE.items()}
 PREDEFINED["TWOINT"].name = PREDEFINED["INT_INT"].name = "MPI_2INT"
 
 # numpy type character -> the datatype a buffer of it gets when the message names none

@@ -20,6 +20,8 @@ from . import buffers, exceptions
 from .datatype import Datatype
 
 _SUPPORTED = frozenset(SUPPORTED_DTYPES)
+# on bool arrays the logical ops are tensorcomm's own reductions
+_LOGICAL_ON_BOOL = {"MPI_LAND": ReduceOp.MIN, "MPI_LOR": ReduceOp.MAX, "MPI_LXOR": ReduceOp.BXOR}
 
 
 def _loc(better: Callable[[Any, Any], bool]) -> Callable[[Any, Any], Any]:
@@ -68,11 +70,11 @@ class Op:
     __slots__ = ("_name", "_arrays", "_objects", "_user", "_commute", "_native", "_origin")
 
     def __init__(self, op: Op | None = None) -> None:
-        self._name = "MPI_OP_NULL" if op is None else op._name
+        self._name: str = "MPI_OP_NULL" if op is None else op._name
         self._arrays: Callable[[np.ndarray, np.ndarray], None] | None = None if op is None else op._arrays
         self._objects: Callable[[Any, Any], Any] | None = None if op is None else op._objects
         self._user: Callable[..., Any] | None = None if op is None else op._user
-        self._commute = True if op is None else op._commute
+        self._commute: bool = True if op is None else op._commute
         self._native: ReduceOp | None = None if op is None else op._native
         self._origin: object = None if op is None else op._origin  # which Op.Create made it
 
@@ -90,7 +92,8 @@ class Op:
         if not callable(function):
             raise TypeError(f"Op.Create: function must be callable, got {type(function).__name__}")
         op = cls()
-        op._name, op._user, op._commute = f"user:{getattr(function, '__name__', 'op')}", function, bool(commute)
+        op._name = f"user:{getattr(function, '__name__', 'op')}"
+        op._user, op._commute = function, bool(commute)
         op._origin = object()
         return op
 
@@ -138,7 +141,7 @@ class Op:
         native = self._native
         if native is None or dtype not in _SUPPORTED:
             if self._name in ("MPI_LAND", "MPI_LOR", "MPI_LXOR") and dtype == np.bool_:
-                return {"MPI_LAND": ReduceOp.MIN, "MPI_LOR": ReduceOp.MAX, "MPI_LXOR": ReduceOp.BXOR}[self._name]
+                return _LOGICAL_ON_BOOL[self._name]
             return None
         kind = dtype.kind
         if kind == "c" and native is not ReduceOp.SUM:
@@ -189,7 +192,7 @@ class Op:
         left = buffers.message(inbuf, "Reduce_local", False)
         right = buffers.message(inoutbuf, "Reduce_local", True)
         if left.array.nbytes != right.array.nbytes:
-            raise ValueError(f"Reduce_local: inbuf holds {left.count} elements and inoutbuf {right.count}")
+            raise ValueError(f"Reduce_local: inbuf holds {left.length} elements and inoutbuf {right.length}")
         self.reduce_arrays(left.array.view(right.array.dtype), right.array, right.datatype)
 
 

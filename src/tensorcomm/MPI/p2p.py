@@ -34,7 +34,9 @@ import numpy as np
 
 from ..core.group import Group as TcGroup
 from ..errors import CommError, CommTimeoutError, PeerLostError
-from ..transports.base import ANY_SOURCE as TRANSPORT_ANY, Request as TransportRequest, as_bytes, p2p_tag
+from ..transports.base import ANY_SOURCE as TRANSPORT_ANY
+from ..transports.base import Request as TransportRequest
+from ..transports.base import as_bytes, p2p_tag
 from . import exceptions
 from .constants import ANY_SOURCE, ANY_TAG, PROC_NULL, TAG_UB
 from .status import Status
@@ -163,6 +165,10 @@ class Send:
         return False
 
 
+def _either(first: Callable[[], bool], second: Callable[[], bool]) -> Callable[[], bool]:
+    return lambda: first() or second()
+
+
 def unpickle(data: np.ndarray) -> Any:
     """The object a message carried. **Runs code the sender chose**, as every unpickling does:
     use object messages among trusted processes only (docs/security.md)."""
@@ -211,7 +217,7 @@ class Engine:
         envelope = np.empty(ENVELOPE, np.uint8)
         envelope[:_FIELDS].view(np.int64)[:] = (tag, nbytes, sequence, int(sync))
         transport = self.transport
-        requests = []
+        requests: list[TransportRequest] = []
         if sync:
             ack = np.empty(_ACK.size, np.uint8)
             requests.append(transport.irecv(peer, as_bytes(ack), self._tag(_ACK_CHANNEL, sequence)))
@@ -330,7 +336,7 @@ class Engine:
                 try:
                     driver = getattr(request, "_driver", None)
                     if driver is not None:  # wake on the next envelope or on ``ready``, whichever first
-                        driver.run_until(lambda: request.done() or ready(), min(left, _SLICE))
+                        driver.run_until(_either(request.done, ready), min(left, _SLICE))
                         if not request.done():
                             raise CommTimeoutError("slice")
                     else:

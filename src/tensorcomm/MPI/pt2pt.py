@@ -142,7 +142,8 @@ class PointToPoint:
     Ibsend = Isend
     Irsend = Isend
 
-    def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> None:
+    def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+             status: Status | None = None) -> None:
         """Receive into ``buf`` a message from ``source`` with ``tag`` (wildcards allowed)."""
         _request(self._recv_buffer(buf, source, tag, "Recv")).Wait(status)
 

@@ -116,7 +116,7 @@ def Get_library_version() -> str:
 def get_vendor() -> tuple[str, tuple[int, int, int]]:
     """``("tensorcomm", version)``."""
     parts = [int(p) for p in config.VERSION.split(".")[:3] if p.isdigit()]
-    return "tensorcomm", tuple((parts + [0, 0, 0])[:3])  # type: ignore[return-value]
+    return "tensorcomm", tuple([*parts, 0, 0, 0][:3])  # type: ignore[return-value]
 
 
 def Abort_process(errorcode: int) -> None:

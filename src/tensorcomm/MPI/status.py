@@ -126,7 +126,7 @@ class Status:
 
     def tomemory(self) -> memoryview:
         """The source, tag and error fields as a writable memory view."""
-        return memoryview(self._fields)
+        return self._fields.data
 
     def py2f(self) -> list[int]:
         """The fields as a list."""
