@@ -27,7 +27,7 @@ SIZES = [8, 64 << 10, 1 << 20, 16 << 20]
 SMALL = {"step": 12, "loss": 0.25, "name": "worker", "ok": True}
 
 
-def _pingpong(MPI, obj, repeat: int) -> float:  # noqa: N803 - the module, as programs name it
+def _pingpong(MPI, obj, repeat: int) -> float:
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     comm.Barrier()
