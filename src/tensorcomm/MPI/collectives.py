@@ -22,6 +22,7 @@ import numpy as np
 
 from ..core import collectives as core
 from ..core.group import Group as TcGroup
+from ..errors import CommError
 from . import exceptions
 from .buffers import IN_PLACE, Message, Vector, message, vector
 from .datatype import Datatype
@@ -29,6 +30,7 @@ from .op import SUM, Op
 from .request import Pending, Prequest, Request, WorkPending
 
 _U8 = np.dtype(np.uint8)
+_ndarray = np.ndarray
 _I64 = np.dtype(np.int64)
 
 
@@ -62,6 +64,10 @@ class Collectives:
         raise NotImplementedError
 
     def _root(self, root: Any, fn: str) -> int:
+        raise NotImplementedError
+
+    def _live(self) -> TcGroup | None:
+        """The tensorcomm group when it is made already (None: resolve it the long way)."""
         raise NotImplementedError
 
     # -- the collectives, once each -------------------------------------------------------------
@@ -402,7 +408,25 @@ class Collectives:
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
         """Reduce every member's ``sendbuf`` into every member's ``recvbuf``."""
-        self._allreduce(sendbuf, recvbuf, op, False).finish()
+        try:
+            g = self._live()
+            if g is not None and type(recvbuf) is _ndarray and recvbuf.flags.carray and recvbuf.size:
+                # the common call, as ``_allreduce`` would run it, without its message objects
+                native = op.native(recvbuf.dtype)
+                if native is not None:
+                    if sendbuf is IN_PLACE:
+                        core.all_reduce(g, recvbuf, native, False, "Allreduce")
+                        return
+                    if type(sendbuf) is _ndarray and sendbuf.shape == recvbuf.shape \
+                            and sendbuf.dtype == recvbuf.dtype:
+                        np.copyto(recvbuf, sendbuf)
+                        core.all_reduce(g, recvbuf, native, False, "Allreduce")
+                        return
+            self._allreduce(sendbuf, recvbuf, op, False).finish()
+        except CommError as exc:
+            raise exceptions.as_mpi(exc) from None
+
+    Allreduce._translates = True  # type: ignore[attr-defined]
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:
         """Nonblocking ``Allreduce``."""

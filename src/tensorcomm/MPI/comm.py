@@ -84,6 +84,9 @@ class Comm(PointToPoint, Collectives, ObjectCollectives):
     def _tc(self) -> TcGroup:
         return self._h.resolve()
 
+    def _live(self) -> TcGroup | None:
+        return self._h.group
+
     def _size(self) -> int:
         return self._h.resolve().size
 
@@ -416,7 +419,7 @@ def _translate_errors(cls: type) -> None:
     """Wrap every public method so tensorcomm's job errors are ``MPI.Exception``s too."""
     for klass in cls.__mro__:
         for name, value in list(vars(klass).items()):
-            wrapped = hasattr(cls.__dict__.get(name), "__wrapped__")
+            wrapped = hasattr(cls.__dict__.get(name), "__wrapped__") or hasattr(value, "_translates")
             if name[0] != "_" and inspect.isfunction(value) and not wrapped:
                 setattr(cls, name, exceptions.translated(value))
 

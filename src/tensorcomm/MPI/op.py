@@ -67,7 +67,7 @@ def _no_op(left: np.ndarray, right: np.ndarray) -> None:
 class Op:
     """An MPI reduction operation (``Op()`` is ``OP_NULL``; ``Op(op)`` is the same op)."""
 
-    __slots__ = ("_name", "_arrays", "_objects", "_user", "_commute", "_native", "_origin")
+    __slots__ = ("_name", "_arrays", "_objects", "_user", "_commute", "_native", "_origin", "_by_dtype")
 
     def __init__(self, op: Op | None = None) -> None:
         self._name: str = "MPI_OP_NULL" if op is None else op._name
@@ -77,6 +77,7 @@ class Op:
         self._commute: bool = True if op is None else op._commute
         self._native: ReduceOp | None = None if op is None else op._native
         self._origin: object = None if op is None else op._origin  # which Op.Create made it
+        self._by_dtype: dict[np.dtype, ReduceOp | None] = {}  # ``native``'s answers
 
     @classmethod
     def _predefined(cls, name: str, arrays: Callable[[np.ndarray, np.ndarray], None],
@@ -138,6 +139,13 @@ class Op:
 
     def native(self, dtype: np.dtype) -> ReduceOp | None:
         """The tensorcomm reduction that computes this op on ``dtype`` arrays, if one does."""
+        try:
+            return self._by_dtype[dtype]
+        except KeyError:
+            found = self._by_dtype[dtype] = self._find_native(dtype)
+            return found
+
+    def _find_native(self, dtype: np.dtype) -> ReduceOp | None:
         native = self._native
         if native is None or dtype not in _SUPPORTED:
             if self._name in ("MPI_LAND", "MPI_LOR", "MPI_LXOR") and dtype == np.bool_:
