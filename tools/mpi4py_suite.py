@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -44,9 +45,14 @@ def _alias() -> None:
 class _Record(unittest.TestResult):
     """Each test's outcome on this rank: pass, fail, error or skip (with the first error line)."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: Path) -> None:
         super().__init__()
         self.outcomes: dict[str, tuple[str, str]] = {}
+        self.path = path
+
+    def stopTest(self, test: unittest.TestCase) -> None:
+        super().stopTest(test)
+        self.path.write_text(json.dumps(self.outcomes))  # after every test: a hang loses no result
 
     def _set(self, test: unittest.TestCase, outcome: str, detail: str = "") -> None:
         name = test.id()
@@ -90,20 +96,41 @@ def worker(source: Path, out: Path, files: list[str], real: bool) -> None:
     from mpi4py import MPI
 
     rank = MPI.COMM_WORLD.Get_rank()
-    record = _Record()
+    record = _Record(out / f"rank{rank}.json")
+    names: list[str] = []
+    suites = []
     for name in files:
         try:
             suite = unittest.defaultTestLoader.loadTestsFromName(name)
         except Exception as exc:  # noqa: BLE001 - an import failure is a result to record
             record.outcomes[f"{name} (import)"] = ("error", f"{type(exc).__name__}: {exc}")
             continue
+        names += [test.id() for test in _tests(suite)]
+        suites.append(suite)
+    (out / "names.json").write_text(json.dumps(names))
+    for suite in suites:
         suite.run(record)
-        (out / f"rank{rank}.json").write_text(json.dumps(record.outcomes))
-    (out / f"rank{rank}.json").write_text(json.dumps(record.outcomes))
+    record.path.write_text(json.dumps(record.outcomes))
+
+
+def _tests(suite: unittest.TestSuite) -> list[unittest.TestCase]:
+    found: list[unittest.TestCase] = []
+    for item in suite:
+        found += _tests(item) if isinstance(item, unittest.TestSuite) else [item]  # type: ignore[list-item]
+    return found
 
 
 def run(source: Path, ranks: int, files: list[str], real: bool, timeout: float) -> dict[str, tuple[str, str]]:
-    """Every test's outcome over ``ranks`` ranks (worst over the ranks)."""
+    """Every test's outcome over ``ranks`` ranks (worst over the ranks), one job per file, so
+    that a job that hangs (MPI has no timeout) costs the rest of its file only."""
+    merged: dict[str, tuple[str, str]] = {}
+    for name in files:
+        merged.update(_run_file(source, ranks, name, real, timeout))
+    return merged
+
+
+def _run_file(source: Path, ranks: int, name: str, real: bool, timeout: float) -> dict[str, tuple[str, str]]:
+    files = [name]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         me = [__file__, str(source), "--worker", str(out), "--files", *files]
@@ -112,23 +139,27 @@ def run(source: Path, ranks: int, files: list[str], real: bool, timeout: float) 
         else:
             command = [sys.executable, "-m", "tensorcomm", "run", "-n", str(ranks), *me]
         env = dict(os.environ, TENSORCOMM_TIMEOUT=os.environ.get("TENSORCOMM_TIMEOUT", "30"))
+        job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)
         try:
-            done = subprocess.run(command, env=env, timeout=timeout, capture_output=True, text=True)
-            if done.returncode:
-                sys.stderr.write(f"ranks={ranks}: exit code {done.returncode}\n{done.stderr[-3000:]}\n")
+            _, stderr = job.communicate(timeout=timeout)
+            if job.returncode:
+                sys.stderr.write(f"ranks={ranks} {name}: exit code {job.returncode}\n{stderr[-2000:]}\n")
         except subprocess.TimeoutExpired:
-            sys.stderr.write(f"ranks={ranks}: timed out after {timeout:g} s\n")
+            os.killpg(job.pid, signal.SIGKILL)  # the launcher and its ranks: a hung MPI job spins on
+            job.communicate()
+            sys.stderr.write(f"ranks={ranks}: {name} timed out after {timeout:g} s\n")
+        listed = out / "names.json"
+        names = json.loads(listed.read_text()) if listed.exists() else []
         merged: dict[str, tuple[str, str]] = {}
         order = {"error": 3, "fail": 2, "skip": 1, "pass": 0}
         for r in range(ranks):
             path = out / f"rank{r}.json"
             outcomes = json.loads(path.read_text()) if path.exists() else {}
-            for name, (outcome, detail) in outcomes.items():
-                if name not in merged or order[outcome] > order[merged[name][0]]:
-                    merged[name] = (outcome, f"rank {r}: {detail}" if detail else "")
-            if len(outcomes) < len(merged):
-                for name in set(merged) - set(outcomes):
-                    merged[name] = ("error", f"rank {r}: did not run (the rank ended before it)")
+            for test in set(names) | set(outcomes):
+                outcome, detail = outcomes.get(test, ("error", "did not run (the job hung or ended)"))
+                if test not in merged or order[outcome] > order[merged[test][0]]:
+                    merged[test] = (outcome, f"rank {r}: {detail}" if detail else "")
         return merged
 
 
@@ -138,7 +169,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--real", action="store_true", help="real mpi4py under mpiexec")
     parser.add_argument("--files", nargs="+", default=FILES)
-    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per test file")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
