@@ -80,6 +80,7 @@ from .exceptions import (
 )
 from .group import GROUP_EMPTY, GROUP_NULL, Group
 from .info import INFO_ENV, INFO_NULL, Info
+from .memory import BSEND_OVERHEAD, BUFFER_AUTOMATIC, PROCESS, Alloc_mem, Free_mem, buffer
 from .op import (
     BAND,
     BOR,
@@ -117,8 +118,6 @@ from .runtime import (
 )
 from .status import Status
 
-BSEND_OVERHEAD = 96  # MPICH's; buffered sends need no attached buffer here
-BUFFER_AUTOMATIC = BOTTOM
 REQUEST_NULL = Request()
 MESSAGE_NULL = Message()
 MESSAGE_NO_PROC = Message()
@@ -162,15 +161,6 @@ def Get_abi_version() -> tuple[int, int]:
     return 0, 0
 
 
-def Attach_buffer(buf: Any) -> None:
-    """Buffered sends need no buffer here: a no-op."""
-
-
-def Detach_buffer() -> Any:
-    """No buffer is attached: None."""
-    return None
-
-
 def Pcontrol(level: int) -> None:
     """Profiling control: a no-op."""
 
@@ -199,13 +189,18 @@ def Open_port(*args: Any) -> str:
     raise NotImplementedError("MPI.Open_port: dynamic processes are not offered by tensorcomm.MPI")
 
 
-def Alloc_mem(size: int, info: Any = None) -> memoryview:
-    """``size`` bytes of ordinary memory."""
-    return memoryview(bytearray(size))
+def Attach_buffer(buf: Any) -> None:
+    """Keep ``buf`` as the process's buffered-send buffer (not needed here)."""
+    PROCESS.attach(buf)
 
 
-def Free_mem(mem: Any) -> None:
-    """Release memory from ``Alloc_mem`` (the garbage collector does)."""
+def Detach_buffer() -> Any:
+    """The buffer attached, handed back."""
+    return PROCESS.detach()
+
+
+def Flush_buffer() -> None:
+    """Buffered sends are complete once started here: a no-op."""
 
 
 __all__ = [  # every name the package offers (the datatypes come from PREDEFINED)
@@ -222,7 +217,7 @@ __all__ = [  # every name the package offers (the datatypes come from PREDEFINED
     "ERR_OTHER", "ERR_PENDING", "ERR_PROC_FAILED", "ERR_RANK", "ERR_REQUEST", "ERR_REVOKED",
     "ERR_ROOT", "ERR_TAG", "ERR_TOPOLOGY", "ERR_TRUNCATE", "ERR_TYPE", "ERR_UNKNOWN",
     "ERR_UNSUPPORTED_OPERATION", "Errhandler", "Exception", "FLOAT", "FLOAT16_T", "FLOAT_INT",
-    "File", "Finalize", "Free_mem", "GROUP_EMPTY", "GROUP_NULL", "Get_abi_version",
+    "File", "Finalize", "Flush_buffer", "Free_mem", "GROUP_EMPTY", "GROUP_NULL", "Get_abi_version",
     "Get_error_class", "Get_error_string", "Get_hw_resource_info", "Get_library_version",
     "Get_processor_name", "Get_version", "Graphcomm", "Grequest", "Group", "IDENT", "INFO_ENV",
     "INFO_NULL", "INT", "INT16_T", "INT32_T", "INT64_T", "INT8_T", "INTEGER", "INTEGER1",
@@ -239,5 +234,5 @@ __all__ = [  # every name the package offers (the datatypes come from PREDEFINED
     "TWODOUBLE_PRECISION", "TWOINT", "TWOINTEGER", "TWOREAL", "Topocomm", "UINT16_T", "UINT32_T",
     "UINT64_T", "UINT8_T", "UNDEFINED", "UNEQUAL", "UNSIGNED", "UNSIGNED_CHAR", "UNSIGNED_INT",
     "UNSIGNED_LONG", "UNSIGNED_LONG_LONG", "UNSIGNED_SHORT", "VERSION", "WCHAR", "Win", "Wtick",
-    "Wtime", "get_vendor", "pickle",
+    "Wtime", "buffer", "get_vendor", "pickle",
 ]

@@ -215,7 +215,7 @@ class Collectives:
         return self._gathered(own, nonblocking, lambda blocks: _fold(
             op, [b[start:start + elements[me]] for b in blocks], out, recv.datatype))
 
-    def _agreed_counts(self, counts: Sequence[int] | None, root: int, nonblocking: bool) -> list[int]:
+    def _agreed_counts(self, counts: Sequence[int] | None, root: int) -> list[int]:
         """The root's per-member byte counts, on every member (a broadcast from the root)."""
         g = self._tc()
         known = np.zeros(g.size, _I64) if counts is None else np.array(counts, _I64)
@@ -246,7 +246,7 @@ class Collectives:
         else:
             counts = None
         if uneven:
-            counts = self._agreed_counts(counts, r, nonblocking)
+            counts = self._agreed_counts(counts, r)
         elif counts is None:
             counts = [raw.size] * n
         if sum(counts) == 0:
@@ -292,7 +292,7 @@ class Collectives:
             if in_place:
                 out = flat[displs[me]:displs[me] + counts[me]].copy()
         if uneven:
-            counts = self._agreed_counts(counts, r, nonblocking)
+            counts = self._agreed_counts(counts, r)
         elif counts is None:
             counts = [out.size] * n
         target = out[:counts[me]]

@@ -33,6 +33,7 @@ from .constants import (
 )
 from .group import Group
 from .info import Info
+from .memory import Attached
 from .objects import ObjectCollectives
 from .p2p import Engine
 from .pt2pt import PointToPoint
@@ -43,7 +44,7 @@ class _Handle:
     """One communicator: its tensorcomm group (made on first use for the predefined ones), its
     matching engine (made on first point-to-point use), its name."""
 
-    __slots__ = ("kind", "group", "engine", "name", "errhandler", "attrs", "info")
+    __slots__ = ("kind", "group", "engine", "name", "errhandler", "attrs", "info", "attached")
 
     def __init__(self, kind: str, group: TcGroup | None, name: str) -> None:
         self.kind, self.group, self.name = kind, group, name
@@ -51,6 +52,7 @@ class _Handle:
         self.errhandler: Any = None
         self.attrs: dict[int, Any] = {}
         self.info = Info.Create()
+        self.attached = Attached()
 
     def resolve(self) -> TcGroup:
         group = self.group
@@ -258,11 +260,21 @@ class Comm(PointToPoint, Collectives, ObjectCollectives):
         return COMM_NULL
 
     def Attach_buffer(self, buf: Any) -> None:
-        """Buffered sends need no buffer here: a no-op."""
+        """Keep ``buf`` as this communicator's buffered-send buffer (not needed here)."""
+        self._h.attached.attach(buf)
 
     def Detach_buffer(self) -> Any:
-        """No buffer is attached: None."""
-        return None
+        """The buffer attached, handed back."""
+        return self._h.attached.detach()
+
+    def Flush_buffer(self) -> None:
+        """Buffered sends are complete once started here: a no-op."""
+
+    def Iflush_buffer(self) -> Request:
+        """``Flush_buffer``, as a request that is complete already."""
+        request = Request()
+        request._pending = WorkPending(None)
+        return request
 
     # -- new communicators ----------------------------------------------------------------------
 
