@@ -78,7 +78,7 @@ class Attached:
         self.held: Any = None
 
     def attach(self, buf: Any) -> None:
-        self.held = buf if buf is BUFFER_AUTOMATIC or isinstance(buf, buffer) else buffer(buf)
+        self.held = buf
 
     def detach(self) -> Any:
         held, self.held = self.held, None
