@@ -12,6 +12,7 @@ computed values. No mpi4py code is copied here: the demos are read from the chec
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 import runpy
 import subprocess
@@ -86,9 +87,9 @@ def main() -> None:
         matched += same
         print(f"{name}: {'same output' if same else 'DIFFERENT'}"
               f"{' (timings masked)' if timings else ''}, {len(ours.splitlines())} lines")
-        if not same:
-            print("  tensorcomm.MPI:\n    " + "\n    ".join(ours.splitlines()[:12]))
-            print("  mpi4py:\n    " + "\n    ".join(theirs.splitlines()[:12]))
+        if not same:  # the lines that differ, tensorcomm.MPI's marked -, mpi4py's +
+            diff = difflib.unified_diff(ours.splitlines(), theirs.splitlines(), lineterm="", n=0)
+            print("    " + "\n    ".join(list(diff)[2:24]))
     print(f"{matched} of {len(chosen)} demos print what mpi4py prints")
 
 
