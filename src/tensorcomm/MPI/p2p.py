@@ -336,17 +336,23 @@ class Engine:
                 try:
                     driver = getattr(request, "_driver", None)
                     if driver is not None:  # wake on the next envelope or on ``ready``, whichever first
-                        driver.run_until(_either(request.done, ready), min(left, _SLICE))
-                        if not request.done():
-                            raise CommTimeoutError("slice")
+                        woke = driver.run_until(_either(request.done, ready), min(left, _SLICE))
                     else:
                         request.wait(min(left, _SLICE))
+                        woke = True
                 except CommTimeoutError:
-                    lost = self.transport.lost_peers()
-                    if peer is not None and peer in lost:
-                        raise PeerLostError(peer, "it left before sending the message received") from None
-                    if peer is None and lost >= set(self.ranks) - {self.ranks[self._me()]}:
-                        raise PeerLostError(min(lost), "every other member left") from None
+                    woke = False
+                if woke:
+                    continue
+                with self.lock:  # what came before a peer left still counts
+                    self._poll()
+                    if ready():
+                        return
+                lost = self.transport.lost_peers()
+                if peer is not None and peer in lost:
+                    raise PeerLostError(peer, "it left before sending the message received")
+                if peer is None and lost >= set(self.ranks) - {self.ranks[self._me()]}:
+                    raise PeerLostError(min(lost), "every other member left")
         except CommError as exc:
             raise exceptions.as_mpi(exc) from None
 
