@@ -258,10 +258,8 @@ def test_isend_packs_the_header_as_pack_header_does() -> None:
 
 
 # Where the copies are (a comment naming the original, then "inline"), and how many each module
-# holds: a new copy, or one moved, must come with its test here (core/one_round.py's, which need
-# ranks that share memory: tests/multiprocess/test_one_round.py).
+# holds: a new copy, or one moved, must come with its test here.
 PINNED = {"algorithms/allreduce.py": 1, "algorithms/shm_allreduce.py": 1, "core/collectives.py": 5,
-          "core/one_round.py": 6,
           "frontends/functional.py": 1, "transports/tcp/driving.py": 1, "transports/tcp/link.py": 2,
           "transports/tcp/transport.py": 2}
 _COPY = re.compile(r"#.*(``[^`]+``|does)[^#]*\binline\b")

@@ -226,17 +226,27 @@ class Slots:
     # -- the per-call protocol -----------------------------------------------------------------
 
     def start(self, ctx: CallInfo, extent: int | None = None) -> None:
-        """Begin a call, as every algorithm does first: announce it with this rank's first post,
-        wait for every peer's first post of it, and check that they announced the same call.
-
-        The announcement is the call's step, a token (its signature's hash mixed with the step)
-        and, when given, ``extent``: the bytes this rank contributes, for algorithms whose peers
-        read it (``extents``); None leaves it unwritten.
+        """Begin a call, as every algorithm does first: announce it with this rank's first post
+        (``announce``), wait for every peer's first post of it and check that they announced the
+        same call (``meet``).
 
         Raises:
             CollectiveMismatchError: a peer announced a different call; names both.
             CommError: a call failed earlier here or on a peer (the counters no longer match):
                 an error of the same kind as that failure; or as ``wait``.
+        """
+        self.announce(ctx, extent)
+        self.meet(ctx)
+
+    def announce(self, ctx: CallInfo, extent: int | None = None) -> None:
+        """Announce a call with this rank's first post of it, without waiting for the peers'.
+
+        The announcement is the call's step, a token (its signature's hash mixed with the step)
+        and, when given, ``extent``: the bytes this rank contributes, for algorithms whose peers
+        read it (``extents``); None leaves it unwritten. ``meet`` completes the start.
+
+        Raises:
+            CommError: a call failed earlier here or on a peer: an error of the same kind.
         """
         words = self.words
         if self.failure is not None or words[H_FAULT]:
@@ -245,20 +255,36 @@ class Slots:
         step_parity = seq & 1
         written = self._written[step_parity]  # (signature, its hash) last announced with this step parity
         digest = written[1] if signature is written[0] else self._announce_signature(step_parity, signature)
-        token = digest ^ seq
         entry = self._my_entry[step_parity]
         words[entry] = seq
-        words[entry + 1] = token
+        words[entry + 1] = digest ^ seq
         if extent is not None:
             words[entry + 2] = extent
         self.posts = target = self.posts + 1
         words[self._my_counter] = target
         if words[self._my_sleepers]:
             self._wake_sleepers()
+
+    def arrived(self) -> bool:
+        """Whether every peer has made as many posts as this rank (``meet`` would not wait)."""
+        words, target = self.words, self.posts
+        return all(words[word] >= target for word in self._peer_counters)
+
+    def meet(self, ctx: CallInfo) -> None:
+        """Wait for every peer's first post of the call this rank announced last (``announce``)
+        and check that they announced the same call.
+
+        Raises:
+            CollectiveMismatchError: a peer announced a different call; names both.
+            CommError: as ``wait``.
+        """
+        words, target = self.words, self.posts
         for word in self._peer_counters:
             if words[word] < target:
                 self._block(self.peers, target, ctx)
                 break
+        step_parity = ctx.seq & 1
+        token = words[self._my_entry[step_parity] + 1]
         for word in self._peer_tokens[step_parity]:
             if words[word] != token:
                 raise self._mismatch(word, ctx)
