@@ -13,14 +13,14 @@ is that round's steps, each a public method of the object that owns it:
 - the round's own ``put`` and ``take`` (the algorithm's copies, bound to the arrays);
 - the group's one failure handler (``group._failing``) when anything fails, as for every call.
 
-``run`` takes them all at once (the request's ``request()``). ``post`` takes the first half and
+``run_round`` takes them all at once (the request's ``request()``). ``post`` takes the first half and
 parks the rest on the engine (``start()``, as ``MPI_Start`` posts this rank's part and returns):
 ``finish`` (meet, take, done) runs when the request's ``wait()`` comes, or first thing in the
 group's next call. A round whose algorithm may go on with more rounds (``OneRound.finish``: an
 all_to_all a peer's block did not fit) is not parked: its peers would wait for rounds nobody runs
 until then. Whatever cannot run so (a call queued or parked ahead, the group stopped, a plan not
-bound as one round, that all_to_all) goes the ordinary way: ``Group._now`` for ``run``, the
-engine's queue, deferred, for ``queue``.
+bound as one round, that all_to_all) goes the ordinary way: ``run_ordinary``
+(``Group._now``), or ``queue``: the engine's queue, deferred.
 """
 
 from __future__ import annotations
@@ -69,10 +69,9 @@ class Bound:
         the ordinary way."""
         self.one = None
 
-    def run(self) -> None:
-        """Run the call now and return once it has finished; raises what the ordinary call raises."""
-        if not self.run_round():
-            self._group._now(self._plan, self._args)
+    def run_ordinary(self) -> None:
+        """Run the call now the ordinary way (``Group._now``), when ``run_round`` cannot."""
+        self._group._now(self._plan, self._args)
 
     def run_round(self) -> bool:
         """Run the bound round now and return True, or return False at once, having done nothing,

@@ -95,7 +95,8 @@ class Prequest:
         check = self._check
         if check is not None:
             check()
-        bound.run()
+        if not bound.run_round():
+            bound.run_ordinary()
         commit = self._commit
         if commit is not None:
             commit()
