@@ -25,6 +25,7 @@ bound as one round, that all_to_all) goes the ordinary way: ``run_ordinary``
 
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -50,14 +51,18 @@ class Bound:
         error: the error the parked run's rest raised, until ``wait`` raises it.
     """
 
-    __slots__ = ("_group", "_plan", "_args", "one", "_ctx", "_expected", "_index", "_in_slot", "parked",
-                 "error")
+    __slots__ = ("_group", "_plan", "_args", "one", "_engine", "_ctx", "_expected", "_index", "_in_slot",
+                 "parked", "error")
 
     def __init__(self, group: Group, plan: Plan, args: tuple[Any, ...]) -> None:
         self._group, self._plan, self._args = group, plan, args
         one = None if plan.bind is None else plan.bind(plan, *args)
         self.one = one  # the bound round, or None: every run goes the ordinary way
-        self._ctx = Ctx.of(group._member_team(), 0, plan)  # the runs' own: step and deadline set per run
+        self._engine = group._engine  # replaced only in a forked child, which drops the round
+        self._ctx = ctx = Ctx.of(group._member_team(), 0, plan)  # the runs' own: its step set per run
+        # A round's waits start their clock when they must wait (``Slots._block``); a round that
+        # finds its peers there reads no clock for it. Rounds that go on set it (``_rest``).
+        ctx.deadline = math.inf
         self._expected = None if one is None or one.extents is None else list(one.extents)
         self._index = -1  # the running call's flight record
         self._in_slot = 0  # the running call's IN slot
@@ -78,7 +83,7 @@ class Bound:
         where the ordinary path must run the call (see the module docstring)."""
         if self.one is None:
             return False
-        engine = self._group._engine
+        engine = self._engine
         seq = engine.enter()
         if seq < 0:
             return False
@@ -96,7 +101,7 @@ class Bound:
         one = self.one
         if one is None or one.finish is not None:
             return False
-        engine = self._group._engine
+        engine = self._engine
         seq = engine.enter()
         if seq < 0:
             return False
@@ -196,14 +201,17 @@ class Bound:
         if one is None:  # dropped while parked: the group stopped under it
             raise self._group._engine.stopped or GroupAbortedError(f"{self._plan.label}: the group stopped")
         try:
-            ctx.deadline = _monotonic() + ctx.team.timeout
             slots = one.domain.slots
             slots.meet(ctx)
             expected = self._expected
             if expected is not None and slots.extents(ctx) != expected:
                 one.verify(ctx)  # type: ignore[misc]  # given with extents
-            if one.finish is not None:  # it may go on with more rounds
-                one.finish(ctx, self._in_slot)
+            if one.finish is not None:  # it may go on with more rounds, which keep the clock
+                ctx.deadline = _monotonic() + ctx.team.timeout
+                try:
+                    one.finish(ctx, self._in_slot)
+                finally:
+                    ctx.deadline = math.inf
             else:
                 for step in one.take[self._in_slot]:
                     step()

@@ -235,8 +235,31 @@ class Slots:
             CommError: a call failed earlier here or on a peer (the counters no longer match):
                 an error of the same kind as that failure; or as ``wait``.
         """
-        self.announce(ctx, extent)
-        self.meet(ctx)
+        # ``announce`` then ``meet``, inline: every call starts here, two Python calls fewer
+        words = self.words
+        if self.failure is not None or words[H_FAULT]:
+            raise self.refusal()
+        seq, signature = ctx.seq, ctx.signature
+        step_parity = seq & 1
+        written = self._written[step_parity]
+        digest = written[1] if signature is written[0] else self._announce_signature(step_parity, signature)
+        token = digest ^ seq
+        entry = self._my_entry[step_parity]
+        words[entry] = seq
+        words[entry + 1] = token
+        if extent is not None:
+            words[entry + 2] = extent
+        self.posts = target = self.posts + 1
+        words[self._my_counter] = target
+        if words[self._my_sleepers]:
+            self._wake_sleepers()
+        for word in self._peer_counters:
+            if words[word] < target:
+                self._block(self.peers, target, ctx)
+                break
+        for word in self._peer_tokens[step_parity]:
+            if words[word] != token:
+                raise self._mismatch(word, ctx)
 
     def announce(self, ctx: CallInfo, extent: int | None = None) -> None:
         """Announce a call with this rank's first post of it, without waiting for the peers'.
@@ -375,6 +398,7 @@ class Slots:
         else:
             return
         now = time.monotonic()
+        deadline = min(ctx.deadline, now + ctx.timeout)  # a bound round's starts with its wait
         check_alive = now + LIVENESS_SECONDS
         sleep_from = now if on_worker() else now + YIELD_SECONDS  # transports/threads.py says why
         while True:
@@ -389,7 +413,7 @@ class Slots:
                     raise PeerLostError(self.global_ranks[q], "it left the group (destroy() was called)",
                                         left=True, last_step=last)
             now = time.monotonic()
-            if now >= ctx.deadline:
+            if now >= deadline:
                 raise self._timeout(ranks, target, ctx)
             if now >= check_alive:
                 self._check_alive(ranks, target)
@@ -397,7 +421,7 @@ class Slots:
             if now < sleep_from:
                 os.sched_yield()
             else:
-                self._sleep(behind[0], target, min(SLEEP_SECONDS, check_alive - now, ctx.deadline - now))
+                self._sleep(behind[0], target, min(SLEEP_SECONDS, check_alive - now, deadline - now))
 
     def _sleep(self, q: int, target: int, seconds: float) -> None:
         words = self.words
