@@ -55,8 +55,9 @@ def _traces(request: tc.Prequest) -> dict[str, Any]:
 
 
 def body_traces(name: str) -> list[str]:
-    """The request's runs alternate between the bound round and the ordinary path of a blocking call
-    (``Group._now``); each run's traces must equal the one before's."""
+    """The request's runs rotate between the bound round in one frame (``run_round``), the
+    ordinary path of a blocking call (``Group._now``) and the round in two halves (``start()``
+    then ``wait()``); each run's traces must equal the one before's."""
     rank, size = tc.get_rank(), tc.get_world_size()
     x = np.full(4 * size, rank, np.float32)
     out, block = np.zeros(4 * size, np.float32), np.full(4, rank, np.float32)
@@ -64,13 +65,17 @@ def body_traces(name: str) -> list[str]:
     assert request._bound.one is not None, name  # bound as one round
     request()
     runs = []
-    for turn in range(4):
+    for turn in range(6):
         posts = _traces(request)["posts"]
-        if turn % 2:
+        if turn % 3 == 1:
             bound = request._bound
             fast, bound.one = bound.one, None
             request()
             bound.one = fast
+        elif turn % 3 == 2 and name != "all_to_all":  # the round's two halves (``post``, then
+            # ``finish`` at wait()); all_to_all's start() is queued, and recorded as queued calls are
+            request.start()
+            request.wait()
         else:
             assert request._bound.run_round(), name
         traces = _traces(request)
