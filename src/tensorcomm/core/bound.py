@@ -61,7 +61,7 @@ class Bound:
         self._engine = group._engine  # replaced only in a forked child, which drops the round
         self._ctx = ctx = Ctx.of(group._member_team(), 0, plan)  # the runs' own: its step set per run
         # A round's waits start their clock when they must wait (``Slots._block``); a round that
-        # finds its peers there reads no clock for it. Rounds that go on set it (``_rest``).
+        # finds its peers there reads no clock for it. Rounds that go on set it (``_go_on``).
         ctx.deadline = math.inf
         self._expected = None if one is None or one.extents is None else list(one.extents)
         self._index = -1  # the running call's flight record
@@ -88,7 +88,7 @@ class Bound:
         seq = engine.enter()
         if seq < 0:
             return False
-        # ``_post`` and ``_rest`` in one frame, the slots' announce and meet in one call
+        # ``post`` and ``finish`` in one frame, the slots' announce and meet in one call
         # (``Slots.start``): request()'s path, four Python calls fewer; test_bound.py runs both
         ctx, plan = self._ctx, self._plan
         try:
@@ -102,7 +102,7 @@ class Bound:
                     step()
                 d.slots.start(ctx, one.extent)
                 expected = self._expected
-                if expected is not None and d.slots.extents(ctx) != expected:
+                if expected is not None and d.slots.extents_differ(ctx, expected):
                     one.verify(ctx)  # type: ignore[misc]  # given with extents
                 if one.finish is not None:
                     self._go_on(one, in_slot)
@@ -131,11 +131,22 @@ class Bound:
         seq = engine.enter()
         if seq < 0:
             return False
+        ctx, plan = self._ctx, self._plan
+        self._group._last_plan = plan  # what ``last_call`` says
+        ctx.seq = seq
+        self._index = index = _begin(ctx.team, plan, seq)
         try:
-            self._post(seq)
-        except BaseException:
+            d = one.domain
+            self._in_slot = in_slot = d.next_round()
+            for step in one.put[in_slot]:
+                step()
+            d.slots.announce(ctx, one.extent)
+        except BaseException as exc:
             engine.leave()
-            raise
+            cause = _failing(ctx, exc, index)
+            if cause is exc:
+                raise
+            raise cause from exc
         self.parked = True
         engine.park(self)
         return True
@@ -144,10 +155,28 @@ class Bound:
         """Run the rest of the parked run (the engine calls it, holding the group's turn); its
         error goes to ``error``."""
         self.parked = False
+        ctx, one = self._ctx, self.one
         try:
-            self._rest()
+            if one is None:  # dropped while parked: the group stopped under it
+                raise self._group._engine.stopped or GroupAbortedError(f"{self._plan.label}: group stopped")
+            try:
+                slots = one.domain.slots
+                slots.meet(ctx)
+                expected = self._expected
+                if expected is not None and slots.extents_differ(ctx, expected):
+                    one.verify(ctx)  # type: ignore[misc]  # given with extents
+                for step in one.take[self._in_slot]:  # (a parked round has no ``finish``)
+                    step()
+            except BaseException as exc:
+                cause = _failing(ctx, exc, self._index)
+                if cause is exc:
+                    raise
+                raise cause from exc
         except BaseException as exc:  # noqa: BLE001 - raised by wait(), on the request's thread
             self.error = exc
+            return
+        if self._index >= 0:
+            _done(self._index)
 
     def wait(self, timeout: float | None = None) -> None:
         """Return once the posted run has finished, running its rest here if nothing has yet.
@@ -211,46 +240,3 @@ class Bound:
 
     def _late(self, timeout: float | None) -> CommTimeoutError:
         return CommTimeoutError(f"{self._plan.label} did not complete within {timeout:g} s")
-
-    def _post(self, seq: int) -> None:
-        """The run's first half, as call ``seq``: its record, its round, its part and its post."""
-        ctx, plan, one = self._ctx, self._plan, self.one
-        assert one is not None  # checked by the callers
-        self._group._last_plan = plan  # what ``last_call`` says
-        ctx.seq = seq
-        self._index = _begin(ctx.team, plan, seq)
-        try:
-            d = one.domain
-            self._in_slot = in_slot = d.next_round()
-            for step in one.put[in_slot]:
-                step()
-            d.slots.announce(ctx, one.extent)
-        except BaseException as exc:
-            cause = _failing(ctx, exc, self._index)
-            if cause is exc:
-                raise
-            raise cause from exc
-
-    def _rest(self) -> None:
-        """The run's second half: every peer's part, checked, then this member's results."""
-        ctx, one = self._ctx, self.one
-        if one is None:  # dropped while parked: the group stopped under it
-            raise self._group._engine.stopped or GroupAbortedError(f"{self._plan.label}: the group stopped")
-        try:
-            slots = one.domain.slots
-            slots.meet(ctx)
-            expected = self._expected
-            if expected is not None and slots.extents(ctx) != expected:
-                one.verify(ctx)  # type: ignore[misc]  # given with extents
-            if one.finish is not None:
-                self._go_on(one, self._in_slot)
-            else:
-                for step in one.take[self._in_slot]:
-                    step()
-        except BaseException as exc:
-            cause = _failing(ctx, exc, self._index)
-            if cause is exc:
-                raise
-            raise cause from exc
-        if self._index >= 0:
-            _done(self._index)

@@ -361,6 +361,14 @@ class Slots:
         words, step_parity = self.words, ctx.seq & 1
         return [words[entry[step_parity] + 2] for entry in self._entry]
 
+    def extents_differ(self, ctx: CallInfo, expected: Sequence[int]) -> bool:
+        """Whether any member's announced extent for this call is not ``expected[member]``."""
+        words, step_parity = self.words, ctx.seq & 1
+        for entry, extent in zip(self._entry, expected, strict=True):  # not any(): a generator
+            if words[entry[step_parity] + 2] != extent:  # costs a frame on every run
+                return True
+        return False
+
     def counter(self, rank: int) -> int:
         return self.words[self.counter_word[rank]]
 
