@@ -122,7 +122,11 @@ def expected_prefixes(op: Any, inputs: list[np.ndarray], inclusive: bool) -> lis
     stack = np.stack([a.astype(acc) for a in inputs])
     if isinstance(op, PremulSum):
         stack = stack * np.asarray(op.factor, acc)
-    if op is ReduceOp.AVG or isinstance(op, PremulSum):
+    if op is ReduceOp.AVG and not kernels.floating(dtype):
+        from tensorcomm.testing.reference import reduce_reference
+
+        running = np.stack([reduce_reference(op, inputs[:r + 1]) for r in range(len(inputs))])
+    elif op is ReduceOp.AVG or isinstance(op, PremulSum):
         running = np.cumsum(stack, axis=0, dtype=acc)
         if op is ReduceOp.AVG:
             running = running / np.arange(1, len(inputs) + 1, dtype=acc.type(0).real.dtype)[:, None]

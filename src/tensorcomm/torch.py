@@ -4,6 +4,10 @@
     torch.distributed.init_process_group(backend="tensorcomm")
     model = torch.nn.parallel.DistributedDataParallel(model)
 
+Scripts need not import it: installing tensorcomm registers the backend name with torch through
+torch's plug-in entry point (``tensorcomm_autoload``), which imports this module when torch builds
+the first such group, or at ``import torch`` under ``tensorcomm run``.
+
 Works under ``tensorcomm run`` and under torchrun (or with ``init_method``/``store`` given by
 hand), on CPU tensors. Importing this module:
 
@@ -109,7 +113,7 @@ class _TorchOverTcStore(dist.Store):
 _started_for: tuple[int, ...] | None = None
 
 
-def _create(opts: Any, _backend_options: Any) -> ProcessGroupTensorcomm:
+def create_backend(opts: Any, _backend_options: Any) -> ProcessGroupTensorcomm:
     """torch's backend creator (extended API): build the group torch asks for."""
     global _started_for
     warn_if_untested()
@@ -183,7 +187,8 @@ def _env_handler(url: str, timeout: datetime.timedelta = dist.default_pg_timeout
 
 
 def _install() -> None:
-    dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
+    # Registering again is allowed: it replaces the creator ``tensorcomm_autoload`` registered.
+    dist.Backend.register_backend(BACKEND_NAME, create_backend, extended_api=True, devices=["cpu"])
     # torch offers no public way to extend a registered scheme; replacing its entry keeps the
     # original handler for every case but a tensorcomm-hosted store.
     _torch_rendezvous._rendezvous_handlers["env"] = _env_handler

@@ -114,7 +114,7 @@ def body_errors() -> None:
         strategy.reduce(tc.ReduceOp.MAX, x)
     with pytest.raises(TypeError, match="reduce_op: expected"):
         strategy.reduce(1, x)
-    with pytest.raises(ValueError, match="AVG is not defined for int64"):
+    with pytest.raises(ValueError, match="reduce_op: MEAN is not defined for int64"):
         strategy.reduce("mean", np.ones(3, np.int64))
     with pytest.raises(ValueError, match="value_destination_pairs must be a list"):
         strategy.batch_reduce("sum", [x])

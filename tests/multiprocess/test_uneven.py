@@ -114,8 +114,8 @@ def body_errors() -> None:
         tc.reduce_scatter_v(np.ones(6), theirs)
     with pytest.raises(tc.CollectiveMismatchError, match="disagree on the dtype or the block sizes"):
         tc.reduce_scatter(np.empty(theirs[rank]), np.split(np.ones(6), np.cumsum(theirs)[:-1]))
-    with pytest.raises(ValueError, match="AVG is not defined"):
-        tc.reduce_scatter_v(np.ones(6, np.int64), [1, 2, 3], op=tc.ReduceOp.AVG)
+    with pytest.raises(ValueError, match="BAND is not defined"):
+        tc.reduce_scatter_v(np.ones(6), [1, 2, 3], op=tc.ReduceOp.BAND)
     with pytest.raises(tc.ArgumentMismatchError, match=rf"input_list\[{rank}\] .* must hold as many"):
         tc.reduce_scatter(np.empty(5), [np.ones(1), np.ones(2), np.ones(3)])
     _, sizes = tc.all_gather_v(np.ones(1))

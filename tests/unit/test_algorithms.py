@@ -34,6 +34,7 @@ from tensorcomm.algorithms import (
 from tensorcomm.errors import CollectiveMismatchError, CommTimeoutError, GroupAbortedError
 from tensorcomm.signature import signature
 from tensorcomm.testing import rank_data, reduces, run_threads
+from tensorcomm.testing.reference import reduce_reference
 from tensorcomm.transports.base import ANY_SOURCE, as_bytes, collective_tag
 from tensorcomm.transports.loopback import LoopbackHub
 from tensorcomm.types import ReduceOp
@@ -96,6 +97,8 @@ def reference(op, arrays: list[np.ndarray]) -> np.ndarray:
                                  for a in arrays]
     if not isinstance(op, ReduceOp):
         wide = [w * op.factor for w in wide]
+    if op is ReduceOp.AVG and exact:
+        return reduce_reference(op, arrays)  # rounded toward zero; bool: True where all are
     result = functools.reduce(CUMULATIVE.get(op, np.add), wide)
     return result / len(arrays) if op is ReduceOp.AVG else result
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tensorcomm.algorithms import kernels
+from tensorcomm.testing.reference import reduce_reference
 from tensorcomm.types import ReduceOp
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -37,7 +38,7 @@ def defined(op, dtype: np.dtype) -> bool:
         return False
     if base in (ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PROD) and dtype in COMPLEX:
         return False
-    return base not in (ReduceOp.AVG, ReduceOp.PREMUL_SUM) or floating  # they need a float or complex dtype
+    return base is not ReduceOp.PREMUL_SUM or floating  # its factor needs a float or complex dtype
 
 
 def sample(dtype: np.dtype, seed: int, count: int = 17) -> np.ndarray:
@@ -75,7 +76,7 @@ def test_every_op_and_dtype(op, dtype):
         wide = [w * op.factor for w in wide]
     expected = functools.reduce(UFUNCS.get(op, np.add), wide)  # AVG and premul are SUMs
     if op is ReduceOp.AVG:
-        expected = expected / len(arrays)
+        expected = reduce_reference(op, arrays) if exact else expected / len(arrays)
     assert out.dtype == dtype
     if exact:
         assert np.array_equal(out, expected.astype(dtype))
@@ -93,6 +94,31 @@ def test_bool_follows_numpy_semantics():
         acc = a.copy()
         kernels.combine(op, acc, b, acc)
         assert acc.dtype == BOOL and np.array_equal(acc, expected), op
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64, np.uint8, np.uint64])
+def test_integer_avg_rounds_toward_zero(dtype):
+    # NCCL's integer AVG, which Lightning's counters rely on: the sum divided, rounded toward zero
+    # (numpy's floor_divide would give -4 for -7 // 2).
+    signed = np.dtype(dtype).kind == "i"
+    left = np.array([-7, 7, -1, 1, 0, 5] if signed else [7, 3, 1, 0, 250, 5], dtype=dtype)
+    right = np.array([0, 0, 0, 0, 0, 0], dtype=dtype)
+    red = kernels.reduction(ReduceOp.AVG, dtype)
+    work = kernels.prepare(red, left)
+    kernels.combine(red.op, work, kernels.prepare(red, right), work)
+    out = np.empty_like(left)
+    kernels.finish(red, work, out, 2)
+    assert out.tolist() == ([-3, 3, 0, 0, 0, 2] if signed else [3, 1, 0, 0, 125, 2])
+
+
+def test_bool_avg_is_true_where_every_term_is():
+    terms = [np.array([True, True, False, False]), np.array([True, False, True, False])]
+    red = kernels.reduction(ReduceOp.AVG, np.bool_)
+    work = kernels.prepare(red, terms[0])
+    kernels.combine(red.op, work, kernels.prepare(red, terms[1]), work)
+    out = np.empty(4, np.bool_)
+    kernels.finish(red, work, out, 2)
+    assert out.tolist() == [True, False, False, False]
 
 
 def test_integer_sum_wraps_like_numpy():
@@ -123,8 +149,6 @@ def test_combine_refuses_unprepared_ops(op):
     (ReduceOp.PROD, np.complex64, "PROD is not defined for complex64"),
     (ReduceOp.BAND, np.float32, "BAND is not defined for float32; bitwise"),
     (ReduceOp.BXOR, ml_dtypes.bfloat16, "BXOR is not defined for bfloat16"),
-    (ReduceOp.AVG, np.int32, "AVG is not defined for int32: there is no exact integer"),
-    (ReduceOp.AVG, np.bool_, "AVG is not defined for bool"),
     (ReduceOp.premul_sum(2.0), np.int64, "PREMUL_SUM is not defined for int64"),
     (ReduceOp.PREMUL_SUM, np.float32, "premul_sum\\(factor\\)"),
 ])

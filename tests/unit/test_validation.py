@@ -125,7 +125,7 @@ CASES: list[tuple[str, type[Exception], str, Callable[[], object]]] = [
     ("scan-list", TypeError, "scan: tensor", lambda: tc.scan([1, 2])),
     ("exscan-unknown-op", ValueError, "exscan: op", lambda: tc.exscan(np.ones(2), op="bogus")),
     ("scan-bxor-float", ValueError, "scan: op", lambda: tc.scan(np.ones(2), op="bxor")),
-    ("scan-avg-int", ValueError, "scan: op", lambda: tc.scan(np.ones(2, np.int8), op="avg")),
+    ("scan-band-float", ValueError, "scan: op", lambda: tc.scan(np.ones(2, np.float32), op="band")),
     ("scan-async-op-int", TypeError, "scan: async_op", lambda: tc.scan(np.ones(2), async_op=1)),
     ("exscan-float-group", TypeError, "exscan: group", lambda: tc.exscan(np.ones(2), group=2.0)),
     ("split-str-color", TypeError, "split: color", lambda: tc.WORLD.split("red")),

@@ -14,8 +14,11 @@ price is twice the bytes on the wire for half-precision reductions. MIN and MAX 
 dtype and stay in half precision.
 
 bool follows numpy's own ufunc semantics: SUM is logical or, PROD logical and, MIN and, MAX or;
-BAND/BOR/BXOR are the logical and/or/xor. Integer SUM and PROD wrap around on overflow, as numpy
-does, so the result does not depend on the order of reduction.
+BAND/BOR/BXOR are the logical and/or/xor; AVG counts (True where every term is True, the truncated
+mean of ones and zeros). Integer SUM and PROD wrap around on overflow, as numpy does, so the result
+does not depend on the order of reduction. Integer AVG is the (wrapped) sum divided by the member
+count and rounded toward zero, as NCCL computes it and torch programs (Lightning's counters)
+expect; ``divide`` is that one rule.
 
 Floating-point reductions give the IEEE result without a warning: a sum that overflows is inf,
 inf - inf is nan, as torch.distributed and MPI give them. numpy's "overflow encountered"
@@ -42,6 +45,8 @@ warnings.filterwarnings("ignore", message=r"(overflow|invalid value|underflow) e
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 _HALF = (np.dtype(np.float16), _BFLOAT16)
 _FLOAT32 = np.dtype(np.float32)
+_BOOL = np.dtype(np.bool_)
+_INT64 = np.dtype(np.int64)
 
 _UFUNCS = {
     ReduceOp.SUM: np.add,
@@ -57,8 +62,9 @@ _BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
 # Complex numbers have no order; PROD is refused too, as torch.distributed refuses it, so that a
 # program behaves the same under both libraries.
 _NOT_COMPLEX = (ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PROD)
-# Ops that involve a real-valued division or factor: no exact integer result.
-_NEEDS_FLOAT = (ReduceOp.AVG, ReduceOp.PREMUL_SUM)
+# PREMUL_SUM's factor is real-valued: no exact integer result. (AVG on integers is the sum divided
+# by the member count, rounded toward zero, as NCCL computes it: ``divide``.)
+_NEEDS_FLOAT = (ReduceOp.PREMUL_SUM,)
 _WIDENED = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PREMUL_SUM, ReduceOp.PROD)
 
 
@@ -69,6 +75,11 @@ def _base(op: ReduceOp | PremulSum) -> ReduceOp:
 def _kind(dtype: np.dtype) -> str:
     """numpy's kind letter, with bfloat16 (kind 'V' in ml_dtypes) counted as a float."""
     return "f" if dtype == _BFLOAT16 else dtype.kind
+
+
+def floating(dtype: np.dtype | type) -> bool:
+    """Whether ``dtype`` is a floating-point or complex dtype (bfloat16 included)."""
+    return _kind(np.dtype(dtype)) in "fc"
 
 
 def check_op_dtype(op: ReduceOp | PremulSum, dtype: np.dtype | type, argument: str = "op") -> None:
@@ -82,7 +93,7 @@ def check_op_dtype(op: ReduceOp | PremulSum, dtype: np.dtype | type, argument: s
     Raises:
         TypeError: ``dtype`` is not one of ``SUPPORTED_DTYPES``.
         ValueError: ``op`` is not defined for ``dtype`` (bitwise ops on floats, MIN/MAX/PROD on
-            complex, AVG/PREMUL_SUM on integers or bool, PREMUL_SUM without a factor).
+            complex, PREMUL_SUM on integers or bool or without a factor).
     """
     dtype = np.dtype(dtype)
     if dtype not in SUPPORTED_DTYPES:
@@ -106,7 +117,21 @@ def accumulation_dtype(op: ReduceOp | PremulSum, dtype: np.dtype | type) -> np.d
     dtype = np.dtype(dtype)
     if dtype in _HALF and _base(op) in _WIDENED:
         return _FLOAT32
+    if dtype == _BOOL and op is ReduceOp.AVG:  # counted, so that the mean is True where all are
+        return _INT64
     return dtype
+
+
+def divide(x: np.ndarray, count: int) -> None:
+    """Divide ``x`` by ``count`` in place, as AVG does: floats as IEEE division, integers rounded
+    toward zero (NCCL's integer AVG; numpy's ``floor_divide`` rounds negative quotients down)."""
+    if floating(x.dtype):
+        np.divide(x, count, out=x)
+    elif x.dtype.kind == "u":
+        np.floor_divide(x, count, out=x)
+    else:  # signed: take C's remainder (the dividend's sign) off first, so the division is exact
+        np.subtract(x, np.fmod(x, count), out=x)
+        np.floor_divide(x, count, out=x)
 
 
 def ufunc(op: ReduceOp) -> np.ufunc:
@@ -222,7 +247,7 @@ def finish(red: Reduction, work: np.ndarray, out: np.ndarray, size: int) -> None
         raise ValueError(f"out: expected a C-contiguous array of {work.size} elements, got "
                          f"{out.size} elements (c_contiguous={out.flags.c_contiguous})")
     if red.average:
-        np.divide(work, size, out=work)
+        divide(work, size)
     if red.in_acc:
         out.reshape(-1)[...] = work
     else:  # the one rounding of the accumulation rule happens here, hence the unsafe cast

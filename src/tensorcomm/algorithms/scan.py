@@ -36,7 +36,7 @@ import numpy as np
 
 from ..types import PremulSum, ReduceOp
 from .base import Ctx, Plan, Team
-from .kernels import combine
+from .kernels import combine, divide
 from .shm_common import Journal, Reduction, load, no_domain, reduce_terms
 from .wire import chunk_elements, scratch, spans
 
@@ -126,7 +126,7 @@ def recursive_doubling(inclusive: bool) -> Callable[[Ctx, np.ndarray, Op], None]
         if inclusive:
             combine(red.op, prefix, own, prefix)
         if red.average:
-            np.divide(prefix, count, out=prefix)
+            divide(prefix, count)
         np.copyto(x, prefix, casting="unsafe")  # the one rounding of the accumulation rule
     run.__name__ = run.__qualname__ = "staged_recursive_doubling"  # select's transport rows are staged
     return run

@@ -115,7 +115,7 @@ def reduce_terms(red: Reduction, terms: np.ndarray, out: np.ndarray) -> None:
     else:
         red.ufunc(terms[0], terms[1], out=target)
     if red.average:
-        np.divide(target, len(terms), out=target)
+        kernels.divide(target, len(terms))
     if target is not out:
         np.copyto(out, target, casting="unsafe")
 

@@ -60,7 +60,7 @@ def all_reduce(algorithm: Algorithm) -> Algorithm:
                 kernels.load(red, x, x)  # premultiplies in place
             algorithm(ctx, x, red.op, None)
             if red.average:
-                np.divide(x, team.size, out=x)
+                kernels.divide(x, team.size)
             return
         work = team.scratch.take("staged work", x.size, red.acc)
         algorithm(ctx, work, red.op, x if red.raw else kernels.prepare(red, x, work))
@@ -78,7 +78,7 @@ def pair(exchange: Algorithm) -> Algorithm:
         if red.raw:
             exchange(ctx, x, red.ufunc)
             if red.average:
-                np.divide(x, 2, out=x)
+                kernels.divide(x, 2)
             return
         work = kernels.prepare(red, x, ctx.team.scratch.take("staged work", x.size, red.acc))
         exchange(ctx, work, red.ufunc)
@@ -163,5 +163,5 @@ def reduce_scatter(algorithm: Algorithm) -> Algorithm:
         if not direct:
             kernels.finish(red, reduced, out, ctx.size)
         elif red.average:
-            np.divide(out, ctx.size, out=out)
+            kernels.divide(out, ctx.size)
     return _named(run, algorithm)

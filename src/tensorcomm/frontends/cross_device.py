@@ -170,8 +170,7 @@ def _slices(value: Any, op: ReduceOp, fn: str) -> _Slices:
     values = [_stage(r.values, f"value[{i}].values", fn) for i, r in enumerate(replicas)]
     indices = [_stage(r.indices, f"value[{i}].indices", fn).array for i, r in enumerate(replicas)]
     validate.same_dtype(values, values[0], "value", fn)
-    kernels.check_op_dtype(CoreReduceOp.AVG if op is ReduceOp.MEAN else CoreReduceOp.SUM,
-                           values[0].array.dtype, f"{fn}: reduce_op")
+    _check_dtype(op, values[0].array.dtype, fn)
     return _Slices(np.concatenate([i.reshape(-1) for i in indices]),
                    np.concatenate([v.array for v in values]), shapes.pop(), len(replicas), values[0],
                    tf_values.is_slices(replicas[0]))
@@ -190,6 +189,15 @@ def _reduce_slices(group: Group, value: _Slices, targets: tuple[int, ...] | None
     return IndexedSlices(value.like.adapter.new_like(value.like.obj, summed), indices, value.dense_shape)
 
 
+def _check_dtype(op: ReduceOp, dtype: np.dtype, fn: str) -> None:
+    """SUM takes what the core's SUM takes; MEAN a float or complex dtype only, as
+    tf.distribute's MEAN (the core's AVG also takes integers, rounding as NCCL does)."""
+    kernels.check_op_dtype(CoreReduceOp.SUM, dtype, f"{fn}: reduce_op")
+    if op is ReduceOp.MEAN and not kernels.floating(dtype):
+        raise ValueError(f"{fn}: reduce_op: MEAN is not defined for {dtype}: there is no exact "
+                         "integer mean; use SUM and divide, or a floating-point dtype")
+
+
 def _value(value: Any, op: ReduceOp, fn: str) -> _Value:
     replicas = value if isinstance(value, (list, tuple)) else [value]
     if not replicas:
@@ -197,9 +205,7 @@ def _value(value: Any, op: ReduceOp, fn: str) -> _Value:
     staged = [_stage(r, "value" if r is value else f"value[{i}]", fn) for i, r in enumerate(replicas)]
     validate.same_layout(staged, staged[0], "value", fn)
     dtype = staged[0].array.dtype
-    # MEAN has the rule of AVG (no exact integer mean); SUM accepts what the core's SUM accepts.
-    kernels.check_op_dtype(CoreReduceOp.AVG if op is ReduceOp.MEAN else CoreReduceOp.SUM, dtype,
-                           f"{fn}: reduce_op")
+    _check_dtype(op, dtype, fn)
     if len(staged) == 1:
         summed = np.array(staged[0].array, order="C", copy=True)
     else:

@@ -248,7 +248,8 @@ def sparse_all_reduce(indices: Any, values: Any, dense_shape: Sequence[int], op:
                            g.transport_kind)
     positions, summed = _gather(g, mine, counts) if algorithm == "gather" else _dense(g, mine)
     if mine.op is ReduceOp.AVG:
-        summed = np.divide(summed, g.size, dtype=summed.dtype)
+        summed = np.array(summed, copy=True)  # it may be the caller's values
+        kernels.divide(summed, g.size)
     if mine.flat_index:
         out_idx = positions.copy()
     elif mine.sparse_dim == 1:

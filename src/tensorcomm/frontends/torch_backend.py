@@ -134,8 +134,17 @@ def _combine(tensors: list[torch.Tensor], op: ReduceOpLike) -> torch.Tensor:
     return combined
 
 
+def _mean(stacked: torch.Tensor) -> torch.Tensor:
+    """The mean over the first dimension; for integers rounded toward zero, as the core's AVG."""
+    if stacked.is_floating_point() or stacked.is_complex():
+        return stacked.mean(0)
+    if stacked.dtype == torch.bool:
+        return stacked.all(0)
+    return torch.div(stacked.sum(0, dtype=stacked.dtype), len(stacked), rounding_mode="trunc")
+
+
 _LOCAL = {
-    ReduceOp.SUM: lambda t: t.sum(0, dtype=t.dtype), ReduceOp.AVG: lambda t: t.mean(0),
+    ReduceOp.SUM: lambda t: t.sum(0, dtype=t.dtype), ReduceOp.AVG: lambda t: _mean(t),
     ReduceOp.PROD: lambda t: t.prod(0, dtype=t.dtype), ReduceOp.MIN: lambda t: t.amin(0),
     ReduceOp.MAX: lambda t: t.amax(0),
 }

@@ -39,11 +39,23 @@ def reduce_reference(op: ReduceOp | PremulSum, arrays: Sequence[np.ndarray]) -> 
         stack = [a * op.factor for a in stack]
         op = ReduceOp.SUM
     if op is ReduceOp.AVG:
-        return (np.add.reduce(stack) / len(stack)).astype(dtype)
+        return _average(stack, dtype)
     result = stack[0].copy()
     for other in stack[1:]:
         _UFUNC[op](result, other, out=result)
     return result.astype(dtype)
+
+
+def _average(stack: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
+    """AVG: the mean for floats; for integers the (wrapped) sum divided by the count and rounded
+    toward zero, in Python integers; for bool True where every term is."""
+    if dtype.kind == "b":
+        return np.logical_and.reduce(stack)
+    total = np.add.reduce(np.stack(stack), axis=0, dtype=stack[0].dtype)  # wraps as the kernels do
+    if dtype.kind not in "iu":
+        return (total / len(stack)).astype(dtype)
+    quotients = [abs(v) // len(stack) * (-1 if v < 0 else 1) for v in total.reshape(-1).tolist()]
+    return np.array(quotients, dtype=dtype).reshape(total.shape)
 
 
 def reduces(op: ReduceOp | PremulSum, dtype: np.dtype | type) -> bool:
