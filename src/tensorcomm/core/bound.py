@@ -8,19 +8,19 @@ is that round's steps, each a public method of the object that owns it:
 - the engine's ``enter`` and ``leave`` (the call's step in the group's issue order), or ``park``
   for a run that returns after its post;
 - the flight recorder's ``begin`` and ``done``;
-- the domain's ``next_round`` and the slots' ``announce`` and ``meet`` (post this member's part;
-  wait for every peer's and compare what they announced);
+- the domain's ``next_round`` and the slots' ``start``, or its two halves ``announce`` and
+  ``meet`` (post this member's part; wait for every peer's and compare what they announced);
 - the round's own ``put`` and ``take`` (the algorithm's copies, bound to the arrays);
 - the group's one failure handler (``group._failing``) when anything fails, as for every call.
 
-``run_round`` takes them all at once (the request's ``request()``). ``post`` takes the first half and
-parks the rest on the engine (``start()``, as ``MPI_Start`` posts this rank's part and returns):
+``run_round`` takes them all at once (the request's ``request()``). ``post`` takes the first
+half and parks the rest on the engine (``start()``, as ``MPI_Start`` posts this rank's part and returns):
 ``finish`` (meet, take, done) runs when the request's ``wait()`` comes, or first thing in the
-group's next call. A round whose algorithm may go on with more rounds (``OneRound.finish``: an
-all_to_all a peer's block did not fit) is not parked: its peers would wait for rounds nobody runs
-until then. Whatever cannot run so (a call queued or parked ahead, the group stopped, a plan not
-bound as one round, that all_to_all) goes the ordinary way: ``run_ordinary``
-(``Group._now``), or ``queue``: the engine's queue, deferred.
+group's next call. A round whose algorithm may go on with more rounds (``OneRound.finish``:
+all_to_all, where a peer's block does not fit one slot) is not parked: its peers would wait for
+rounds nobody runs until then. Whatever cannot run so (a call queued or parked ahead, the group
+stopped, a plan not bound as one round, that all_to_all) goes the ordinary way:
+``run_ordinary`` (``Group._now``), or ``queue``: the engine's queue, deferred.
 """
 
 from __future__ import annotations
