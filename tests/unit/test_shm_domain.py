@@ -195,26 +195,6 @@ def test_a_wait_times_out_naming_the_ranks_that_did_not_arrive():
     close_all(domains)
 
 
-def test_the_spin_budget_halves_after_a_spin_that_failed_and_doubles_after_one_that_did_not():
-    """A wait whose spin did not see the peer post leaves less to spin the next time (down to
-    ``MIN_SPIN_SECONDS``); one the spin ended leaves twice as much (up to ``SPIN_SECONDS``)."""
-    domains = open_domains(2)
-    mine, theirs = domains[0].slots, domains[1].slots
-    assert mine._spin == slots.SPIN_SECONDS
-    budgets = []
-    for _ in range(12):  # the peer never posts in time
-        with pytest.raises(CommTimeoutError):
-            mine.wait([1], 1, ctx_for(domains[0], 0, timeout=0.005))
-        budgets.append(mine._spin)
-    assert budgets[:3] == [slots.SPIN_SECONDS / 2, slots.SPIN_SECONDS / 4, slots.SPIN_SECONDS / 8]
-    assert budgets[-1] == slots.MIN_SPIN_SECONDS
-    theirs.post()
-    for _ in range(12):  # the peer has posted: each wait's spin ends it
-        mine._block([1], 1, ctx_for(domains[0], 0))
-    assert mine._spin == slots.SPIN_SECONDS
-    close_all(domains)
-
-
 def test_abort_from_another_thread_ends_a_sleeping_wait_and_tells_the_peers():
     domains = open_domains(3)
     d = domains[0]

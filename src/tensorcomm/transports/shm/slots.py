@@ -26,9 +26,9 @@ x86-64 stores are not reordered with other stores nor loads with other loads (TS
 enough; on other CPUs it is not, and ``SUPPORTED`` is False there (the caller falls back to TCP)
 because Python offers no fence to put between the two.
 
-Waiting. A wait spins on the counter for up to its *spin budget*, then calls ``sched_yield`` in
-a loop (cheap when ranks have cores of their own, and it hands the core over when they share one;
-pure spinning would cost a whole time slice), and after ``YIELD_SECONDS`` sleeps on a futex on the
+Waiting. A wait reads the counter ``SPIN_READS`` times, then calls ``sched_yield`` in a loop
+(cheap when ranks have cores of their own, and it hands the core over when they share one; pure
+spinning would cost a whole time slice), and after ``YIELD_SECONDS`` sleeps on a futex on the
 counter's low 32 bits, waking at least every ``SLEEP_SECONDS`` (on an engine's worker thread it
 skips the yielding and sleeps at once: ``transports/threads.py`` says why). A poster wakes futex
 sleepers only when one has raised the flag on its line, so posts stay syscall-free. While yielding or
@@ -36,13 +36,6 @@ sleeping, a wait watches for: the call's deadline (``CommTimeoutError`` naming t
 counters did not arrive), a fault recorded by any rank (mismatch, abort, lost peer: raised here
 too), a peer that left the group (``destroy``), and, every ``LIVENESS_SECONDS``, whether the peers'
 processes still exist (pidfd, else ``/proc``): ``PeerLostError`` names a dead one.
-
-The spin budget adapts to what spinning buys: it starts at ``SPIN_SECONDS``, halves (down to
-``MIN_SPIN_SECONDS``, about ``SPIN_READS`` reads) after each wait the spin did not end, and doubles
-back after each wait it ended. A peer that runs on a core of its own posts within microseconds,
-so a wait keeps the core rather than yield it to another busy process for a whole scheduler
-slice (busy cores: a data loader, another job); a peer that needs this rank's core to run (more
-ranks than cores) makes spins fail, and the budget falls to what it was before it adapted.
 
 Faults. A rank that fails a call writes a record (kind, step, peer, text) on its own line and sets
 the segment's fault word; the other ranks raise an error of the same kind from that record at
@@ -65,14 +58,11 @@ from ...errors import CollectiveMismatchError, CommError, CommTimeoutError, Grou
 from ..threads import on_worker
 
 log = logging.getLogger("tensorcomm.shm")
-_perf_counter = time.perf_counter
 
 # Only x86-64 keeps stores in order without a fence (see the module docstring).
 SUPPORTED = platform.machine().lower() in ("x86_64", "amd64")
 
-SPIN_READS = 10  # counter reads between two looks at the clock while spinning
-SPIN_SECONDS = 50e-6  # the longest spin budget
-MIN_SPIN_SECONDS = 0.5e-6  # the shortest: about SPIN_READS reads
+SPIN_READS = 10
 YIELD_SECONDS = 0.002  # then sleep on the futex instead of yielding
 SLEEP_SECONDS = 0.02  # longest futex sleep: bounds a lost wake-up and the checks below
 LIVENESS_SECONDS = 0.1  # how often a waiter checks that its peers' processes are alive
@@ -231,7 +221,6 @@ class Slots:
         self._written: list[tuple[object, int]] = [(None, 0), (None, 0)]  # per step parity
         self._liveness = _Liveness({q: pids[q] for q in self.peers})
         self.posts = 0
-        self._spin = SPIN_SECONDS  # this rank's spin budget (see the module docstring)
         self.failure: BaseException | None = None  # set by fail() or abort(), from any thread
 
     # -- the per-call protocol -----------------------------------------------------------------
@@ -407,11 +396,15 @@ class Slots:
     def _block(self, ranks: Sequence[int], target: int, ctx: CallInfo) -> None:
         """Wait until every rank of ``ranks`` has made ``target`` posts (see the module docstring)."""
         words, counters = self.words, self.counter_word
-        budget = self._spin
-        if self._spun(ranks, target, budget):
-            self._spin = min(SPIN_SECONDS, 2 * budget)
+        for q in ranks:  # spin a little on each peer still behind, in turn
+            word = counters[q]
+            for _ in range(SPIN_READS):
+                if words[word] >= target:
+                    break
+            else:
+                break  # this one is slow: wait in earnest
+        else:
             return
-        self._spin = max(MIN_SPIN_SECONDS, budget / 2)
         now = time.monotonic()
         deadline = min(ctx.deadline, now + ctx.timeout)  # a bound round's starts with its wait
         check_alive = now + LIVENESS_SECONDS
@@ -437,25 +430,6 @@ class Slots:
                 os.sched_yield()
             else:
                 self._sleep(behind[0], target, min(SLEEP_SECONDS, check_alive - now, deadline - now))
-
-    def _spun(self, ranks: Sequence[int], target: int, budget: float) -> bool:
-        """Spin until every rank of ``ranks`` has made ``target`` posts (True) or ``budget``
-        seconds have passed (False)."""
-        words, counters = self.words, self.counter_word
-        end = 0.0
-        for q in ranks:
-            word = counters[q]
-            while words[word] < target:
-                for _ in range(SPIN_READS):
-                    if words[word] >= target:
-                        break
-                else:
-                    now = _perf_counter()
-                    if not end:
-                        end = now + budget
-                    elif now >= end:
-                        return False
-        return True
 
     def _sleep(self, q: int, target: int, seconds: float) -> None:
         words = self.words
