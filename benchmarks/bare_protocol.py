@@ -16,6 +16,7 @@ in the same processes (so a machine whose speed swings affects them alike):
 - ``ordinary``: tensorcomm's call through the public API (``all_reduce(x)``,
   ``all_gather_into_tensor``, ``broadcast``, ``all_to_all_single``, ``reduce_scatter_tensor``);
 - ``persistent``: the same call made once with its ``*_init`` form, run as ``request()``;
+- ``start/wait``: the same request run as MPI programs run one, ``start()`` then ``wait()``;
 - ``MPICH``: mpi4py's buffer calls (``Allreduce`` in place, ``Allgather``, ``Bcast``,
   ``Alltoall``, ``Reduce_scatter_block``) and, beside them, ``MPICH persistent``
   (``Allreduce_init`` and kin, MPI 4) where the library has them.
@@ -46,7 +47,7 @@ import numpy as np
 import tensorcomm as tc
 
 COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "all_to_all", "reduce_scatter")
-WAYS = ("bare", "ordinary", "persistent", "MPICH", "MPICH persistent")
+WAYS = ("bare", "ordinary", "persistent", "start/wait", "MPICH", "MPICH persistent")
 _SLOT = 4096  # bytes of one slot (a page): up to 4 KiB buffers
 _WARM = 2000  # calls of each way before the batches
 
@@ -166,6 +167,16 @@ def _persistent(name: str, a: dict[str, np.ndarray]) -> tc.Prequest:
             "reduce_scatter": lambda: tc.reduce_scatter_tensor_init(block, x)}[name]()
 
 
+def _start_wait(request: tc.Prequest) -> Callable[[], object]:
+    start, wait = request.start, request.wait
+
+    def run() -> None:
+        start()
+        wait()
+
+    return run
+
+
 def _mpich(name: str, a: dict[str, np.ndarray]) -> dict[str, Callable[[], object]]:
     """mpi4py's call of ``name`` and, where MPI 4's persistent form exists, a request's run."""
     from mpi4py import MPI
@@ -216,7 +227,8 @@ def _body(nbytes: int, calls: int, batches: int, names: list[str],
         a = _arrays(nbytes, n)
         request = _persistent(name, a) if hasattr(tc, "all_reduce_init") else None  # ab.py: older trees
         ways: dict[str, Callable[[int], None]] = {"bare": bare.calls(name, a)}
-        for way, call in (("ordinary", _ordinary(name, a)), *((("persistent", request),) if request else ()),
+        mine = (("persistent", request), ("start/wait", _start_wait(request))) if request else ()
+        for way, call in (("ordinary", _ordinary(name, a)), *mine,
                           *(_mpich(name, a).items() if mpi else ())):
             ways[way] = _repeat(call)
         for run in ways.values():

@@ -6,7 +6,8 @@ Usage: python benchmarks/small_calls.py [--bytes 8] [--batches 15] [--calls 1000
 Times ``all_reduce`` with the flight recorder at its default size and off
 (``recorder.configure(0)``), then ``broadcast``, ``all_gather``, ``all_to_all`` and
 ``reduce_scatter`` with it on (called as ``percall_calls.py`` calls them), then each of the five
-made persistent (``all_reduce_init`` and so on, run as ``request()``), each as ``--batches``
+made persistent (``all_reduce_init`` and so on, run as ``request()``, then as ``start()`` and
+``wait()``, the way MPI programs run a persistent request), each as ``--batches``
 batches of ``--calls`` calls after a barrier; a batch counts the slower rank. ``--cpu`` times each
 rank's thread CPU time less the CPU time spent waiting for the peer in shared memory's
 ``Slots._block`` (spinning, yielding, sleeping): what one rank's own work costs per call whatever
@@ -33,6 +34,7 @@ from tensorcomm.trace import recorder
 
 RECORDER_OFF = "all_reduce, recorder off"
 PERSISTENT = ", persistent"
+STARTED = ", start/wait"
 
 
 def _waits_counted() -> Callable[[], float]:
@@ -53,15 +55,27 @@ def _waits_counted() -> Callable[[], float]:
     return lambda: waited[0]
 
 
+def _start_wait(request: tc.Prequest) -> Callable[[], object]:
+    start, wait = request.start, request.wait
+
+    def run() -> None:
+        start()
+        wait()
+
+    return run
+
+
 def body(nbytes: int, batches: int, calls: int, cpu: bool) -> dict[str, tuple[float, float]]:
     """One job's figures (run by every rank): per call, the median and the fastest batch, µs."""
     clock, waited = (time.thread_time, _waits_counted()) if cpu else (time.perf_counter, lambda: 0.0)
     found: dict[str, tuple[float, float]] = {}
     # ab.py may run this on a tree without persistent calls
-    persistent = [c + PERSISTENT for c in COLLECTIVES] if hasattr(tc, "all_reduce_init") else []
+    persistent = [c + way for way in (PERSISTENT, STARTED) for c in COLLECTIVES] \
+        if hasattr(tc, "all_reduce_init") else []
     for name in (COLLECTIVES[0], RECORDER_OFF, *COLLECTIVES[1:], *persistent):
         base = name.split(",")[0]
-        call = make_request(base, nbytes) if name.endswith(PERSISTENT) else make_call(base, nbytes)
+        call = make_request(base, nbytes) if name.endswith(PERSISTENT) else \
+            _start_wait(make_request(base, nbytes)) if name.endswith(STARTED) else make_call(base, nbytes)
         recorder.configure(0 if name == RECORDER_OFF else FLIGHT_CALLS)
         for _ in range(2000):
             call()

@@ -30,7 +30,7 @@ def body_die_while_started(collective: str, progress: str, stamp_dir: str) -> di
     """Every rank runs a persistent call with start()/wait() in a loop; the victim is killed
     part-way. ``progress``: "wait" waits at once (the run goes ahead on this thread), "worker"
     sleeps between start and wait (the group's worker runs it), "call" runs 8-byte calls with
-    ``request()`` (on shared memory: ``core.one_round``'s path)."""
+    ``request()`` (on shared memory: its bound round, ``core.bound``)."""
     rank, size = tc.get_rank(), tc.get_world_size()
     x = np.ones(2 if progress == "call" else 1 << 18, np.float32)
     if collective == "all_reduce":
@@ -38,7 +38,7 @@ def body_die_while_started(collective: str, progress: str, stamp_dir: str) -> di
     else:
         out = np.empty(size * x.size, np.float32)
         request = tc.all_gather_into_tensor_init(out, x)
-    assert progress != "call" or request.transport != "shm" or request._round is not None  # one round
+    assert progress != "call" or request.transport != "shm" or request._bound.one is not None  # one round
     if rank == VICTIM:
         def die() -> None:
             with open(os.path.join(stamp_dir, "death"), "w") as f:
@@ -90,13 +90,13 @@ def test_a_rank_killed_during_started_runs_is_named_on_every_survivor(world_size
 
 def body_stop_while_started(stamp_dir: str, how: str) -> dict:
     """``how``: "start" (``start()`` then ``wait()``) or "call" (``request()``: on shared memory,
-    ``core.one_round``'s path)."""
+    its bound round, ``core.bound``)."""
     rank = tc.get_rank()
     with open(os.path.join(stamp_dir, f"pid{rank}"), "w") as f:
         f.write(str(os.getpid()))
     x = np.ones(1024, np.float32)
     request = tc.all_reduce_init(x)
-    assert how != "call" or request.transport != "shm" or request._round is not None  # one round
+    assert how != "call" or request.transport != "shm" or request._bound.one is not None  # one round
     request()
     if rank == VICTIM:
         os.kill(os.getpid(), signal.SIGSTOP)

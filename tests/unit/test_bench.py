@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tensorcomm import cli
-from tensorcomm.bench import check, options, peers, report, runner, timing
+from tensorcomm.bench import check, copyrate, options, peers, report, runner, timing
 from tensorcomm.bench import cli as bench_cli
 from tensorcomm.bench.control import ControlClient, JobChannel, JobFailed
 from tensorcomm.bench.formulas import COLLECTIVES, algbw, busbw, element_count
@@ -213,6 +213,43 @@ def test_measure_makes_the_planned_calls():
     assert result.wrong == 1 and result.iters == 6 and result.warmup == 2
     assert len(result.batch_times) == 6 and len(barriers) == 2 + 6
     assert result.median == pytest.approx(0.01)
+
+
+def test_barrier_each_times_every_call_alone_after_its_own_barrier():
+    """``--barrier each``: a barrier before every warm-up and timed call, and the barriers'
+    own time left out of the call's (here each barrier takes 5 ms of the fake clock)."""
+    clock = [0.0]
+    case = _FakeCase(clock, 0.01)
+    barriers = []
+
+    def barrier() -> None:
+        barriers.append(1)
+        clock[0] += 0.005
+
+    result = timing.measure(case, barrier, _Alone(),
+                            timing.Plan(budget=0.1, warmup=2, iters=6, each=True), clock=lambda: clock[0])
+    assert case.calls == 1 + 1 + 2 + 6
+    assert len(barriers) == 2 + 2 + 6 + 6  # before probe and warm-up; per warm-up call; per batch and call
+    assert result.median == pytest.approx(0.01)
+
+
+def test_barrier_flag_parses_and_reaches_the_plan_and_the_header():
+    assert _options().barrier == "batch" and not _options().plan().each
+    each = _options("--barrier", "each")
+    assert each.barrier == "each" and each.plan().each
+    machine = report.machine_info({}, {"tensorcomm": "tensorcomm 0"})
+    assert "back to back" in "\n".join(report.header(_options(), 2, machine))
+    assert "one at a time" in "\n".join(report.header(each, 2, machine))
+    with pytest.raises(SystemExit):
+        _options("--barrier", "never")
+
+
+def test_the_cross_core_copy_rate_is_measured_and_shown():
+    measured = copyrate.measure(seconds=0.05, nbytes=1 << 20)
+    assert measured is not None and 0 < measured[0] <= measured[1]
+    machine = {**report.machine_info({}, {"tensorcomm": "tensorcomm 0"}), "cross_core": measured}
+    assert any(line.startswith("# cross-core copy: 4 MiB") for line in report.header(_options(), 2, machine))
+    assert "not measured" in copyrate.line(None)
 
 
 # --- control channel, with threads as ranks --------------------------------------------------

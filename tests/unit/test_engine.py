@@ -109,3 +109,63 @@ def test_a_call_from_another_thread_while_calls_are_in_flight_is_refused() -> No
     thread.join(10)
     assert len(caught) == 1 and isinstance(caught[0], ConcurrentUseError)
     engine.stop(RuntimeError("done"))
+
+
+class _Parked:
+    """A call parked half way (``Engine.park``): its rest appends to ``log``."""
+
+    def __init__(self, log: list[tuple[str, int]], seq: int) -> None:
+        self.log, self.seq = log, seq
+
+    def finish(self) -> None:
+        self.log.append(("rest", self.seq))
+
+
+def test_a_parked_call_is_finished_first_by_whoever_runs_next() -> None:
+    """A call parked after its post is finished before the next call, blocking or queued, and
+    the next call gets the next number; ``settle`` finishes it once, and not after it was."""
+    engine = Engine("parked")
+    log: list[tuple[str, int]] = []
+    for kind in ("blocking", "async", "settle"):
+        seq = engine.enter()
+        parked = _Parked(log, seq)
+        engine.park(parked)
+        assert engine.enter() == -1  # the parked call goes first
+        if kind == "blocking":
+            engine.submit("next", _record(log), False, "next")
+        elif kind == "async":
+            engine.submit("next", _record(log), True, "next").wait()
+        else:
+            assert engine.settle(parked)
+        assert engine.settle(parked)  # finished already: nothing more
+        assert log.count(("rest", seq)) == 1
+    assert log == [("rest", 0), ("next", 1), ("rest", 2), ("next", 3), ("rest", 4)]
+    engine.stop(RuntimeError("done"))
+
+
+def test_another_threads_call_while_one_is_parked_is_refused() -> None:
+    engine = Engine("parked-threads")
+    log: list[tuple[str, int]] = []
+    engine.park(_Parked(log, engine.enter()))
+    refused: list[BaseException] = []
+
+    def other() -> None:
+        try:
+            engine.submit("other", _record(log), False, "other")
+        except ConcurrentUseError as exc:
+            refused.append(exc)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join(10)
+    assert len(refused) == 1 and log == []
+    engine.stop(RuntimeError("done"))
+
+
+def test_stop_drops_a_parked_call_unfinished() -> None:
+    engine = Engine("parked-stop")
+    log: list[tuple[str, int]] = []
+    parked = _Parked(log, engine.enter())
+    engine.park(parked)
+    engine.stop(GroupAbortedError("stopped"))
+    assert engine.settle(parked) and log == []  # its owner finds it unfinished

@@ -29,6 +29,8 @@ from tensorcomm.transports.tcp.link import Link
 from tensorcomm.transports.tcp.transport import TcpTransport
 from tensorcomm.types import SUPPORTED_DTYPES, ReduceOp
 
+from helpers import close_all, ctx_for, open_domains, run_each_rank
+
 OPS: list[Any] = [*ReduceOp, "sum", "max", ReduceOp.premul_sum(2.0), 3.5, None]
 
 
@@ -257,11 +259,55 @@ def test_isend_packs_the_header_as_pack_header_does() -> None:
             assert header == framing.pack_header(framing.KIND_DATA, tag, len(data), sig)
 
 
+def _line_words(d: Any) -> list[int]:
+    """The words of ``d``'s rank's control line that a start writes (counter, two entries)."""
+    slots = d.slots
+    base = slots.counter_word[slots.rank]
+    return [slots.words[base + i] for i in range(8)]
+
+
+@pytest.mark.parametrize("mismatch", [False, True])
+def test_slots_start_is_announce_then_meet(mismatch: bool) -> None:
+    """``Slots.start``'s inlined ``announce`` and ``meet``: of two thread-ranks, one starts each
+    call with ``start`` and the other with ``announce`` then ``meet``, with and without an
+    extent; they leave the same words on their lines, the same posts, and raise the same
+    mismatch."""
+    domains = open_domains(2)
+    sigs = [signature("all_reduce", np.dtype(np.float32), 4, ReduceOp.SUM, -1)] * 2
+    if mismatch:
+        sigs[1] = signature("all_gather", np.dtype(np.float32), 8, None, -1)
+
+    def rank(r: int) -> list[Any]:
+        d = domains[r]
+        seen: list[Any] = []
+        for seq, extent in ((0, None), (1, 24), (2, 8)):
+            ctx = ctx_for(d, seq, sigs[r])
+            try:
+                if r == 0:
+                    d.slots.start(ctx, extent)
+                else:
+                    d.slots.announce(ctx, extent)
+                    d.slots.meet(ctx)
+            except tensorcomm.CollectiveMismatchError as exc:
+                seen.append(str(exc).split(" while ")[0].split(" called ")[1])
+                return seen
+            seen.append((_line_words(d), d.slots.posts))
+        return seen
+
+    try:
+        got = run_each_rank(2, rank)
+    finally:
+        close_all(domains)
+    if mismatch:
+        assert got == [["all_gather(float32[8])"], ["all_reduce(float32[4], op=sum)"]]
+    else:
+        assert got[0] == got[1] and len(got[0]) == 3
+
+
 # Where the copies are (a comment naming the original, then "inline"), and how many each module
-# holds: a new copy, or one moved, must come with its test here (core/one_round.py's, which need
-# ranks that share memory: tests/multiprocess/test_one_round.py).
+# holds: a new copy, or one moved, must come with its test here.
 PINNED = {"algorithms/allreduce.py": 1, "algorithms/shm_allreduce.py": 1, "core/collectives.py": 5,
-          "core/one_round.py": 6,
+          "transports/shm/slots.py": 1,
           "frontends/functional.py": 1, "transports/tcp/driving.py": 1, "transports/tcp/link.py": 2,
           "transports/tcp/transport.py": 2}
 _COPY = re.compile(r"#.*(``[^`]+``|does)[^#]*\binline\b")

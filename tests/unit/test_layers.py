@@ -25,7 +25,7 @@ LAYERS: list[set[str]] = [
     {"bench"},                                      # measures tensorcomm beside other libraries
     {"demo", "ray"},                                # programs on the public API (ray uses torch)
     {"launch", "testing", "torch"},                 # start ranks; test harness; torch backend
-    {"__init__", "ops", "cross_device"},            # the public API
+    {"__init__", "ops", "cross_device", "MPI"},     # the public API (MPI: mpi4py's, over it)
     {"frontends"},                                  # validation, adapters' use, API styles
     {"core"},                                       # world, groups, engine, Work
     {"algorithms", "adapters", "trace"},            # collectives over a Team; framework arrays; records

@@ -49,7 +49,7 @@ Bind = Callable[..., "OneRound | None"]
 
 class OneRound(NamedTuple):
     """A persistent call that is one round of the shared-memory protocol, bound to the arrays it
-    was made with (``Row.bind``); ``core.one_round`` runs it. Per IN slot ``p``: the calls of
+    was made with (``Row.bind``); ``core.bound`` runs it. Per IN slot ``p``: the calls of
     ``put[p]`` write this member's contribution into its slot, the round starts (``Slots.start``
     with ``extent``), every peer's announced extent is compared with ``extents`` (member ``q``'s
     at ``extents[q]``; None: not compared), and the calls of ``take[p]`` read what this member

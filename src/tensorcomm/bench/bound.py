@@ -123,103 +123,139 @@ def _sum(rows: Sequence[np.ndarray], out: np.ndarray) -> Phase:
     return lambda i: _add(rows, out)
 
 
+def _reads(k: _Rank, *wanted: tuple[np.ndarray, int, int]) -> Phase:
+    """A phase of direct reads, each ``(destination, rank, byte offset in its input)``."""
+    def run(i: int) -> None:
+        for dst, q, offset in wanted:
+            k.read(dst, q, offset)
+    return run
+
+
+def _reduce_read(k: _Rank, a: np.ndarray, dst: np.ndarray) -> Phase:
+    """Block ``k.r`` of every rank's input (``a`` here) reduced into ``dst``, the peers' terms read
+    a chunk at a time (``shm_cma``'s reductions)."""
+    r, b = k.r, k.b
+    peers = [q for q in range(k.n) if q != r]
+    own = _block(a, r, b)
+
+    def run(i: int) -> None:
+        for x in range(0, b, k.chunk):
+            y = min(b, x + k.chunk)
+            for q in peers:
+                k.read(k.scratch[q, :y - x], q, r * b + x)
+            _add([own[x:y], *(k.scratch[q, :y - x] for q in peers)], dst[x:y])
+    return run
+
+
+def _all_gather(k: _Rank, a: np.ndarray, out: np.ndarray, cma_ok: bool) -> dict[str, list[Phase]]:
+    r, n, b, slots = k.r, k.n, k.b, k.slots
+    peers = [q for q in range(n) if q != r]
+    ins, outs = [x for x, _ in k.arrays], [y for _, y in k.arrays]
+    own = _copies((_block(out, r, b), a))
+    designs = {"slots": [_copies((slots[r, :b], a)),
+                         _copies(*((_block(out, q, b), slots[q, :b]) for q in peers)), own]}
+    if cma_ok:
+        designs["cma"] = [_reads(k, *((_block(out, q, b), q, 0) for q in peers)), own]
+    if ins:
+        designs["shared"] = [_copies(*((_block(outs[r], q, b), ins[q][:b]) for q in peers),
+                                     (_block(outs[r], r, b), ins[r][:b]))]
+    return designs
+
+
+def _all_to_all(k: _Rank, a: np.ndarray, out: np.ndarray, cma_ok: bool) -> dict[str, list[Phase]]:
+    r, n, b, slots = k.r, k.n, k.b, k.slots
+    peers = [q for q in range(n) if q != r]
+    ins, outs = [x for x, _ in k.arrays], [y for _, y in k.arrays]
+
+    def packed(q: int, j: int) -> np.ndarray:  # where rank q's slot holds its block for rank j
+        at = (j - (j > q)) * b
+        return slots[q, at:at + b]
+
+    designs = {"slots": [_copies(*((packed(r, j), _block(a, j, b)) for j in peers)),
+                         _copies(*((_block(out, q, b), packed(q, r)) for q in peers),
+                                 (_block(out, r, b), _block(a, r, b)))]}
+    if cma_ok:
+        designs["cma"] = [_reads(k, *((_block(out, q, b), q, r * b) for q in peers)),
+                          _copies((_block(out, r, b), _block(a, r, b)))]
+    if ins:
+        designs["shared"] = [_copies(*((_block(outs[r], q, b), _block(ins[q], r, b)) for q in range(n)))]
+    return designs
+
+
+def _reduction(k: _Rank, collective: str, a: np.ndarray, out: np.ndarray,
+               cma_ok: bool) -> dict[str, list[Phase]]:
+    """reduce_scatter's and all_reduce's designs."""
+    r, n, b, size, slots = k.r, k.n, k.b, k.size, k.slots
+    peers = [q for q in range(n) if q != r]
+    ins, outs = [x for x, _ in k.arrays], [y for _, y in k.arrays]
+    if n == 2:  # the peer's block alone goes through the slots
+        publish = _copies((slots[r, :b], _block(a, 1 - r, b)))
+        terms = [_block(a, r, b), slots[1 - r, :b]]
+    else:
+        publish = _copies((slots[r, :n * b], a[:n * b]))
+        terms = [_block(slots[q], r, b) for q in range(n)]
+    if collective == "reduce_scatter":
+        designs = {"slots": [publish, _sum(terms, out[:b])]}
+        if cma_ok:
+            designs["cma"] = [_reduce_read(k, a, out[:b])]
+        if ins:
+            designs["shared"] = [_sum([_block(ins[q], r, b) for q in range(n)], outs[r][:b])]
+        return designs
+    parts = slots[:, size:size + b]  # all_reduce: own part reduced into the OUT area, then copied out
+    designs = {"slots": [publish, _sum(terms, parts[r]),
+                         _copies(*((_block(a, q, b), parts[q]) for q in range(n)))]}
+    if cma_ok:
+        designs["cma"] = [_reduce_read(k, a, _block(a, r, b)),
+                          _reads(k, *((_block(a, q, b), q, q * b) for q in peers))]
+    if ins:
+        designs["shared"] = [_sum([_block(ins[q], r, b) for q in range(n)], _block(ins[r], r, b)),
+                             _copies(*((_block(ins[r], q, b), _block(ins[q], q, b)) for q in peers))]
+    return designs
+
+
+def _broadcast(k: _Rank, a: np.ndarray, cma_ok: bool) -> dict[str, list[Phase]]:
+    r, n, b, size, slots = k.r, k.n, k.b, k.size, k.slots
+    peers = [q for q in range(n) if q != r]
+    ins = [x for x, _ in k.arrays]
+
+    def slots_phase(i: int) -> None:  # the root fills one half while the receivers take the other
+        half = size * (i & 1 if r == 0 else 1 - (i & 1))
+        if r == 0:
+            slots[0, half:half + size] = a
+        else:
+            a[...] = slots[0, half:half + size]
+
+    def cma_phase(i: int) -> None:  # the root writes part q into receiver q, which reads the rest
+        for p in range(n):
+            if r == 0 and p:
+                k.write(_block(a, p, b), p, p * b)
+            elif r and p != r:
+                k.read(_block(a, p, b), 0, p * b)
+
+    designs: dict[str, list[Phase]] = {"slots": [slots_phase]}
+    if cma_ok:
+        designs["cma"] = [cma_phase]
+    if ins:  # the same split, by numpy
+        given = [(_block(ins[q], q, b), _block(ins[0], q, b)) for q in peers] if r == 0 else \
+            [(_block(ins[r], p, b), _block(ins[0], p, b)) for p in range(n) if p != r]
+        designs["shared"] = [_copies(*given)]
+    return designs
+
+
 def _designs(k: _Rank, collective: str, mine: tuple[np.ndarray, np.ndarray],
              cma_ok: bool) -> dict[str, list[Phase]]:
     """This rank's phases of each design of ``collective`` (see the module docstring); ``mine``:
     its plain arrays (input, output; the output is empty for in-place collectives)."""
-    r, n, b, size, slots = k.r, k.n, k.b, k.size, k.slots
-    peers = [q for q in range(n) if q != r]
     a, out = mine
-    ins = [x for x, _ in k.arrays]  # every rank's shared arrays, when timed
-    outs = [y for _, y in k.arrays]
-
-    def reads(*wanted: tuple[np.ndarray, int, int]) -> Phase:
-        """A phase of direct reads, each ``(destination, rank, byte offset in its input)``."""
-        def run(i: int) -> None:
-            for dst, q, offset in wanted:
-                k.read(dst, q, offset)
-        return run
-
-    def reduce_read(dst: np.ndarray) -> Phase:
-        """Block ``r`` of every rank's input reduced into ``dst``, the peers' terms read a chunk
-        at a time (``shm_cma``'s reductions)."""
-        own = _block(a, r, b)
-
-        def run(i: int) -> None:
-            for x in range(0, b, k.chunk):
-                y = min(b, x + k.chunk)
-                for q in peers:
-                    k.read(k.scratch[q, :y - x], q, r * b + x)
-                _add([own[x:y], *(k.scratch[q, :y - x] for q in peers)], dst[x:y])
-        return run
-
-    designs: dict[str, list[Phase]] = {}
     if collective == "all_gather":
-        own = _copies((_block(out, r, b), a))
-        designs["slots"] = [_copies((slots[r, :b], a)),
-                            _copies(*((_block(out, q, b), slots[q, :b]) for q in peers)), own]
-        if cma_ok:
-            designs["cma"] = [reads(*((_block(out, q, b), q, 0) for q in peers)), own]
-        if ins:
-            designs["shared"] = [_copies(*((_block(outs[r], q, b), ins[q][:b]) for q in peers),
-                                         (_block(outs[r], r, b), ins[r][:b]))]
-    elif collective == "all_to_all":
-        def packed(q: int, j: int) -> np.ndarray:  # where rank q's slot holds its block for rank j
-            at = (j - (j > q)) * b
-            return slots[q, at:at + b]
-        designs["slots"] = [_copies(*((packed(r, j), _block(a, j, b)) for j in peers)),
-                            _copies(*((_block(out, q, b), packed(q, r)) for q in peers),
-                                    (_block(out, r, b), _block(a, r, b)))]
-        if cma_ok:
-            designs["cma"] = [reads(*((_block(out, q, b), q, r * b) for q in peers)),
-                              _copies((_block(out, r, b), _block(a, r, b)))]
-        if ins:
-            designs["shared"] = [_copies(*((_block(outs[r], q, b), _block(ins[q], r, b)) for q in range(n)))]
-    elif collective in ("reduce_scatter", "all_reduce"):
-        if n == 2:  # the peer's block alone goes through the slots
-            publish = _copies((slots[r, :b], _block(a, 1 - r, b)))
-            terms = [_block(a, r, b), slots[1 - r, :b]]
-        else:
-            publish = _copies((slots[r, :n * b], a[:n * b]))
-            terms = [_block(slots[q], r, b) for q in range(n)]
-        if collective == "reduce_scatter":
-            designs["slots"] = [publish, _sum(terms, out[:b])]
-            if cma_ok:
-                designs["cma"] = [reduce_read(out[:b])]
-            if ins:
-                designs["shared"] = [_sum([_block(ins[q], r, b) for q in range(n)], outs[r][:b])]
-        else:  # all_reduce: own part reduced into the OUT area, then every part copied out
-            parts = slots[:, size:size + b]
-            designs["slots"] = [publish, _sum(terms, parts[r]),
-                                _copies(*((_block(a, q, b), parts[q]) for q in range(n)))]
-            if cma_ok:
-                designs["cma"] = [reduce_read(_block(a, r, b)),
-                                  reads(*((_block(a, q, b), q, q * b) for q in peers))]
-            if ins:
-                designs["shared"] = [_sum([_block(ins[q], r, b) for q in range(n)], _block(ins[r], r, b)),
-                                     _copies(*((_block(ins[r], q, b), _block(ins[q], q, b)) for q in peers))]
-    elif collective == "broadcast":
-        def slots_phase(i: int) -> None:  # the root fills one half while the receivers take the other
-            half = size * (i & 1 if r == 0 else 1 - (i & 1))
-            if r == 0:
-                slots[0, half:half + size] = a
-            else:
-                a[...] = slots[0, half:half + size]
-
-        def cma_phase(i: int) -> None:  # the root writes part q into receiver q, which reads the rest
-            for p in range(n):
-                if r == 0 and p:
-                    k.write(_block(a, p, b), p, p * b)
-                elif r and p != r:
-                    k.read(_block(a, p, b), 0, p * b)
-        designs["slots"] = [slots_phase]
-        if cma_ok:
-            designs["cma"] = [cma_phase]
-        if ins:  # the same split, by numpy
-            given = [(_block(ins[q], q, b), _block(ins[0], q, b)) for q in peers] if r == 0 else \
-                [(_block(ins[r], p, b), _block(ins[0], p, b)) for p in range(n) if p != r]
-            designs["shared"] = [_copies(*given)]
-    return designs
+        return _all_gather(k, a, out, cma_ok)
+    if collective == "all_to_all":
+        return _all_to_all(k, a, out, cma_ok)
+    if collective in ("reduce_scatter", "all_reduce"):
+        return _reduction(k, collective, a, out, cma_ok)
+    if collective == "broadcast":
+        return _broadcast(k, a, cma_ok)
+    return {}
 
 
 def _worker(rank: int, ranks: int, size: int, collectives: Sequence[str], shared: bool, region: mmap.mmap,

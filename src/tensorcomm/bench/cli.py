@@ -25,7 +25,7 @@ from typing import Any
 
 from ..launch.env import LaunchConfigError
 from ..rendezvous.discovery import discover
-from . import bound, peers, report, runner
+from . import bound, copyrate, peers, report, runner
 from . import options as bench_options
 from .options import BenchOptions
 from .progress import progress
@@ -113,6 +113,7 @@ def _launched(opts: BenchOptions, ranks: int) -> int:
         else:
             names.append(name)
     jobs: dict[str, runner.PeerJob] = {}
+    cross_core = copyrate.measure()  # before any thread starts: it forks
     try:
         with progress(_steps(opts, ranks, len(names)), sys.stdout.isatty()) as advance:
             advance(f"starting {', '.join(names)}")
@@ -120,6 +121,7 @@ def _launched(opts: BenchOptions, ranks: int) -> int:
             if TENSORCOMM not in jobs:
                 return 1
             machine = report.machine_info(env, {n: j.version for n, j in jobs.items()})
+            machine["cross_core"] = cross_core
             print("\n".join(report.header(opts, ranks, machine)))
             runs: dict[str, runner.Run] = {n: partial(j.run, plan=opts.plan())
                                            for n, j in jobs.items()}

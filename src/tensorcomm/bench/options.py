@@ -23,6 +23,7 @@ _SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
 DEFAULT_COLLECTIVES = ("all_reduce",)
 DEFAULT_BUDGET = 0.2  # seconds of timed calls per size and library
 DEFAULT_TIMEOUT = 300.0  # seconds per size and library before a peer job counts as hung
+BARRIERS = ("batch", "each")  # --barrier: how calls are timed
 
 
 @dataclass(frozen=True)
@@ -46,10 +47,12 @@ class BenchOptions:
     plot: str | None
     compare_all: bool = False  # --compare all: the libraries missing here are skipped, not refused
     shared: bool = False  # --shared-arrays: tensorcomm's buffers are tensorcomm.zeros arrays
+    barrier: str = "batch"  # --barrier: "batch" (calls back to back) or "each" (one at a time)
 
     def plan(self) -> Plan:
         """How each size is timed (the same on every rank and library)."""
-        return Plan(budget=self.budget, warmup=self.warmup, iters=self.iters, check=self.check)
+        return Plan(budget=self.budget, warmup=self.warmup, iters=self.iters, check=self.check,
+                    each=self.barrier == "each")
 
 
 def parse_size(text: str) -> int:
@@ -136,6 +139,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shared-arrays", action="store_true",
                         help="tensorcomm's buffers are shared arrays (tensorcomm.zeros, on a group "
                              "made for each size); the other libraries keep plain arrays")
+    parser.add_argument("--barrier", choices=BARRIERS, default="batch",
+                        help="batch (default): time calls back to back, in batches after a barrier "
+                             "(nccl-tests); each: a barrier before each timed call, which is timed "
+                             "alone (OSU), as programs that compute between calls make them")
     parser.add_argument("--rounds", type=int, default=1, metavar="R",
                         help="measure every size R times per library, alternating the order")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
@@ -175,4 +182,5 @@ def from_args(args: argparse.Namespace) -> BenchOptions:
         collectives=collectives, ranks=args.ranks, sizes=sizes, dtype=args.dtype, op=args.op,
         check=bool(args.check), iters=args.iters, warmup=args.warmup, budget=args.time_budget,
         compare=compare, rounds=args.rounds, timeout=args.timeout, csv=args.csv, json=args.json,
-        plot=args.plot, compare_all=compare_text == "all", shared=args.shared_arrays)
+        plot=args.plot, compare_all=compare_text == "all", shared=args.shared_arrays,
+        barrier=args.barrier)

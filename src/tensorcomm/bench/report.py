@@ -27,6 +27,7 @@ import numpy as np
 import tensorcomm
 
 from ..rendezvous import private
+from . import copyrate
 from .formulas import COLLECTIVES
 from .options import BenchOptions
 from .results import TENSORCOMM, Row, ratios
@@ -131,6 +132,8 @@ def header(options: BenchOptions, ranks: int, machine: Mapping[str, Any]) -> lis
     env = " ".join(f"{k}={v if v is not None else 'unset'}" for k, v in machine["env"].items())
     timing = (f"{options.iters} timed calls" if options.iters else
               f"{options.budget:g} s of timed calls")
+    how = ("one at a time, each after a barrier and timed alone (--barrier each, OSU)"
+           if options.barrier == "each" else "back to back in batches after a barrier (nccl-tests)")
     return [
         (f"# tensorcomm bench: {', '.join(options.collectives)}; {ranks} ranks; {options.dtype}; "
          f"op {options.op}; check {'on' if options.check else 'off'}"
@@ -142,9 +145,10 @@ def header(options: BenchOptions, ranks: int, machine: Mapping[str, Any]) -> lis
            else ""),
         *load_lines(machine),
         f"# env: {env}",
-        (f"# timing: per size and library, {timing}, in batches after a barrier; time = median "
+        (f"# timing: per size and library, {timing}, {how}; time = median "
          f"of the batches' slowest rank (min, max beside it); {options.rounds} round(s), "
          "libraries interleaved per size"),
+        *([copyrate.line(machine["cross_core"])] if "cross_core" in machine else []),
     ]
 
 

@@ -9,7 +9,11 @@ The rules, in the order they run:
 3. The per-call time of the warm-up (slowest rank) sets the timed calls: ``--iters``, or by
    default as many as fill the time budget (``MIN_ITERS`` to ``MAX_ITERS``). They run in up to
    ``MAX_BATCHES`` batches of equal length, each after a barrier, so a batch of small messages is
-   long enough that the barrier's exit skew between ranks does not show.
+   long enough that the barrier's exit skew between ranks does not show. With ``Plan.each``
+   (``--barrier each``, the OSU convention) every call of the warm-up and of the batches comes
+   after a barrier of its own and is timed alone (the barrier left out), so a root or sender
+   that returns early does not run ahead into the next call, as in a program that computes
+   between collectives; the counts then come from a call's time with its barrier.
 4. Each rank records the per-call time of every batch; the ranks' maxima per batch are the
    batch times (a collective is done when its last rank is), and the row reports their median,
    minimum and maximum.
@@ -65,6 +69,7 @@ class Plan:
     warmup: int | None = None
     iters: int | None = None
     check: bool = True
+    each: bool = False  # a barrier before each timed call (OSU), not one per batch
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,22 @@ def _timed(case: Case, calls: int, clock: Callable[[], float]) -> float:
     return clock() - start
 
 
+def _timed_each(case: Case, calls: int, barrier: Callable[[], None],
+                clock: Callable[[], float]) -> tuple[float, float]:
+    """Seconds for ``calls`` calls, each after a barrier and timed alone (completion included),
+    and the seconds they took with their barriers."""
+    run, finish = case.run, case.finish
+    total = 0.0
+    began = clock()
+    for _ in range(calls):
+        barrier()
+        start = clock()
+        run()
+        finish()
+        total += clock() - start
+    return total, clock() - began
+
+
 def measure(case: Case, barrier: Callable[[], None], coordinator: Coordinator, plan: Plan,
             clock: Callable[[], float] = time.perf_counter) -> Measurement:
     """Time ``case`` by the rules of the module docstring; every rank returns the same result."""
@@ -127,12 +148,16 @@ def measure(case: Case, barrier: Callable[[], None], coordinator: Coordinator, p
     probe = coordinator.reduce([_timed(case, 1, clock)], "max")[0]
     warm = warmup_calls(probe, plan)
     barrier()
-    per_call = coordinator.reduce([_timed(case, warm, clock) / warm if warm else probe],
-                                  "max")[0]
+    if plan.each:  # the budget pays for the barriers too
+        warmed = _timed_each(case, warm, barrier, clock)[1] if warm else probe
+    else:
+        warmed = _timed(case, warm, clock) if warm else probe
+    per_call = coordinator.reduce([warmed / warm if warm else probe], "max")[0]
     count, calls = batches(per_call, plan)
     mine = []
     for _ in range(count):
         barrier()
-        mine.append(_timed(case, calls, clock) / calls)
+        mine.append((_timed_each(case, calls, barrier, clock)[0] if plan.each else
+                     _timed(case, calls, clock)) / calls)
     return Measurement(batch_times=coordinator.reduce(mine, "max"), iters=count * calls, warmup=warm,
                        wrong=wrong)

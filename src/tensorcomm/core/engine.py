@@ -25,6 +25,13 @@ hand-off), or else on the worker once it has stood at the head of the queue for 
 The worker therefore wakes every ``DEFER_SECONDS`` while deferred calls come (not at all once it
 has seen none for ``IDLE_WAKEUPS`` wake-ups), and ``kick`` has it run whatever is queued at once.
 
+A blocking call that runs inline may also stop half way (``park``: a persistent call's
+``start()`` that posted this rank's part and returns, as ``MPI_Start`` does): its rest is then
+owed before anything else runs on the engine, and whoever holds ``_running`` next runs it first
+(the issuing thread's ``wait``, through ``settle``, or the next call on the group, which takes
+the queued path to get there). A parked call needs no worker to go on: the peers need only its
+post, which is made.
+
 One group, one issuing thread at a time: calls issued from two threads while either's calls are
 still in flight would run in a different order on each rank and pair the wrong arrays silently,
 so such a call raises ``ConcurrentUseError`` instead (sequential use from several threads is
@@ -37,7 +44,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from threading import get_ident
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import ConcurrentUseError
 from ..transports.threads import mark_worker
@@ -46,6 +53,13 @@ from .work import Work
 Call = Callable[[int, Any], Any]  # call(seq, job): seq is the call's sequence number
 DEFER_SECONDS = 0.01  # how often the worker looks for deferred calls nobody came back for
 IDLE_WAKEUPS = 100  # wake-ups without a deferred call, after which the worker sleeps until told
+
+
+class Parked(Protocol):
+    """A call that stopped half way (``Engine.park``): ``finish()`` runs the rest of it, and
+    never raises (its error goes to whoever waits for the call)."""
+
+    def finish(self) -> None: ...
 
 
 class Engine:
@@ -66,6 +80,8 @@ class Engine:
         self._hurry = False  # a queued call must run now (not deferred, or kicked); guarded by _mutex
         self._napping = False  # the worker waits until told (it looks for deferred calls no more)
         self._patience = 0  # wake-ups the worker has left to look for deferred calls; guarded by _mutex
+        self._parked: Parked | None = None  # a call begun and not finished (``park``)
+        self._parked_by: int | None = None  # the thread that parked it
 
     @classmethod
     def refusing(cls, name: str, error: BaseException) -> Engine:
@@ -104,9 +120,10 @@ class Engine:
         with self._mutex:
             if self._stopped is not None:
                 raise self._stopped
-            inline = self._inline
+            inline, parked_by = self._inline, self._parked_by
             other = inline if inline is not None and inline != me else \
-                self._issuer if self._queued and self._issuer != me else None
+                self._issuer if self._queued and self._issuer != me else \
+                parked_by if self._parked is not None and parked_by != me else None
             if other is not None:
                 raise ConcurrentUseError(
                     f"{description} was called from thread {me} while thread {other}'s calls on the "
@@ -129,12 +146,13 @@ class Engine:
 
     def enter(self) -> int:
         """Begin running a blocking call inline, on this thread: return its sequence number, or
-        -1 when another call runs or waits ahead of it, or the engine stopped (then ``submit``
-        it). A call that got a number must ``leave()`` when it is done, whatever happens."""
+        -1 when another call runs or waits ahead of it (queued, or parked), or the engine stopped
+        (then ``submit`` it). A call that got a number must ``leave()`` or ``park()`` when it is
+        done, whatever happens."""
         running = self._running
         if not running.acquire(False):
             return -1
-        if self._queue or self._stopped is not None:  # queued or stopped: that goes first
+        if self._queue or self._stopped is not None or self._parked is not None:  # that goes first
             running.release()
             return -1
         self._inline = get_ident()
@@ -146,6 +164,29 @@ class Engine:
         """End the inline call ``enter`` began."""
         self._inline = None
         self._running.release()
+
+    def park(self, call: Parked) -> None:
+        """End the inline call ``enter`` began without finishing it: ``call.finish()`` runs the
+        rest, before any other call of the engine, on whichever thread runs on it next (``settle``
+        for the caller's own wait)."""
+        self._parked, self._parked_by = call, self._inline
+        self._inline = None
+        self._running.release()
+
+    def settle(self, call: Parked, timeout: float = -1) -> bool:
+        """Finish the parked ``call`` on this thread unless another has (or the engine stopped
+        and dropped it); waits for a call that runs meanwhile, at most ``timeout`` seconds
+        (negative: as long as it takes). Returns False only when that time ran out."""
+        running = self._running
+        if not running.acquire(False) and not running.acquire(timeout=timeout):
+            return False
+        try:
+            if self._parked is call:
+                self._parked = None
+                call.finish()
+        finally:
+            running.release()
+        return True
 
     def _run_here(self, work: Work) -> None:
         """Run the queued calls up to ``work`` on this thread if none of them has started."""
@@ -166,6 +207,10 @@ class Engine:
 
     def _run_one(self, call: Call, job: Any, work: Work) -> None:
         """Run one dequeued call (the caller holds ``_running``) and complete its ``Work``."""
+        parked = self._parked
+        if parked is not None:  # the call issued before it stopped half way: its rest comes first
+            self._parked = None
+            parked.finish()
         seq = self._seq
         self._seq = seq + 1
         try:
@@ -219,6 +264,7 @@ class Engine:
         """Refuse new calls with ``error``; fail queued ones; let the running one finish."""
         with self._mutex:
             self._stopped = error
+            self._parked = None  # its owner finds it unfinished, and raises ``error``
             pending = list(self._queue)
             self._queue.clear()
             self._queued -= len(pending)

@@ -332,8 +332,8 @@ class Group:
         if self._shm is not None:
             self._shm.abort(error, tell_peers=False)  # peers learn we left from close()
         self._engine.stop(error)
-        for request in self._requests:  # its one-round path holds views of the domain's memory
-            request._round = None
+        for request in self._requests:  # its bound round holds views of the domain's memory
+            request.drop()
         persistent = [request._plan for request in self._requests]
         for plan in (*self._plans.values(), *persistent, self._last_plan):  # ``last_call`` keeps one
             if plan is not None:

@@ -4,11 +4,15 @@ A persistent call is checked and planned once, when every member creates it (its
 collective: the members check that they create the same call), and bound to its arrays; then
 it runs many times, each run an ordinary call of its group (a step of the group's issue order,
 with its mismatch check, failure handling, flight record and trace) that skips the argument
-checks and the plan lookup. ``start()`` issues a run and returns at once; the run goes ahead
-when this thread waits for it (``wait``) or makes its next call on the group, as MPICH
-progresses a started request inside the next MPI call, or else on the group's worker thread
-after ``engine.DEFER_SECONDS``, so a program that waits on something else first cannot hang.
-Calling the request runs it at once (``start()`` then ``wait()`` in one blocking call).
+checks and the plan lookup. Each run is its ``core.bound.Bound``'s, made with the request.
+``start()`` posts this rank's part of a run at once and returns, as ``MPI_Start`` does, where
+the call is one round on shared memory (the small calls); its rest runs when this thread waits
+for it (``wait``) or makes its next call on the group, so work placed between the two overlaps
+the peers' arrival. Any other run is issued and deferred: it goes ahead when this thread waits
+or makes its next call on the group, as MPICH progresses a started request inside the next MPI
+call, or else on the group's worker thread after ``engine.DEFER_SECONDS``, so a program that
+waits on something else first cannot hang. Calling the request runs it at once (``start()``
+then ``wait()`` in one blocking call).
 
 The arrays are the caller's (the run reads and writes them where they lie: values written into
 them between runs are the ones used); the frontend's ``Binding`` checks before each run that
@@ -21,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..algorithms.base import Ctx, Plan
-from .one_round import runner
+from ..algorithms.base import Plan
+from .bound import Bound
 from .work import Work
 
 if TYPE_CHECKING:
@@ -60,7 +64,7 @@ class Prequest:
         transport: what carries it (as ``Work.transport``).
     """
 
-    __slots__ = ("_group", "_plan", "_args", "_check", "_commit", "_now", "_round", "_pending", "_label",
+    __slots__ = ("_group", "_plan", "_check", "_commit", "_bound", "_pending", "_label",
                  "algorithm", "transport", "__weakref__")
 
     def __init__(self, group: Group, plan: Plan, args: tuple[Any, ...], binding: Binding | None,
@@ -68,14 +72,10 @@ class Prequest:
         self._group = group
         self._plan = plan
         self._label = plan.label
-        self._args: tuple[Any, ...] | None = args  # None once freed
         self._check: Callable[[], None] | None = None if binding is None else binding.check
         self._commit: Callable[[], None] | None = None if binding is None else binding.commit
-        self._now = group._now
-        one = None if plan.bind is None else plan.bind(plan, *args)
-        # a run of one round on shared memory skips the ordinary path (``one_round`` says how)
-        self._round = None if one is None else runner(group, Ctx.of(group._member_team(), 0, plan), one)
-        self._pending: Work | None = None
+        self._bound: Bound | None = Bound(group, plan, args)  # None once freed
+        self._pending: Work | Bound | None = None  # the started run: queued (Work) or posted (Bound)
         self.algorithm = plan.algorithm
         self.transport = transport
         group._requests.add(self)
@@ -89,35 +89,37 @@ class Prequest:
             CommError: the run failed, as the ordinary call would (the group then ends on every
                 member); or the group was destroyed, aborted or failed earlier.
         """
-        args = self._args
-        if args is None or self._pending is not None:
+        bound = self._bound
+        if bound is None or self._pending is not None:
             raise self._refused()
         check = self._check
         if check is not None:
             check()
-        fast = self._round
-        if fast is None or not fast():
-            self._now(self._plan, args)
+        if not bound.run_round():
+            bound.run_ordinary()
         commit = self._commit
         if commit is not None:
             commit()
 
     def start(self) -> None:
-        """Begin a run and return at once: it goes ahead when this thread waits for it or makes
-        its next call on the group, or on the group's worker thread soon after.
+        """Begin a run and return at once: this rank's part is posted now where the call is one
+        round on shared memory, the rest runs when this thread waits for it or makes its next call
+        on the group (or, for other calls, on the group's worker thread soon after).
 
         Raises:
             ValueError: the previous run was not waited for, the request was freed, or an array
                 it is bound to is not the one it was made with any more.
             CommError: the group was destroyed, aborted or failed earlier.
         """
-        args = self._args
-        if args is None or self._pending is not None:
+        bound = self._bound
+        if bound is None or self._pending is not None:
             raise self._refused()
         if self._check is not None:
             self._check()
-        group, plan = self._group, self._plan
-        work = group._submit((group, plan, args, group._record_issued(plan)), True, True)
+        if bound.post():
+            self._pending = bound
+            return
+        work = bound.queue()
         work.algorithm, work.transport = self.algorithm, self.transport
         if self._commit is not None:
             work._after(self._commit)
@@ -136,6 +138,17 @@ class Prequest:
         work = self._pending
         if work is None:
             return True
+        if isinstance(work, Bound):
+            try:
+                work.wait(timeout)
+            except BaseException:
+                if not work.parked:
+                    self._pending = None
+                raise
+            self._pending = None
+            if self._commit is not None:
+                self._commit()
+            return True
         if timeout is not None:
             self._group._engine.kick()  # the worker runs it: this thread waits at most timeout
         try:
@@ -150,7 +163,7 @@ class Prequest:
     def is_completed(self) -> bool:
         """Whether the started run has finished (True if none is started), without waiting."""
         work = self._pending
-        return work is None or work.is_completed()
+        return work is None or (work.test() if isinstance(work, Bound) else work.is_completed())
 
     def free(self) -> None:
         """Let go of the request and its arrays (``MPI_Request_free``); later runs raise
@@ -161,15 +174,21 @@ class Prequest:
         """
         if self._pending is not None:
             raise self._refused()
-        self._args = self._check = self._commit = self._round = None
+        self._check = self._commit = self._bound = None
         self._group._requests.discard(self)
 
+    def drop(self) -> None:
+        """Let go of what the request holds of its group's shared memory (the group stops, or
+        the process was forked): later runs take the ordinary path, which refuses them."""
+        if self._bound is not None:
+            self._bound.drop()
+
     def _refused(self) -> ValueError:
-        if self._args is None:
+        if self._bound is None:
             return ValueError(f"{self._label}: this persistent request was freed; make a new one")
         return ValueError(f"{self._label}: the run started earlier was not waited for; call wait() "
                           "before starting it again")
 
     def __repr__(self) -> str:
-        state = "freed" if self._args is None else "started" if self._pending is not None else "idle"
+        state = "freed" if self._bound is None else "started" if self._pending is not None else "idle"
         return f"<Prequest {self._label} {state}>"

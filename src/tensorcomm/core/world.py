@@ -411,8 +411,8 @@ class World:
             "call tensorcomm.init() in the child, or start it with 'spawn' or 'forkserver'")
         for group in self._groups:  # new engines: the old ones' locks may be held by parent threads
             group._engine = Engine.refusing(group.name, self.forked)
-            for request in group._requests:  # its one-round path holds the old engine
-                request._round = None
+            for request in group._requests:  # its bound round holds the parent's shared memory
+                request.drop()
 
 
 def _connect(backend: str, rdzv: Rendezvous, mesh: Mesh | None, addresses: list[str], partners: set[int],

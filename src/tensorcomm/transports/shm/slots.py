@@ -190,24 +190,22 @@ class Slots:
     # -- the per-call protocol -----------------------------------------------------------------
 
     def start(self, ctx: CallInfo, extent: int | None = None) -> None:
-        """Begin a call, as every algorithm does first: announce it with this rank's first post,
-        wait for every peer's first post of it, and check that they announced the same call.
-
-        The announcement is the call's step, a token (its signature's hash mixed with the step)
-        and, when given, ``extent``: the bytes this rank contributes, for algorithms whose peers
-        read it (``extents``); None leaves it unwritten.
+        """Begin a call, as every algorithm does first: announce it with this rank's first post
+        (``announce``), wait for every peer's first post of it and check that they announced the
+        same call (``meet``).
 
         Raises:
             CollectiveMismatchError: a peer announced a different call; names both.
             CommError: a call failed earlier here or on a peer (the counters no longer match):
                 an error of the same kind as that failure; or as ``wait``.
         """
+        # ``announce`` then ``meet``, inline: every call starts here, two Python calls fewer
         words = self.words
         if self.failure is not None or words[H_FAULT]:
             raise self.refusal()
         seq, signature = ctx.seq, ctx.signature
         step_parity = seq & 1
-        written = self._written[step_parity]  # (signature, its hash) last announced with this step parity
+        written = self._written[step_parity]
         digest = written[1] if signature is written[0] else self._announce_signature(step_parity, signature)
         token = digest ^ seq
         entry = self._my_entry[step_parity]
@@ -223,6 +221,57 @@ class Slots:
             if words[word] < target:
                 self._block(self.peers, target, ctx)
                 break
+        for word in self._peer_tokens[step_parity]:
+            if words[word] != token:
+                raise self._mismatch(word, ctx)
+
+    def announce(self, ctx: CallInfo, extent: int | None = None) -> None:
+        """Announce a call with this rank's first post of it, without waiting for the peers'.
+
+        The announcement is the call's step, a token (its signature's hash mixed with the step)
+        and, when given, ``extent``: the bytes this rank contributes, for algorithms whose peers
+        read it (``extents``); None leaves it unwritten. ``meet`` completes the start.
+
+        Raises:
+            CommError: a call failed earlier here or on a peer: an error of the same kind.
+        """
+        words = self.words
+        if self.failure is not None or words[H_FAULT]:
+            raise self.refusal()
+        seq, signature = ctx.seq, ctx.signature
+        step_parity = seq & 1
+        written = self._written[step_parity]  # (signature, its hash) last announced with this step parity
+        digest = written[1] if signature is written[0] else self._announce_signature(step_parity, signature)
+        entry = self._my_entry[step_parity]
+        words[entry] = seq
+        words[entry + 1] = digest ^ seq
+        if extent is not None:
+            words[entry + 2] = extent
+        self.posts = target = self.posts + 1
+        words[self._my_counter] = target
+        if words[self._my_sleepers]:
+            self._wake_sleepers()
+
+    def arrived(self) -> bool:
+        """Whether every peer has made as many posts as this rank (``meet`` would not wait)."""
+        words, target = self.words, self.posts
+        return all(words[word] >= target for word in self._peer_counters)
+
+    def meet(self, ctx: CallInfo) -> None:
+        """Wait for every peer's first post of the call this rank announced last (``announce``)
+        and check that they announced the same call.
+
+        Raises:
+            CollectiveMismatchError: a peer announced a different call; names both.
+            CommError: as ``wait``.
+        """
+        words, target = self.words, self.posts
+        for word in self._peer_counters:
+            if words[word] < target:
+                self._block(self.peers, target, ctx)
+                break
+        step_parity = ctx.seq & 1
+        token = words[self._my_entry[step_parity] + 1]
         for word in self._peer_tokens[step_parity]:
             if words[word] != token:
                 raise self._mismatch(word, ctx)
@@ -264,6 +313,14 @@ class Slots:
         """Every member's announced extent for this call, in group-rank order."""
         words, step_parity = self.words, ctx.seq & 1
         return [words[entry[step_parity] + 2] for entry in self._entry]
+
+    def extents_differ(self, ctx: CallInfo, expected: Sequence[int]) -> bool:
+        """Whether any member's announced extent for this call is not ``expected[member]``."""
+        words, step_parity = self.words, ctx.seq & 1
+        for entry, extent in zip(self._entry, expected, strict=True):  # not any(): a generator
+            if words[entry[step_parity] + 2] != extent:  # costs a frame on every run
+                return True
+        return False
 
     def counter(self, rank: int) -> int:
         return self.words[self.counter_word[rank]]
@@ -313,6 +370,7 @@ class Slots:
         else:
             return
         now = time.monotonic()
+        deadline = min(ctx.deadline, now + ctx.timeout)  # a bound round's starts with its wait
         check_alive = now + LIVENESS_SECONDS
         sleep_from = now if on_worker() else now + YIELD_SECONDS  # transports/threads.py says why
         while True:
@@ -327,7 +385,7 @@ class Slots:
                     raise PeerLostError(self.global_ranks[q], "it left the group (destroy() was called)",
                                         left=True, last_step=last)
             now = time.monotonic()
-            if now >= ctx.deadline:
+            if now >= deadline:
                 raise self._timeout(ranks, target, ctx)
             if now >= check_alive:
                 self._check_alive(ranks, target)
@@ -335,7 +393,7 @@ class Slots:
             if now < sleep_from:
                 os.sched_yield()
             else:
-                self._sleep(behind[0], target, min(SLEEP_SECONDS, check_alive - now, ctx.deadline - now))
+                self._sleep(behind[0], target, min(SLEEP_SECONDS, check_alive - now, deadline - now))
 
     def _sleep(self, q: int, target: int, seconds: float) -> None:
         words = self.words

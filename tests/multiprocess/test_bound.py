@@ -1,8 +1,8 @@
-"""``core.one_round``: a persistent call of one shared-memory round, run in one frame, pinned
-against the ordinary path it copies (``Engine.enter``/``leave``, ``recorder.begin``/``done``,
-``ShmDomain.next_round``, ``Slots.start``, ``_execute``): a run of each leaves the same traces in
-the engine, the recorder, the domain and the control area, members on either path meet, and the
-copy checks what the algorithm checks."""
+"""``core.bound``: a persistent call's bound round, made of its owners' steps, against the
+ordinary path (``Group._now``, ``_execute``, the algorithm): a run of each leaves the same traces
+in the engine, the recorder, the domain and the control area, members on either path meet, the
+round checks what the algorithm checks, and ``start()`` posts this rank's part at once, its rest
+run by ``wait()`` or by the group's next call."""
 
 from __future__ import annotations
 
@@ -55,23 +55,29 @@ def _traces(request: tc.Prequest) -> dict[str, Any]:
 
 
 def body_traces(name: str) -> list[str]:
-    """The request's runs alternate between the copy and the ordinary path of a blocking call
-    (``Group._now``); each run's traces must equal the one before's."""
+    """The request's runs rotate between the bound round in one frame (``run_round``), the
+    ordinary path of a blocking call (``Group._now``) and the round in two halves (``start()``
+    then ``wait()``); each run's traces must equal the one before's."""
     rank, size = tc.get_rank(), tc.get_world_size()
     x = np.full(4 * size, rank, np.float32)
     out, block = np.zeros(4 * size, np.float32), np.full(4, rank, np.float32)
     request = _request(name, x, out, block)
-    assert request._round is not None, name  # bound as one round
+    assert request._bound.one is not None, name  # bound as one round
     request()
     runs = []
-    for turn in range(4):
+    for turn in range(6):
         posts = _traces(request)["posts"]
-        if turn % 2:
-            fast, request._round = request._round, None
+        if turn % 3 == 1:
+            bound = request._bound
+            fast, bound.one = bound.one, None
             request()
-            request._round = fast
+            bound.one = fast
+        elif turn % 3 == 2 and name != "all_to_all":  # the round's two halves (``post``, then
+            # ``finish`` at wait()); all_to_all's start() is queued, and recorded as queued calls are
+            request.start()
+            request.wait()
         else:
-            assert request._round(), name
+            assert request._bound.run_round(), name
         traces = _traces(request)
         traces["posts"] -= posts
         runs.append(traces)
@@ -88,13 +94,13 @@ def body_traces(name: str) -> list[str]:
 
 @pytest.mark.parametrize("ranks", [2, 3])
 @pytest.mark.parametrize("name", COLLECTIVES)
-def test_a_run_of_the_copy_leaves_what_the_ordinary_path_leaves(name: str, ranks: int) -> None:
+def test_a_run_of_the_bound_round_leaves_what_the_ordinary_path_leaves(name: str, ranks: int) -> None:
     for wrong in run_ranks(body_traces, ranks, name, timeout=60):
         assert wrong == []
 
 
 def body_mixed(name: str) -> list[str]:
-    """Even ranks run the request through the copy, odd ranks through the ordinary path (or an
+    """Even ranks run the request through the bound round, odd ranks through the ordinary path (or an
     ordinary call): every member must get what numpy says."""
     rank, size = tc.get_rank(), tc.get_world_size()
     x, out, block = np.zeros(4 * size, np.float32), np.zeros(4 * size, np.float32), np.zeros(4, np.float32)
@@ -105,7 +111,7 @@ def body_mixed(name: str) -> list[str]:
         x[...] = values[rank]
         block[...] = values[rank][:4]
         if rank % 2 == 0:
-            assert request._round is not None and request._round(), name
+            assert request._bound.run_round(), name
         elif turn % 2:
             {"all_reduce": lambda: tc.all_reduce(x),
              "all_gather": lambda: tc.all_gather_into_tensor(out, block),
@@ -128,21 +134,21 @@ def body_mixed(name: str) -> list[str]:
 
 @pytest.mark.parametrize("ranks", [2, 3])
 @pytest.mark.parametrize("name", COLLECTIVES)
-def test_members_on_the_copy_and_on_the_ordinary_path_meet(name: str, ranks: int) -> None:
+def test_members_on_the_bound_round_and_on_the_ordinary_path_meet(name: str, ranks: int) -> None:
     for wrong in run_ranks(body_mixed, ranks, name, timeout=60):
         assert wrong == []
 
 
 def body_sizes() -> str:
-    """Rank 0 gathers blocks of 2 through the copy; rank 1 calls the same total as blocks of 1
+    """Rank 0 gathers blocks of 2 through the bound round; rank 1 calls the same total as blocks of 1
     and 3: the sizes the members announce differ, and both must say so."""
     rank = tc.get_rank()
     out = np.zeros(4, np.float32)
     request = tc.all_gather_into_tensor_init(out, np.ones(2, np.float32))
     if rank == 0:
-        assert request._round is not None
+        assert request._bound.one is not None
         with pytest.raises(tc.CollectiveMismatchError) as raised:
-            request._round()
+            request._bound.run_round()
         step = tc.WORLD._target()._engine._seq - 1
         assert f"at step {step}" in str(raised.value), (step, str(raised.value))
     else:
@@ -152,29 +158,32 @@ def body_sizes() -> str:
     return str(raised.value)
 
 
-def test_the_copy_checks_the_sizes_its_peers_announce() -> None:
+def test_the_bound_round_checks_the_sizes_its_peers_announce() -> None:
     said = run_ranks(body_sizes, 2, timeout=60)
     assert "called it expecting 2 from rank 1" in said[0], said
     assert "called it expecting 1 from rank 0" in said[1], said
 
 
-def body_aside() -> list[bool]:
+def body_sites() -> list[bool]:
+    """With the recorder keeping callers' sites (or feeding a timeline), the bound round still
+    runs, and its record names the caller's line, as the ordinary path's does."""
     x = np.ones(4, np.float32)
     request = tc.all_reduce_init(x)
-    ran = [request._round()]  # type: ignore[misc]
+    ran = [request._bound.run_round()]
     calls = recorder._size
-    recorder.configure(calls, sites=True)  # every call records its caller: the ordinary path does
-    ran.append(request._round())  # type: ignore[misc]
+    recorder.configure(calls, sites=True)  # every call records its caller
+    ran.append(request._bound.run_round())
+    ran.append(recorder.calls()[-1].to_json()["site"] is not None)
     request()
-    assert recorder.calls()[-1].to_json()["site"] is not None
+    ran.append(recorder.calls()[-1].to_json()["site"] is not None)
     recorder.configure(calls)
-    ran.append(request._round())  # type: ignore[misc]
+    ran.append(request._bound.run_round())
     return ran
 
 
-def test_the_copy_steps_aside_where_the_ordinary_path_must_run() -> None:
-    for ran in run_ranks(body_aside, 2, timeout=60):
-        assert ran == [True, False, True]
+def test_the_bound_round_records_sites_as_the_ordinary_path_does() -> None:
+    for ran in run_ranks(body_sites, 2, timeout=60):
+        assert ran == [True] * 5
 
 
 def body_interrupted(interrupted: str) -> str:
@@ -211,7 +220,7 @@ def test_a_run_interrupted_on_one_member_fails_on_the_others(tmp_path: Path) -> 
 
 def body_all_to_all_goes_on() -> list[bool]:
     """Rank 0's all_to_all fits one round, and is bound as one; rank 1 sends rank 2 a block larger
-    than a slot, so rank 0 finds, after the first round, that the call takes more: the copy goes on
+    than a slot, so rank 0 finds, after the first round, that the call takes more: the bound round goes on
     round by round as the algorithm does, and every member gets its blocks."""
     rank, b, big = tc.get_rank(), 4, 1 << 19
     sends = {0: [b, b, b], 1: [b, b, big], 2: [b, b, b]}
@@ -219,7 +228,7 @@ def body_all_to_all_goes_on() -> list[bool]:
     x = np.concatenate([np.full(n, 10 * rank + j, np.float32) for j, n in enumerate(sends[rank])])
     out = np.zeros(sum(gets[rank]), np.float32)
     request = tc.all_to_all_single_init(out, x, gets[rank], sends[rank])
-    assert (request._round is not None) == (rank == 0)
+    assert (request._bound.one is not None) == (rank == 0)
     good = []
     for _ in range(3):
         out[...] = -1
@@ -269,13 +278,13 @@ def body_let_go() -> list[bool]:
     freed()
     freed.free()
     domain = group._member_team().shm
-    found = [kept._round is not None, freed._round is None]
+    found = [kept._bound.one is not None, freed._bound is None]
     group.destroy()
-    found += [kept._round is None, domain.arena.mm.closed]
+    found += [kept._bound.one is None, domain.arena.mm.closed]
     recorder.configure(0)  # the recorder off: runs go on, recorded nowhere
     world = tc.all_reduce_init(np.ones(2, np.float32))
     world()
-    found += [world._round is not None, recorder.calls() == []]
+    found += [world._bound.one is not None, recorder.calls() == []]
     return found
 
 
@@ -285,7 +294,7 @@ def test_the_path_lets_go_with_its_group_and_runs_with_the_recorder_off() -> Non
 
 
 def body_dtypes_and_ops() -> list[str]:
-    """The bound reductions (the copy into the slot or ``load``, the ufunc or ``reduce_terms``)
+    """The bound reductions (the bound round into the slot or ``load``, the ufunc or ``reduce_terms``)
     give the ordinary call's bits for every dtype and op kind: raw terms, float16 accumulated in
     float32, AVG's division, PREMUL_SUM's factor, MAX."""
     rank, size = tc.get_rank(), tc.get_world_size()
@@ -306,7 +315,7 @@ def body_dtypes_and_ops() -> list[str]:
                     tc.reduce_scatter_tensor(want, ordinary, op=op)
                     request = tc.reduce_scatter_tensor_init(got, bound, op=op)
                 # (a two-member reduce_scatter binds only its plain round: raw terms, no AVG)
-                bound_here = request._round is not None
+                bound_here = request._bound.one is not None
                 assert bound_here or (name == "reduce_scatter" and size == 2), (name, dtype, op)
                 request()
                 same = (bound.tobytes() == ordinary.tobytes()) if name == "all_reduce" else \
@@ -321,3 +330,92 @@ def body_dtypes_and_ops() -> list[str]:
 def test_bound_reductions_give_the_ordinary_calls_bits(ranks: int) -> None:
     for wrong in run_ranks(body_dtypes_and_ops, ranks, timeout=60):
         assert wrong == []
+
+
+def body_start_posts() -> list[Any]:
+    """``start()`` posts this rank's part at once and returns: the peers' parts arrive while it
+    waits for nothing (``is_completed()`` finishes the run once they have), and no worker thread
+    is involved; the values are the call's."""
+    rank, size = tc.get_rank(), tc.get_world_size()
+    x = np.full(2, rank + 1, np.float32)
+    request = tc.all_reduce_init(x)
+    group = tc.WORLD._target()
+    slots = group._member_team().shm.slots
+    posts = slots.posts
+    request.start()
+    found: list[Any] = [slots.posts - posts, request._bound.parked]
+    deadline = time.monotonic() + 30
+    while not request.is_completed() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    request.wait()
+    found += [x.tolist() == [size * (size + 1) / 2] * 2, group._engine._worker is None]
+    return found
+
+
+def test_start_posts_at_once_and_returns() -> None:
+    for found in run_ranks(body_start_posts, 3, timeout=60):
+        assert found == [1, True, True, True]
+
+
+def body_next_call_finishes() -> list[bool]:
+    """A started run's rest runs first thing in the group's next call, which then runs too."""
+    rank, size = tc.get_rank(), tc.get_world_size()
+    x, y = np.full(2, rank + 1, np.float32), np.ones(3, np.float32)
+    request = tc.all_reduce_init(x)
+    request.start()
+    tc.all_reduce(y)
+    done = request.is_completed()
+    request.wait()
+    request.start()
+    request.wait()
+    return [done, x.tolist() == [size * (size + 1) / 2 * size] * 2, y.tolist() == [size] * 3]
+
+
+def test_the_next_call_on_the_group_finishes_a_started_run() -> None:
+    for found in run_ranks(body_next_call_finishes, 2, timeout=60):
+        assert found == [True, True, True]
+
+
+def body_wait_timeout(came: str) -> list[Any]:
+    """Rank 0's ``wait(timeout)`` before rank 1 has come raises CommTimeoutError and leaves the
+    run started; once rank 1 has come, ``wait()`` finishes it."""
+    rank = tc.get_rank()
+    x = np.full(2, rank + 1, np.float32)
+    request = tc.all_reduce_init(x)
+    if rank == 1:
+        while not os.path.exists(came):
+            time.sleep(0.01)
+        request()
+        return [x.tolist()]
+    request.start()
+    with pytest.raises(tc.CommTimeoutError):
+        request.wait(timeout=0.05)
+    still = [request.is_completed(), request._bound.parked]
+    Path(came).touch()
+    request.wait(timeout=30)
+    return [*still, x.tolist()]
+
+
+def test_a_wait_that_times_out_leaves_the_run_started(tmp_path: Path) -> None:
+    found = run_ranks(body_wait_timeout, 2, str(tmp_path / "came"), timeout=60)
+    assert found == [[False, True, [3.0, 3.0]], [[3.0, 3.0]]]
+
+
+def body_destroyed_while_started() -> str:
+    """A run started on a group destroyed before its wait: the wait raises the group's error."""
+    group = tc.new_group([0, 1])
+    request = tc.all_reduce_init(np.ones(2, np.float32), group=group)
+    request()
+    tc.barrier()
+    if tc.get_rank() == 1:
+        return "peer"
+    request.start()
+    group.destroy()
+    with pytest.raises(tc.CommError) as raised:
+        request.wait()
+    return str(raised.value)
+
+
+def test_a_run_started_on_a_destroyed_group_fails_its_wait() -> None:
+    said = run_ranks(body_destroyed_while_started, 2, timeout=60)
+    assert "destroyed" in said[0], said

@@ -1,0 +1,367 @@
+"""Point-to-point messages of one communicator, matched the way MPI matches them.
+
+Every message, buffer or pickled object, starts with a fixed-size envelope (``ENVELOPE`` bytes:
+tag, length, sequence number, then the payload itself when it fits, ``INLINE`` bytes) sent on
+the communicator's envelope channel; a longer payload follows on a payload channel under the
+sender's sequence number, straight from the sender's buffer into the receiver's. Each
+communicator keeps one receive of envelopes from any member posted at the transport
+(``transports.base``), so this module sees every message in the order its sender sent it and
+matches it here, as MPI does: a message goes to the oldest posted receive whose source and tag
+(or ``ANY_SOURCE``/``ANY_TAG``) fit, a receive takes the oldest message that fits. What that
+gives beyond the transport's exact (peer, tag, size) matching: wildcard tags and the status's
+actual tag, ``Probe``/``Iprobe`` (the envelope says the length before the payload is received),
+a receive into a buffer longer than the message, ``Cancel`` of a receive not yet matched, and a
+message longer than its receive buffer reported as ``MPI.ERR_TRUNCATE`` while the communicator
+stays usable (the payload is drained). One message costs one transport message up to
+``INLINE`` bytes, two above.
+
+Imports ``core`` (a group's transport), ``transports.base`` and the MPI package's
+``constants``, ``exceptions`` and ``status``; only ``unpickle`` here and
+``frontends.object_collectives`` unpickle.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..core.group import Group as TcGroup
+from ..errors import CommError, CommTimeoutError, PeerLostError
+from ..transports.base import ANY_SOURCE as TRANSPORT_ANY
+from ..transports.base import Request as TransportRequest
+from ..transports.base import as_bytes, p2p_tag
+from . import exceptions
+from .constants import ANY_SOURCE, ANY_TAG, PROC_NULL, TAG_UB
+from .status import Status
+
+ENVELOPE = 512
+_FIELDS = 32  # tag, length, sequence, kind as int64
+INLINE = ENVELOPE - _FIELDS
+_ENVELOPE_CHANNEL = 20000  # apart from tensorcomm's own send/recv channels (object_p2p: 0..16385)
+_PAYLOAD_CHANNEL = 20001
+_ACK_CHANNEL = 20002  # a synchronous send's "matched" answer, under the sender's sequence number
+_ACK = np.zeros(8, np.uint8)
+_SLICE = 0.05  # seconds between looks at lost peers while a receive waits for any envelope
+_sequence = itertools.count(1)  # one counter for the process: payload tags never repeat per pair
+
+
+class Envelope:
+    """A message that arrived: who sent it (communicator rank), its tag and length, and its
+    payload when it came inline."""
+
+    __slots__ = ("source", "peer", "tag", "nbytes", "sequence", "inline", "sync")
+
+    def __init__(self, source: int, peer: int, fields: np.ndarray, inline: np.ndarray | None) -> None:
+        self.source, self.peer = source, peer
+        self.tag, self.nbytes, self.sequence = int(fields[0]), int(fields[1]), int(fields[2])
+        self.sync = bool(fields[3])
+        self.inline = inline
+
+    def fits(self, source: int, tag: int) -> bool:
+        return (source == ANY_SOURCE or source == self.source) and (tag == ANY_TAG or tag == self.tag)
+
+
+class Receive:
+    """A posted receive: into ``buffer`` (a flat uint8 view), or of an object (``buffer`` None)."""
+
+    __slots__ = ("engine", "source", "tag", "buffer", "envelope", "payload", "error", "cancelled",
+                 "data")
+
+    def __init__(self, engine: Engine | None, source: int, tag: int, buffer: np.ndarray | None) -> None:
+        self.engine, self.source, self.tag, self.buffer = engine, source, tag, buffer
+        self.envelope: Envelope | None = None
+        self.payload: TransportRequest | None = None
+        self.error: BaseException | None = None
+        self.cancelled = False
+        self.data: np.ndarray | None = None  # an object's pickle
+
+    def matched(self) -> bool:
+        return self.envelope is not None or self.cancelled or self.engine is None
+
+    def done(self) -> bool:
+        if not self.matched():
+            assert self.engine is not None
+            self.engine.poll()
+            if not self.matched():
+                return False
+        return self.payload is None or self.payload.done()
+
+    def _arrived(self) -> bool:
+        return self.matched() and (self.payload is None or self.payload.done())
+
+    def finish(self) -> Any:
+        engine = self.engine
+        if engine is not None:
+            if not self._arrived():
+                engine.wait_for(self._arrived, self.source)
+            if self.payload is not None:
+                engine.finish_transfer(self.payload)
+                self.payload = None
+        if self.error is not None:
+            raise self.error
+        if self.buffer is None and self.data is not None:
+            return unpickle(self.data) if self.data.size else None
+        return None
+
+    def describe(self, status: Status) -> None:
+        envelope = self.envelope
+        if self.cancelled:
+            status._set(ANY_SOURCE, ANY_TAG, 0, cancelled=True)
+        elif envelope is None:
+            status._set(PROC_NULL, ANY_TAG, 0)
+        else:
+            status._set(envelope.source, envelope.tag, envelope.nbytes,
+                        exceptions.ERR_TRUNCATE if self.error is not None else 0)
+
+    def cancel(self) -> bool:
+        engine = self.engine
+        if engine is None:
+            return False
+        with engine.lock:
+            if self.matched():
+                return False
+            engine.posted.remove(self)
+            self.cancelled = True
+            return True
+
+
+class Send:
+    """A message handed to the transport: done when its envelope and payload are sent."""
+
+    __slots__ = ("engine", "requests", "keep")
+
+    def __init__(self, engine: Engine | None, requests: list[TransportRequest], keep: Any = None) -> None:
+        self.engine, self.requests, self.keep = engine, requests, keep
+
+    def _sent(self) -> bool:
+        return all(request.done() for request in self.requests)
+
+    def done(self) -> bool:
+        if self.engine is not None:
+            self.engine.poll()  # a synchronous send to this rank is matched here
+        return self._sent()
+
+    def finish(self) -> Any:
+        engine = self.engine
+        if engine is not None:
+            if not self._sent():
+                engine.wait_for(self._sent, ANY_SOURCE)
+            for request in self.requests:
+                engine.finish_transfer(request)
+        self.keep = None
+        return None
+
+    def describe(self, status: Status) -> None:
+        status._clear()
+
+    def cancel(self) -> bool:
+        return False
+
+
+def _either(first: Callable[[], bool], second: Callable[[], bool]) -> Callable[[], bool]:
+    return lambda: first() or second()
+
+
+def unpickle(data: np.ndarray) -> Any:
+    """The object a message carried. **Runs code the sender chose**, as every unpickling does:
+    use object messages among trusted processes only (docs/security.md)."""
+    return pickle.loads(data.data)
+
+
+def check_tag(tag: Any, fn: str, wildcard: bool) -> int:
+    """``tag`` as an int, checked (``ANY_TAG`` only where ``wildcard``)."""
+    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)):
+        raise TypeError(f"{fn}: tag must be an int, got {type(tag).__name__}")
+    tag = int(tag)
+    if not (0 <= tag <= TAG_UB or (wildcard and tag == ANY_TAG)):
+        raise exceptions.error(exceptions.ERR_TAG, f"{fn}: tag {tag} is outside 0..{TAG_UB}")
+    return tag
+
+
+class Engine:
+    """The matching state of one communicator: envelopes that arrived unmatched, receives posted
+    unmatched (both oldest first), and the transport receive of the next envelope."""
+
+    def __init__(self, group: TcGroup) -> None:
+        world = group._world
+        self.transport = world.transport
+        self.timeout = world.timeout
+        self.ranks = group.ranks
+        self.index = {peer: i for i, peer in enumerate(self.ranks)}
+        self.group_id = group._group_id
+        self.lock = threading.RLock()
+        self.arrived: deque[Envelope] = deque()
+        self.posted: list[Receive] = []
+        self._envelope_tag = p2p_tag(self.group_id, 0, _ENVELOPE_CHANNEL)
+        self._next = np.empty(ENVELOPE, np.uint8)
+        self._request = self.transport.irecv(TRANSPORT_ANY, as_bytes(self._next), self._envelope_tag)
+
+    def _tag(self, channel: int, sequence: int) -> int:
+        return p2p_tag(self.group_id, sequence & 0xFFFFFFFF, channel)
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def send(self, data: np.ndarray, dest: int, tag: int, keep: Any = None, sync: bool = False) -> Send:
+        """Start sending the bytes ``data`` to communicator rank ``dest`` (``sync``: done only
+        once a receive has matched it, as ``MPI_Ssend``)."""
+        peer = self.ranks[dest]
+        nbytes = data.size
+        sequence = next(_sequence)
+        envelope = np.empty(ENVELOPE, np.uint8)
+        envelope[:_FIELDS].view(np.int64)[:] = (tag, nbytes, sequence, int(sync))
+        transport = self.transport
+        requests: list[TransportRequest] = []
+        if sync:
+            ack = np.empty(_ACK.size, np.uint8)
+            requests.append(transport.irecv(peer, as_bytes(ack), self._tag(_ACK_CHANNEL, sequence)))
+        if nbytes <= INLINE:
+            envelope[_FIELDS:_FIELDS + nbytes] = data
+            requests.append(transport.isend(peer, as_bytes(envelope), self._envelope_tag))
+            return Send(self, requests)
+        requests.append(transport.isend(peer, as_bytes(envelope), self._envelope_tag))
+        requests.append(transport.isend(peer, as_bytes(data), self._tag(_PAYLOAD_CHANNEL, sequence)))
+        return Send(self, requests, keep if keep is not None else data)
+
+    # -- receiving --------------------------------------------------------------------------
+
+    def receive(self, buffer: np.ndarray | None, source: int, tag: int) -> Receive:
+        """Post a receive from communicator rank ``source`` (or ANY_SOURCE) with ``tag`` (or
+        ANY_TAG), into ``buffer`` or of an object."""
+        receive = Receive(self, source, tag, buffer)
+        with self.lock:
+            self._poll()
+            for envelope in self.arrived:
+                if envelope.fits(source, tag):
+                    self.arrived.remove(envelope)
+                    self._match(receive, envelope)
+                    return receive
+            self.posted.append(receive)
+        return receive
+
+    def receive_envelope(self, envelope: Envelope, buffer: np.ndarray | None) -> Receive:
+        """A receive of a message already taken by a matched probe (``Message``)."""
+        receive = Receive(self, envelope.source, envelope.tag, buffer)
+        with self.lock:
+            self._match(receive, envelope)
+        return receive
+
+    def _match(self, receive: Receive, envelope: Envelope) -> None:
+        """Give ``envelope``'s message to ``receive`` (hold the lock)."""
+        receive.envelope = envelope
+        if envelope.sync:
+            self.transport.isend(envelope.peer, as_bytes(_ACK), self._tag(_ACK_CHANNEL, envelope.sequence))
+        nbytes = envelope.nbytes
+        buffer = receive.buffer
+        if buffer is None:
+            buffer = receive.data = np.empty(nbytes, np.uint8)
+        elif nbytes > buffer.size:
+            receive.error = exceptions.error(
+                exceptions.ERR_TRUNCATE, f"a message of {nbytes} bytes from rank {envelope.source} "
+                f"(tag {envelope.tag}) does not fit the {buffer.size}-byte receive buffer")
+            buffer = np.empty(nbytes, np.uint8)  # drained, so the link stays in step
+        if envelope.inline is not None:
+            buffer[:nbytes] = envelope.inline[:nbytes]
+        elif nbytes:
+            receive.payload = self.transport.irecv(envelope.peer, as_bytes(buffer[:nbytes]),
+                                                   self._tag(_PAYLOAD_CHANNEL, envelope.sequence))
+
+    def _poll(self) -> None:
+        """Take every envelope the transport has received (hold the lock)."""
+        request = self._request
+        while request.done():
+            peer = request.wait(0)
+            raw = self._next
+            self._next = np.empty(ENVELOPE, np.uint8)
+            request = self._request = self.transport.irecv(TRANSPORT_ANY, as_bytes(self._next),
+                                                           self._envelope_tag)
+            fields = raw[:_FIELDS].view(np.int64)
+            inline = raw[_FIELDS:] if fields[1] <= INLINE else None
+            envelope = Envelope(self.index[peer], peer, fields, inline)
+            for receive in self.posted:
+                if envelope.fits(receive.source, receive.tag):
+                    self.posted.remove(receive)
+                    self._match(receive, envelope)
+                    break
+            else:
+                self.arrived.append(envelope)
+
+    def poll(self) -> None:
+        """Take what has arrived, without waiting."""
+        try:
+            with self.lock:
+                self._poll()
+        except CommError as exc:
+            raise exceptions.as_mpi(exc) from None
+
+    def probe(self, source: int, tag: int, take: bool) -> Envelope | None:
+        """The oldest unmatched message that fits, if one has arrived (``take``: remove it)."""
+        with self.lock:
+            self._poll()
+            for envelope in self.arrived:
+                if envelope.fits(source, tag):
+                    if take:
+                        self.arrived.remove(envelope)
+                    return envelope
+        return None
+
+    def wait_for(self, ready: Callable[[], bool], source: int) -> None:
+        """Receive (and match) envelopes until ``ready()``, within the job's timeout: a rank
+        that waits for anything point-to-point matches what arrives meanwhile, so a synchronous
+        send to it is answered.
+
+        Raises:
+            MPI.Exception and PeerLostError: ``source`` left the job.
+            MPI.Exception and CommTimeoutError: nothing fitting came in time.
+        """
+        deadline = time.monotonic() + self.timeout
+        peer = None if source == ANY_SOURCE else self.ranks[source]
+        try:
+            while True:
+                with self.lock:
+                    self._poll()
+                    if ready():
+                        return
+                    request = self._request
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    who = "any rank" if peer is None else f"rank {peer}"
+                    raise CommTimeoutError(f"no message from {who} within {self.timeout:g} s")
+                try:
+                    driver = getattr(request, "_driver", None)
+                    if driver is not None:  # wake on the next envelope or on ``ready``, whichever first
+                        woke = driver.run_until(_either(request.done, ready), min(left, _SLICE))
+                    else:
+                        request.wait(min(left, _SLICE))
+                        woke = True
+                except CommTimeoutError:
+                    woke = False
+                if woke:
+                    continue
+                with self.lock:  # what came before a peer left still counts
+                    self._poll()
+                    if ready():
+                        return
+                lost = self.transport.lost_peers()
+                if peer is not None and peer in lost:
+                    raise PeerLostError(peer, "it left before sending the message received")
+                if peer is None and lost >= set(self.ranks) - {self.ranks[self._me()]}:
+                    raise PeerLostError(min(lost), "every other member left")
+        except CommError as exc:
+            raise exceptions.as_mpi(exc) from None
+
+    def _me(self) -> int:
+        return self.index[self.transport.rank]
+
+    def finish_transfer(self, request: TransportRequest) -> None:
+        """Wait for one transport request within the job's timeout (errors made MPI's)."""
+        try:
+            request.wait(self.timeout)
+        except CommError as exc:
+            raise exceptions.as_mpi(exc) from None
