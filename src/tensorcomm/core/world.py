@@ -64,7 +64,6 @@ DESTROY_LINGER = 2.0  # seconds destroy() waits for the peers' goodbyes (see Tcp
 # its keys are set, so the longest pause bounds only how late a death is seen; shorter pauses
 # cost requests: 63 ranks polling every 20 ms kept rank 0's store (and rank 0) busy at 64 ranks.
 POLL_FIRST, POLL_MAX = 0.001, 0.25
-LIVENESS_SECONDS = 0.1  # partners' processes are looked at no more often than this
 
 
 
@@ -104,10 +103,9 @@ class World:
             self._hosts = tuple(j.host for j in joined)
             self._shm_allowed = tuple(j.shm for j in joined)
             partners = [r for r, j in enumerate(joined) if r != self.rank and me.partners(j)]
-            self._partners = ProcessWatch({r: joined[r].pid for r in partners},
-                                          {r: joined[r].started for r in partners})
-            self._looked, self._dead = 0.0, frozenset[int]()
-            self.transport = _connect(backend, rdzv, mesh, [j.address for j in joined], set(partners),
+            watch = ProcessWatch({r: joined[r].pid for r in partners},
+                                 {r: joined[r].started for r in partners})
+            self.transport = _connect(backend, rdzv, mesh, [j.address for j in joined], watch,
                                       timeout, join_timeout)
         except BaseException:
             if mesh is not None:
@@ -129,17 +127,9 @@ class World:
         self.forked: RuntimeError | None = None  # set in a child forked from this process
 
     def lost_peers(self, ranks: frozenset[int]) -> frozenset[int]:
-        """Which of ``ranks`` are lost: their link closed, or (partners, who may have no link)
-        their process ended. Processes are looked at once per ``LIVENESS_SECONDS`` at most,
-        unless a link was lost."""
-        now = time.monotonic()
-        linked = self.transport.lost_peers() & ranks
-        # A loss seen on a link is looked beside the partners' at once: when ranks die one after
-        # another, the first (the cause) must not be missed for being seen a moment later.
-        if linked or now - self._looked >= LIVENESS_SECONDS:
-            self._looked = now
-            self._dead = self._dead | frozenset(self._partners.dead(ranks - self._dead))
-        return linked | (self._dead & ranks)
+        """Which of ``ranks`` are lost: their link closed or (partners, who may have no link)
+        their process ended (``TcpTransport.lost_peers``)."""
+        return self.transport.lost_peers() & ranks
 
     def hosts_of(self, ranks: Sequence[int]) -> tuple[str, ...]:
         """Host identity of each of ``ranks`` (equal strings share a host)."""
@@ -415,17 +405,17 @@ class World:
                 request.drop()
 
 
-def _connect(backend: str, rdzv: Rendezvous, mesh: Mesh | None, addresses: list[str], partners: set[int],
+def _connect(backend: str, rdzv: Rendezvous, mesh: Mesh | None, addresses: list[str], partners: ProcessWatch,
              timeout: float, join_timeout: float) -> TcpTransport | MpiTransport:
     """The transport between all ranks: tensorcomm's TCP links (made now to every rank but the
-    ``partners``), or MPI's point-to-point."""
+    ``partners``, whose processes it watches instead), or MPI's point-to-point."""
     if mesh is None:
         from ..transports.mpi.transport import MpiTransport
 
         return MpiTransport.open(rdzv.rank, rdzv.world_size, timeout)
-    now = [peer for peer in range(rdzv.world_size) if peer != rdzv.rank and peer not in partners]
+    now = [peer for peer in range(rdzv.world_size) if peer != rdzv.rank and peer not in partners.keys]
     links = mesh.connect(addresses, now, join_timeout)
-    return TcpTransport(rdzv.rank, rdzv.world_size, links, send_timeout=timeout, mesh=mesh)
+    return TcpTransport(rdzv.rank, rdzv.world_size, links, send_timeout=timeout, mesh=mesh, watch=partners)
 
 
 def _checked_algorithms(pairs: Sequence[tuple[str, str]]) -> dict[str, str]:

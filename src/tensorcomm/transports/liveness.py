@@ -47,6 +47,7 @@ class ProcessWatch:
 
     def __init__(self, pids: dict[int, int], started: dict[int, int] | None = None) -> None:
         self._pids = dict(pids)
+        self.keys = frozenset(pids)
         self._started = {key: (started or {}).get(key, start_time(pid)) for key, pid in pids.items()}
 
     def dead(self, keys: Collection[int] | None = None) -> list[int]:

@@ -65,6 +65,7 @@ from ..base import (
     encode_abort,
     group_of_tag,
 )
+from ..liveness import ProcessWatch
 from ..matching import Matching, MessageRequest, finished, misfit
 from . import framing
 from .driving import NO_DEADLINE, Driving
@@ -75,6 +76,7 @@ from .sealing import Sealer
 _POLLIN = select.POLLIN | select.POLLERR | select.POLLHUP
 _CALL_SHIFT = SEQ_BITS + STEP_BITS  # a collective tag's group id, above its call's sequence number
 _SEQ_MASK = (1 << SEQ_BITS) - 1
+LIVENESS_SECONDS = 0.1  # the processes of peers without a link are looked at no more often
 _pack_header = framing.HEADER.pack
 
 
@@ -84,12 +86,15 @@ class TcpTransport(Transport):
     ``links`` maps each peer's global rank to its socket and the ``sealing.Sealer`` its
     handshake gave: every frame is sealed on the way out and checked on the way in. With a
     ``mesh`` (which the transport then owns and closes), a peer without a link gets one when
-    first needed; without one, ``links`` must hold every peer.
+    first needed; without one, ``links`` must hold every peer. ``watch`` names the processes of
+    peers that may have no link (ranks on this host): ``lost_peers`` looks at them, since no
+    closing link would say they died.
     """
 
     def __init__(self, rank: int, size: int, links: dict[int, tuple[socket.socket, Sealer]],
                  on_peer_lost: Callable[[int, BaseException], None] | None = None,
-                 send_timeout: float = config.DEFAULT_TIMEOUT, mesh: Mesh | None = None) -> None:
+                 send_timeout: float = config.DEFAULT_TIMEOUT, mesh: Mesh | None = None,
+                 watch: ProcessWatch | None = None) -> None:
         self.rank = rank
         self.send_timeout = send_timeout
         self.size = size
@@ -117,6 +122,8 @@ class TcpTransport(Transport):
         self._adding = threading.Lock()  # one link added at a time
         self._dialling = threading.Lock()  # one dial at a time: a rank dials a peer at most once
         self._adopting = True  # until close() begins
+        self._watch = watch
+        self._looked = (0.0, 0)  # when the watched processes were last looked at, and the losses then
         self._poller = select.poll()
         self._poller.register(self.role.wake_fd, select.POLLIN)
         for link in self._every:
@@ -418,8 +425,20 @@ class TcpTransport(Transport):
     # -- the rest of the Transport API ----------------------------------------------------------
 
     def lost_peers(self) -> frozenset[int]:
+        """The peers lost so far. Peers without a link are looked at (their processes) once per
+        ``LIVENESS_SECONDS`` at most, and at once after a loss: when ranks die one after another,
+        the first, the cause, must not be missed for being seen a moment later."""
+        watch, lost = self._watch, self.match.lost
+        if watch is not None:
+            now = time.monotonic()
+            if now - self._looked[0] >= LIVENESS_SECONDS or len(lost) != self._looked[1]:
+                unlinked = [peer for peer in range(self.size)
+                            if peer not in self._links and peer not in lost and peer != self.rank]
+                for peer in watch.dead(unlinked):
+                    self.peer_gone(peer, PeerLostError(peer, "its process exited"))
+                self._looked = (now, len(lost))
         with self.lock:
-            return frozenset(self.match.lost)
+            return frozenset(lost)
 
     def progress(self, group_id: int, peers: Sequence[int],
                  timeout: float) -> dict[int, tuple[int, Signature | None] | None]:
