@@ -20,6 +20,7 @@ ENV_SECRET_DIR = "TENSORCOMM_SECRET_DIR"  # private directory for generated secr
 ENV_STORE_HOSTED = "TENSORCOMM_STORE_HOSTED"  # "1": the launcher already serves the store
 ENV_HOST_ID = "TENSORCOMM_HOST_ID"  # overrides which ranks count as sharing a host
 ENV_TIMEOUT = "TENSORCOMM_TIMEOUT"  # seconds, default for init(timeout=None)
+ENV_JOIN_TIMEOUT = "TENSORCOMM_JOIN_TIMEOUT"  # seconds init() waits for every rank to join
 ENV_TRANSPORT = "TENSORCOMM_TRANSPORT"  # "tcp" forces sockets even on one host
 ENV_BACKEND = "TENSORCOMM_BACKEND"  # what carries messages between ranks: a name in BACKENDS
 ENV_WIRE_DTYPE = "TENSORCOMM_WIRE_DTYPE"  # "bfloat16"/"float16": float32 sums travel compressed
@@ -37,7 +38,7 @@ ENV_CMA = "TENSORCOMM_CMA"  # "off": ranks on one host never read each other's m
 # docs/env.md documents the same names (a test checks). Any other is taken for a misspelling and
 # warned about once, naming the closest of these (rendezvous.discovery).
 KNOWN_ENV_VARS = (
-    ENV_SECRET, ENV_SECRET_DIR, ENV_STORE_HOSTED, ENV_HOST_ID, ENV_TIMEOUT, ENV_TRANSPORT,
+    ENV_SECRET, ENV_SECRET_DIR, ENV_STORE_HOSTED, ENV_HOST_ID, ENV_TIMEOUT, ENV_JOIN_TIMEOUT, ENV_TRANSPORT,
     ENV_BACKEND, ENV_WIRE_DTYPE, ENV_HIERARCHY, ENV_ALGORITHMS, ENV_TUNING_FILE, ENV_TRACE,
     ENV_FLIGHT_CALLS, ENV_FLIGHT_DIR, ENV_KEEP_GOING, ENV_CMA,
     "TENSORCOMM_LINK_PROTECTION",  # transports/tcp: what a link's frames are sealed with
@@ -52,6 +53,11 @@ BACKENDS = ("tensorcomm", "mpi")
 
 FLIGHT_CALLS = 2000  # calls each rank's flight recorder keeps by default (docs/tracing.md)
 DEFAULT_TIMEOUT = 300.0  # seconds; bounds every blocking call unless init(timeout=...) says otherwise
+# Seconds init() waits for the job to assemble (store, every rank's join, the links made at init)
+# unless TENSORCOMM_JOIN_TIMEOUT says otherwise, or the collective timeout if that is longer:
+# the ranks of a large job on a busy host may start minutes apart (128 ranks on a loaded 2-core
+# VM: imports spread over about 2 minutes), and a collective timeout is sized for calls.
+DEFAULT_JOIN_TIMEOUT = 900.0
 CONNECT_RETRY_INTERVAL = 0.05  # seconds between attempts to reach the store or a peer
 SOCKET_BUFFER_BYTES = 4 << 20
 # Large messages of the transport algorithms travel in chunks of this many bytes, each combined

@@ -13,14 +13,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .types import SUPPORTED_DTYPES, PremulSum, ReduceOp
+from .types import DTYPE_CODE, SUPPORTED_DTYPES, PremulSum, ReduceOp
 
 COLLECTIVES = ("none", "all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter",
                "reduce_scatter", "all_to_all", "barrier", "scan", "exscan", "split")
 _COLLECTIVE_CODE = {name: code for code, name in enumerate(COLLECTIVES)}
 _OPS = (None, *ReduceOp)
 _OP_CODE = {op: code for code, op in enumerate(_OPS)}
-_DTYPE_CODE = {dtype: code + 1 for code, dtype in enumerate(SUPPORTED_DTYPES)}
 NO_ROOT = -1
 UNCHECKED = -1  # a count that may legitimately differ between ranks (uneven all_to_all)
 # The code of a persistent collective's creation (``all_reduce_init``) is its collective's plus
@@ -68,5 +67,6 @@ def signature(collective: str, dtype: np.dtype | None = None, count: int = 0,
     """The signature of one call (``op`` may be a PremulSum: it counts as PREMUL_SUM)."""
     if isinstance(op, PremulSum):
         op = ReduceOp.PREMUL_SUM
-    return Signature(_COLLECTIVE_CODE[collective], _DTYPE_CODE.get(dtype, 0) if dtype is not None else 0,
+    # A dtype's code is its position in SUPPORTED_DTYPES plus one: 0 is "no dtype".
+    return Signature(_COLLECTIVE_CODE[collective], DTYPE_CODE.get(dtype, -1) + 1 if dtype is not None else 0,
                      count, _OP_CODE[op], root)

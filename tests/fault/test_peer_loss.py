@@ -172,8 +172,9 @@ def body_missing_rank(stamp_dir: str) -> str:
     open(os.path.join(stamp_dir, f"ready{rank}"), "w").close()
     while not os.path.exists(os.path.join(stamp_dir, f"ready{1 - rank}")):
         time.sleep(0.01)
+    os.environ["TENSORCOMM_JOIN_TIMEOUT"] = "5"  # joining has a deadline of its own
     try:
-        tc.init(timeout=5)
+        tc.init(timeout=60)
     except tc.RendezvousError as exc:
         return str(exc)
     raise AssertionError("init completed without rank 2")
@@ -184,6 +185,30 @@ def test_init_with_a_rank_missing_names_who_came(tmp_path):
     for outcome in outcomes[:2]:
         assert outcome.ok, outcome.output
         assert "ranks [2] of 3 did not join within 5 s (arrived: [0, 1])" in outcome.result
+
+
+def body_late_rank(stamp_dir: str) -> float:
+    import tensorcomm as tc
+
+    rank = int(os.environ["RANK"])
+    if rank == 2:  # starts well after the others' collective timeout (a slow host's imports)
+        while not all(os.path.exists(os.path.join(stamp_dir, f"waiting{r}")) for r in (0, 1)):
+            time.sleep(0.01)
+        time.sleep(3)
+    else:
+        open(os.path.join(stamp_dir, f"waiting{rank}"), "w").close()
+    tc.init(timeout=1)
+    x = np.ones(4)
+    tc.all_reduce(x)
+    tc.destroy()
+    return float(x[0])
+
+
+def test_a_rank_that_starts_after_the_collective_timeout_still_joins(tmp_path):
+    outcomes = spawn_ranks(body_late_rank, 3, str(tmp_path), timeout=JOB_TIMEOUT, init=False)
+    for outcome in outcomes:
+        assert outcome.ok, outcome.output
+        assert outcome.result == 3.0
 
 
 def body_abort_from_another_thread() -> dict:

@@ -130,9 +130,10 @@ def stopped(timeout: str) -> str:
 
 
 def late(timeout: str) -> str:
-    """Rank 1 calls init long after the others' timeout: they get RendezvousError in time."""
+    """Rank 1 calls init long after the others' join timeout: they get RendezvousError in time."""
     if _mpi_rank()[0] == 1:
         time.sleep(60)
+    os.environ["TENSORCOMM_JOIN_TIMEOUT"] = timeout  # joining has a deadline of its own
     started = time.monotonic()
     try:
         _init(timeout=float(timeout))

@@ -16,14 +16,16 @@ from multihost_harness import Finished, MakeCluster
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(60)]
 
-INIT_TIMEOUT = 5.0  # init(timeout=...): how long node 0's ranks wait for the missing ones
+INIT_TIMEOUT = 5.0  # TENSORCOMM_JOIN_TIMEOUT: how long node 0's ranks wait for the missing ones
 SLACK = 6.0  # start-up of launcher and ranks plus scheduling delay on a loaded machine
 
 RANK_SCRIPT = textwrap.dedent("""
+    import os
     import sys
     import numpy as np
     import tensorcomm as tc
 
+    os.environ["TENSORCOMM_JOIN_TIMEOUT"] = sys.argv[1]  # joining has a deadline of its own
     tc.init(timeout=float(sys.argv[1]))
     x = np.ones(4)
     tc.all_reduce(x)

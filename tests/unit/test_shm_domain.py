@@ -61,12 +61,12 @@ def test_segments_have_no_name_and_close_releases_every_descriptor():
     domains = open_domains(3)
     assert _dev_shm() == names  # nothing named in /dev/shm, ever
     assert "memfd:tensorcomm-shm" in _maps()
-    # What is open: per mapping, the duplicate descriptor CPython's mmap keeps, and per member
-    # a pidfd for each of its 2 peers.
+    # What is open: per mapping, the duplicate descriptor CPython's mmap keeps; nothing per peer
+    # (liveness reads /proc: a pidfd each made a member's descriptors grow with the group).
     opened = _ours()
     memfd = "/memfd:tensorcomm-shm (deleted)"
     assert opened.count(memfd) == 3 + before.count(memfd)
-    assert opened.count("anon_inode:[pidfd]") == 6 + before.count("anon_inode:[pidfd]")
+    assert len(opened) == 3 + len(before), opened
     close_all(domains)
     del domains
     gc.collect()

@@ -157,6 +157,34 @@ def test_wait_returns_when_all_keys_set(handles: Handles) -> None:
     assert result == [None]
 
 
+def test_multi_get_returns_the_values_in_order_once_all_are_set(handles: Handles) -> None:
+    a, b = handles(), handles()
+    thread, result = in_thread(lambda: b.multi_get(["y", "x", "empty"], timeout=5))
+    a.set("x", b"1")
+    a.set("empty", b"")
+    time.sleep(0.02)
+    assert thread.is_alive()
+    a.set("y", b"\x00two")
+    thread.join(5)
+    assert result == [[b"\x00two", b"1", b""]]
+    assert b.multi_get([], timeout=0.1) == []
+
+
+def test_multi_get_names_only_missing_keys(handles: Handles) -> None:
+    store = handles()
+    store.set("a", b"1")
+    with pytest.raises(CommTimeoutError) as info:
+        store.multi_get(["a", "b", "c"], timeout=0.1)
+    assert "'b', 'c'" in str(info.value) and "'a'" not in str(info.value)
+
+
+def test_multi_get_through_a_prefix_store(handles: Handles) -> None:
+    store = handles()
+    store.set("job/k1", b"v1")
+    store.set("job/k2", b"v2")
+    assert PrefixStore("job", store).multi_get(["k2", "k1"], timeout=1) == [b"v2", b"v1"]
+
+
 def test_concurrent_waiters_all_released(handles: Handles) -> None:
     setter = handles()
     stores = [handles() for _ in range(5)]

@@ -19,7 +19,7 @@ from ..types import SUPPORTED_DTYPES, ReduceOp
 from . import buffers, exceptions
 from .datatype import Datatype
 
-_SUPPORTED = frozenset(SUPPORTED_DTYPES)
+_SUPPORTED = SUPPORTED_DTYPES  # its ``in`` looks bfloat16 up only when one is seen (types.py)
 # on bool arrays the logical ops are tensorcomm's own reductions
 _LOGICAL_ON_BOOL = {"MPI_LAND": ReduceOp.MIN, "MPI_LOR": ReduceOp.MAX, "MPI_LXOR": ReduceOp.BXOR}
 

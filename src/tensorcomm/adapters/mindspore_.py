@@ -14,8 +14,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import ml_dtypes
 import numpy as np
+
+from ..types import bfloat16, is_bfloat16
 
 
 def _mindspore() -> Any:
@@ -34,7 +35,7 @@ class MindSporeAdapter:
     def as_numpy(self, obj: Any, writable: bool) -> np.ndarray:
         ms = _mindspore()
         if obj.dtype == ms.bfloat16:
-            return obj.astype(ms.float32).asnumpy().astype(ml_dtypes.bfloat16)
+            return obj.astype(ms.float32).asnumpy().astype(bfloat16())
         return obj.asnumpy()
 
     def write_back(self, obj: Any, array: np.ndarray) -> None:
@@ -43,6 +44,6 @@ class MindSporeAdapter:
 
     def new_like(self, obj: Any, array: np.ndarray) -> Any:
         ms = _mindspore()
-        if array.dtype == ml_dtypes.bfloat16:
+        if is_bfloat16(array.dtype):
             return ms.Tensor(array.astype(np.float32)).astype(ms.bfloat16)
         return ms.Tensor(np.ascontiguousarray(array))

@@ -20,8 +20,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import ml_dtypes
 import numpy as np
+
+from ..types import bfloat16, is_bfloat16
 
 
 def _torch() -> Any:
@@ -51,7 +52,7 @@ class TorchAdapter:
             raise ValueError("an output tensor must not be an expanded view (zero stride): its "
                              "elements share memory; pass .contiguous() and copy the result back")
         if tensor.dtype == torch.bfloat16:
-            return np.from_dlpack(tensor.view(torch.int16)).view(ml_dtypes.bfloat16)
+            return np.from_dlpack(tensor.view(torch.int16)).view(bfloat16())
         try:
             return np.from_dlpack(tensor)
         except (BufferError, TypeError, RuntimeError) as exc:  # dtypes numpy lacks: float8, ...
@@ -73,6 +74,6 @@ class TorchAdapter:
         torch = _torch()
         if not array.flags.writeable:  # from_numpy warns on read-only arrays: own a copy
             array = array.copy()
-        if array.dtype == ml_dtypes.bfloat16:
+        if is_bfloat16(array.dtype):
             return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(array)

@@ -3,7 +3,7 @@
 Owns which (op, dtype) pairs are defined, the accumulation rule for half precision, and the
 ``Reduction`` descriptor of a call shape, and the ``prepare``/``finish`` pair that turns AVG and
 PREMUL_SUM into a plain SUM around an algorithm.
-Imports numpy, ml_dtypes and ``types`` only; it must not import ``core``.
+Imports numpy and ``types`` only (bfloat16 through ``types``); it must not import ``core``.
 
 Accumulation rule: float16 and bfloat16 SUM, AVG, PREMUL_SUM and PROD accumulate in float32.
 ``prepare`` upcasts the caller's buffer once, every partial result travels and is combined in
@@ -33,18 +33,16 @@ from __future__ import annotations
 import warnings
 from typing import NamedTuple
 
-import ml_dtypes
 import numpy as np
 
-from ..types import SUPPORTED_DTYPES, PremulSum, ReduceOp
+from ..types import SUPPORTED_DTYPES, PremulSum, ReduceOp, is_bfloat16
 
 warnings.filterwarnings("ignore", message=r"(overflow|invalid value|underflow) encountered",
                         category=RuntimeWarning, module=r"tensorcomm\.algorithms\.")
 
 
-_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-_HALF = (np.dtype(np.float16), _BFLOAT16)
 _FLOAT32 = np.dtype(np.float32)
+_FLOAT16 = np.dtype(np.float16)
 _BOOL = np.dtype(np.bool_)
 _INT64 = np.dtype(np.int64)
 
@@ -74,7 +72,7 @@ def _base(op: ReduceOp | PremulSum) -> ReduceOp:
 
 def _kind(dtype: np.dtype) -> str:
     """numpy's kind letter, with bfloat16 (kind 'V' in ml_dtypes) counted as a float."""
-    return "f" if dtype == _BFLOAT16 else dtype.kind
+    return "f" if is_bfloat16(dtype) else dtype.kind
 
 
 def floating(dtype: np.dtype | type) -> bool:
@@ -115,7 +113,7 @@ def check_op_dtype(op: ReduceOp | PremulSum, dtype: np.dtype | type, argument: s
 def accumulation_dtype(op: ReduceOp | PremulSum, dtype: np.dtype | type) -> np.dtype:
     """The dtype partial results of ``op`` over ``dtype`` are kept in (see the module docstring)."""
     dtype = np.dtype(dtype)
-    if dtype in _HALF and _base(op) in _WIDENED:
+    if (dtype == _FLOAT16 or is_bfloat16(dtype)) and _base(op) in _WIDENED:
         return _FLOAT32
     if dtype == _BOOL and op is ReduceOp.AVG:  # counted, so that the mean is True where all are
         return _INT64

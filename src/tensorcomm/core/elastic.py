@@ -124,7 +124,7 @@ class _Shrink:
         self.prefix = f"shrink/{group_id}/{n}/"
 
     def lost(self) -> frozenset[int]:
-        return self.world.transport.lost_peers() & frozenset(self.members)
+        return self.world.lost_peers(frozenset(self.members))
 
     def run(self) -> Agreement:
         store, prefix = self.store, self.prefix

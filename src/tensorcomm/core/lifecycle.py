@@ -129,7 +129,10 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
             this one process (docs/env.md).
         rank: this process's global rank (default: from the environment).
         world_size: number of ranks (default: from the environment).
-        timeout: seconds (or a ``timedelta``) that bounds every blocking call, set-up included.
+        timeout: seconds (or a ``timedelta``) that bounds every blocking call once the job has
+            assembled. Assembling (meeting at the store, every rank's join, the links made at
+            init) waits up to ``TENSORCOMM_JOIN_TIMEOUT`` seconds instead, by default the longer
+            of this and 900 s, since the ranks of a large job may start minutes apart.
         store: meet on this ``tensorcomm.rendezvous.Store`` instead of an ``init_method``, as
             torch's ``init_process_group(store=...)`` does; ``rank`` and ``world_size`` are then
             required.
@@ -146,7 +149,7 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
 
     Raises:
         RuntimeError: already initialised.
-        RendezvousError: the job could not assemble within the timeout.
+        RendezvousError: the job could not assemble within the join timeout.
         AuthenticationError: a connection failed the job-secret challenge.
         ImportError: ``backend="mpi"`` without mpi4py (the message says how to install it).
     """
@@ -164,13 +167,14 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
                   "here", file=sys.stderr, flush=True)
             raise SystemExit(0)
         seconds = _seconds(timeout, info.timeout or config.DEFAULT_TIMEOUT)
+        joining = info.join_timeout or max(seconds, config.DEFAULT_JOIN_TIMEOUT)
         chosen = _backend(backend, info.backend)
         if keep_going is not None and not isinstance(keep_going, bool):
             raise TypeError(f"init: keep_going must be a bool or None, got {type(keep_going).__name__}")
         if store is not None:
             if init_method is not None:
                 raise ValueError("init: pass either init_method or store, not both")
-            rdzv = from_store(store, rank, world_size, seconds, secret)
+            rdzv = from_store(store, rank, world_size, joining, secret)
         elif secret is not None:
             raise ValueError("init: secret= goes with store=; otherwise set TENSORCOMM_SECRET")
         elif ((chosen == "mpi" and init_method is None)
@@ -178,12 +182,12 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
             # Under mpirun without MASTER_ADDR: rank 0 serves the store, MPI hands out where.
             from ..transports.mpi.join import rendezvous as mpi_rendezvous
 
-            rdzv = mpi_rendezvous(rank, world_size, seconds)
+            rdzv = mpi_rendezvous(rank, world_size, joining)
         else:
-            rdzv = _meet(init_method, rank, world_size, seconds)
+            rdzv = _meet(init_method, rank, world_size, joining)
         try:
             _current = World(rdzv, seconds, info.transport, chosen, info.hierarchy, info.algorithms,
-                             info.keep_going if keep_going is None else keep_going, info.cma)
+                             info.keep_going if keep_going is None else keep_going, info.cma, joining)
         except BaseException:
             rdzv.close()
             raise

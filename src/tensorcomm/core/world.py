@@ -11,18 +11,28 @@ gets a shared-memory domain, set up by its members when the group is made, unles
 with ``TENSORCOMM_TRANSPORT=tcp`` or is not on x86-64; if setting it up fails on any member
 (e.g. members in different network namespaces), the whole group falls back to TCP.
 
-What carries the other groups' messages is the world's *backend*: tensorcomm's TCP mesh, or MPI
+What carries the other groups' messages is the world's *backend*: tensorcomm's TCP links, or MPI
 (``backend="mpi"``, ``transports/mpi``), which under mpirun also provides the rendezvous.
+
+Joining costs one store write and one store read per rank: each rank's ``join/`` entry says
+where it runs, whether it may use shared memory, its TCP address and its process. Ranks that
+share a host, may all use shared memory and see each other's processes (*partners*) get no TCP
+link at init: their groups run on shared memory, and a link is made when something first needs
+one (``TcpTransport._open``); every other pair is linked at init, concurrently. A partner's death
+is seen from its process (``transports/liveness.py``), a linked peer's from its link
+(``lost_peers``). Joining waits up to the join timeout (``TENSORCOMM_JOIN_TIMEOUT``), not the
+collective timeout: ranks of a large job on a busy host may start minutes apart.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from .. import config
 from ..algorithms import select
@@ -32,10 +42,11 @@ from ..rendezvous.init_method import Rendezvous
 from ..rendezvous.own_store import address_of, reachable_address
 from ..rendezvous.store import PrefixStore, Store
 from ..signature import Signature
+from ..transports.liveness import ProcessWatch, start_time
 from ..transports.shm import slots as shm_slots
 from ..transports.shm.arena import OutOfDescriptors
 from ..transports.shm.domain import ShmDomain, ShmUnavailable, open_domain
-from ..transports.tcp.mesh import connect_mesh
+from ..transports.tcp.mesh import Mesh
 from ..transports.tcp.transport import TcpTransport
 from .engine import Engine
 from .group import Group
@@ -49,7 +60,10 @@ WORLD_NAME = "world"
 MAX_GROUP_ID = (1 << 15) - 1
 ARRIVALS_KEY = "tensorcomm/arrivals"  # counts inits, across generations
 DESTROY_LINGER = 2.0  # seconds destroy() waits for the peers' goodbyes (see TcpTransport.close)
-POLL_FIRST, POLL_MAX = 0.001, 0.02  # seconds a set-up waits on the store between liveness checks
+# Seconds a set-up waits on the store between liveness checks. The store answers a wait as soon as
+# its keys are set, so the longest pause bounds only how late a death is seen; shorter pauses
+# cost requests: 63 ranks polling every 20 ms kept rank 0's store (and rank 0) busy at 64 ranks.
+POLL_FIRST, POLL_MAX = 0.001, 0.25
 
 
 
@@ -59,7 +73,7 @@ class World:
     def __init__(self, rdzv: Rendezvous, timeout: float, transport: str = "auto",
                  backend: str = "tensorcomm", hierarchy: bool = True,
                  algorithms: Sequence[tuple[str, str]] = (), keep_going: bool = False,
-                 cma: bool = True) -> None:
+                 cma: bool = True, join_timeout: float | None = None) -> None:
         self.hierarchy = hierarchy
         self.keep_going = keep_going  # failed calls leave in-place arrays untouched or complete
         self.cma = cma  # ranks on this host may read each other's memory (TENSORCOMM_CMA)
@@ -69,16 +83,34 @@ class World:
         self.size = rdzv.world_size
         self.local_rank = rdzv.local_rank
         self.timeout = timeout
+        join_timeout = timeout if join_timeout is None else join_timeout
         self.generation = (rdzv.store.add(ARRIVALS_KEY, 1) - 1) // self.size
         self.store = store = PrefixStore(f"tensorcomm/{self.generation}", rdzv.store)
-        # Each rank says where it runs and whether it may use shared memory (a group uses it
-        # only if all its members may).
-        allowed = "1" if transport != "tcp" and shm_slots.SUPPORTED else "0"
-        store.set(f"join/{self.rank}", f"{allowed}{rdzv.host_id}".encode())
-        joined = [entry.decode() for entry in _await_everyone(store, self.rank, self.size, timeout)]
-        self._hosts = tuple(entry[1:] for entry in joined)
-        self._shm_allowed = tuple(entry[0] == "1" for entry in joined)
-        self.transport = _connect(backend, rdzv, store, timeout, self.generation)
+        # Listen first: the join entry carries the address (where the store's host is reached).
+        mesh = None if backend == "mpi" else Mesh(
+            self.rank, self.size, rdzv.secret, reachable_address(*address_of(rdzv.store)),
+            f"world generation {self.generation}".encode())
+        try:
+            # Each rank says where it runs, whether it may use shared memory (a group uses it only
+            # if all its members may), where it listens and which process it is.
+            allowed = "1" if transport != "tcp" and shm_slots.SUPPORTED else "0"
+            started = start_time(os.getpid())
+            me = _Joined(allowed == "1", _process_space() if started else "", os.getpid(), started or 0,
+                         "" if mesh is None else mesh.address, rdzv.host_id)
+            store.set(f"join/{self.rank}", me.encode())
+            joined = [_Joined.decode(entry)
+                      for entry in _await_everyone(store, self.rank, self.size, join_timeout)]
+            self._hosts = tuple(j.host for j in joined)
+            self._shm_allowed = tuple(j.shm for j in joined)
+            partners = [r for r, j in enumerate(joined) if r != self.rank and me.partners(j)]
+            watch = ProcessWatch({r: joined[r].pid for r in partners},
+                                 {r: joined[r].started for r in partners})
+            self.transport = _connect(backend, rdzv, mesh, [j.address for j in joined], watch,
+                                      timeout, join_timeout)
+        except BaseException:
+            if mesh is not None:
+                mesh.close()
+            raise
         self._groups: list[Group] = []
         self._made: Counter[tuple[int, ...]] = Counter()  # groups made per member list, ever
         try:
@@ -93,6 +125,11 @@ class World:
         self._groups.append(self.world_group)
         self._lock = threading.Lock()
         self.forked: RuntimeError | None = None  # set in a child forked from this process
+
+    def lost_peers(self, ranks: frozenset[int]) -> frozenset[int]:
+        """Which of ``ranks`` are lost: their link closed or (partners, who may have no link)
+        their process ended (``TcpTransport.lost_peers``)."""
+        return self.transport.lost_peers() & ranks
 
     def hosts_of(self, ranks: Sequence[int]) -> tuple[str, ...]:
         """Host identity of each of ``ranks`` (equal strings share a host)."""
@@ -150,7 +187,7 @@ class World:
                 return
             except CommTimeoutError:
                 pass
-            gone = self.transport.lost_peers() & members
+            gone = self.lost_peers(members)
             late = time.monotonic() >= deadline
             if not gone and not late:
                 pause = min(2 * pause, POLL_MAX)
@@ -218,7 +255,7 @@ class World:
             for part in (host, cross):
                 part._stop(GroupAbortedError(f"group {label!r} was not made: {exc}"))
             raise
-        if not all(self.store.get(key) == b"1" for key in keys):
+        if not all(value == b"1" for value in self.store.multi_get(list(keys))):
             for part in (host, cross):
                 part._stop(GroupAbortedError(f"group {label!r} runs flat"))
             return None, []
@@ -258,7 +295,7 @@ class World:
             if store.check([prefix + "fatal"]):
                 why = store.get(prefix + "fatal").decode()
                 raise RendezvousError(f"group {name!r} cannot be made: {why}")
-            if all(store.get(key) == b"1" for key in keys):
+            if all(value == b"1" for value in store.multi_get(list(keys))):  # one request, not n
                 assert domain is not None
                 domain.settle_cma(self.cma, self.timeout)
                 return domain
@@ -314,17 +351,17 @@ class World:
             store.set(prefix + "address", address.encode())
 
         def lookup(seconds: float) -> str | None:
-            if store.check([prefix + "address"]):
-                return store.get(prefix + "address").decode()
-            time.sleep(min(seconds, 0.005))
-            return None
+            try:  # the store answers as soon as the leader publishes
+                return store.get(prefix + "address", timeout=max(seconds, 0.001)).decode()
+            except CommTimeoutError:
+                return None
 
         def failed() -> str | None:
             if store.check([prefix + "failed"]):
                 return store.get(prefix + "failed").decode()
             if abandon is not None:
                 return abandon()
-            gone = self.transport.lost_peers() & frozenset(ranks)
+            gone = self.lost_peers(frozenset(ranks))
             return f"ranks {sorted(gone)} were lost" if gone else None
 
         return publish, lookup, failed
@@ -368,18 +405,17 @@ class World:
                 request.drop()
 
 
-def _connect(backend: str, rdzv: Rendezvous, store: Store, timeout: float,
-             generation: int) -> TcpTransport | MpiTransport:
-    """The transport between all ranks: tensorcomm's TCP mesh, or MPI's point-to-point."""
-    if backend == "mpi":
+def _connect(backend: str, rdzv: Rendezvous, mesh: Mesh | None, addresses: list[str], partners: ProcessWatch,
+             timeout: float, join_timeout: float) -> TcpTransport | MpiTransport:
+    """The transport between all ranks: tensorcomm's TCP links (made now to every rank but the
+    ``partners``, whose processes it watches instead), or MPI's point-to-point."""
+    if mesh is None:
         from ..transports.mpi.transport import MpiTransport
 
         return MpiTransport.open(rdzv.rank, rdzv.world_size, timeout)
-    # Listen where the store's host is reached.
-    links = connect_mesh(rdzv.rank, rdzv.world_size, store, rdzv.secret,
-                         reachable_address(*address_of(rdzv.store)), timeout,
-                         scope=f"world generation {generation}".encode())
-    return TcpTransport(rdzv.rank, rdzv.world_size, links, send_timeout=timeout)
+    now = [peer for peer in range(rdzv.world_size) if peer != rdzv.rank and peer not in partners.keys]
+    links = mesh.connect(addresses, now, join_timeout)
+    return TcpTransport(rdzv.rank, rdzv.world_size, links, send_timeout=timeout, mesh=mesh, watch=partners)
 
 
 def _checked_algorithms(pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
@@ -400,17 +436,55 @@ def _describe(codes: Sequence[int]) -> str:
 
 
 def _await_everyone(store: Store, rank: int, size: int, timeout: float) -> list[bytes]:
-    """Every rank's ``join/`` entry, in rank order.
+    """Every rank's ``join/`` entry, in rank order (one store request).
 
     Raises:
         RendezvousError: some ranks did not join within ``timeout``; names who did and who not.
     """
     keys = [f"join/{r}" for r in range(size)]
     try:
-        store.wait(keys, timeout=timeout)
+        return store.multi_get(keys, timeout=timeout)
     except CommTimeoutError:
+        # Counted again (once per rank, on this error path only): who came late, just after the
+        # deadline, is no reason to fail.
         missing = [r for r, key in enumerate(keys) if not store.check([key])]
+        if not missing:
+            return store.multi_get(keys, timeout=timeout)
         arrived = sorted(set(range(size)) - set(missing))
         raise RendezvousError(f"rank {rank}: ranks {missing} of {size} did not join within "
                               f"{timeout:g} s (arrived: {arrived})") from None
-    return [store.get(key, timeout=timeout) for key in keys]
+
+
+def _process_space() -> str:
+    """This machine's boot and this process's pid namespace ("" if unknown): a pid names the
+    same process only to processes of the same space."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            return f"{boot.read().strip()}/{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""
+
+
+class _Joined(NamedTuple):
+    """One rank's ``join/`` entry."""
+
+    shm: bool  # it may use shared memory
+    space: str  # ``_process_space()``
+    pid: int
+    started: int  # its process's start time (``liveness.start_time``)
+    address: str  # where its TCP listener is ("": none, under the MPI backend)
+    host: str  # its host identity
+
+    def encode(self) -> bytes:
+        return "\n".join((str(int(self.shm)), self.space, str(self.pid), str(self.started),
+                          self.address, self.host)).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> _Joined:
+        shm, space, pid, started, address, host = raw.decode().split("\n", 5)
+        return cls(shm == "1", space, int(pid), int(started), address, host)
+
+    def partners(self, other: _Joined) -> bool:
+        """Whether this rank and ``other`` share a host, may both use shared memory and see
+        each other's processes (then they need no TCP link at init)."""
+        return self.shm and other.shm and self.host == other.host and self.space == other.space != ""

@@ -8,10 +8,10 @@ import numpy as np
 
 from ..adapters.base import Adapter
 from ..adapters.registry import adapter_for
-from ..types import SUPPORTED_DTYPES
+from ..types import SUPPORTED, SUPPORTED_DTYPES
 
-_SUPPORTED = frozenset(SUPPORTED_DTYPES)  # a set: ``in`` on the tuple compares dtypes one by one
-_SUPPORTED_NAMES = ", ".join(d.name for d in SUPPORTED_DTYPES)
+_SUPPORTED = SUPPORTED  # a set: ``in`` without Python frames (bfloat16 joins it when first seen)
+_SUPPORTED_NAMES = ", ".join(SUPPORTED_DTYPES.names())
 _ndarray = np.ndarray
 _numpy_adapter: Adapter | None = None  # the registry's adapter for plain ndarrays, found once
 
@@ -53,7 +53,7 @@ class Staged:
                 _numpy_adapter = adapter
         self.adapter = adapter
         self.array: np.ndarray = array
-        if array.dtype not in _SUPPORTED:
+        if array.dtype not in _SUPPORTED and array.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"{_text(where)}: dtype {array.dtype} is not supported; expected one of "
                             f"{_SUPPORTED_NAMES}")
         flags = array.flags

@@ -18,13 +18,13 @@ from ..core import collectives, p2p
 from ..core.group import Group
 from ..core.lifecycle import current_world
 from ..core.work import Work
-from ..types import SUPPORTED_DTYPES, ReduceOp, ReduceOpLike
+from ..types import SUPPORTED, ReduceOp, ReduceOpLike
 from . import calls, validate
 from .arrays import Staged
 from .uneven import agree_if_uneven
 
 _ndarray = np.ndarray
-_SUPPORTED = frozenset(SUPPORTED_DTYPES)
+_SUPPORTED = SUPPORTED  # bfloat16 joins it once an array of it went through ``Staged``
 
 
 def _plain(x: Any) -> bool:

@@ -34,6 +34,8 @@ Read whatever the source::
     TENSORCOMM_STORE_HOSTED    "1": the launcher serves the store, rank 0 must not; "0" or unset: no
     TENSORCOMM_HOST_ID         which ranks share a host (default: the hostname)
     TENSORCOMM_TIMEOUT         seconds, default for init(timeout=None); at most config.MAX_TIMEOUT
+    TENSORCOMM_JOIN_TIMEOUT    seconds init() waits for the job to assemble (default: the longer
+                               of config.DEFAULT_JOIN_TIMEOUT and the collective timeout)
     TENSORCOMM_TRANSPORT       "tcp": sockets even between ranks on one host; "auto" or unset:
                                shared memory where every member of a group shares a host
     TENSORCOMM_BACKEND         "mpi": MPI carries messages between ranks (init(backend=...)
@@ -94,6 +96,7 @@ from tensorcomm.config import (
     ENV_FLIGHT_DIR,
     ENV_HIERARCHY,
     ENV_HOST_ID,
+    ENV_JOIN_TIMEOUT,
     ENV_KEEP_GOING,
     ENV_LOCAL_RANK,
     ENV_LOCAL_WORLD_SIZE,
@@ -150,6 +153,7 @@ class JobInfo:
     host_id: str
     timeout: float | None
     source: str
+    join_timeout: float | None = None
     transport: str = "auto"  # "tcp" or "auto"
     torch_agent_store: bool = False  # torchrun serves a torch store at MASTER_ADDR:MASTER_PORT
     restart_count: int = 0  # torchrun's restarts of the workers so far (this is attempt n + 1)
@@ -234,6 +238,7 @@ def discover(environ: Mapping[str, str] | None = None) -> JobInfo:
         store_hosted=_flag(env, ENV_STORE_HOSTED),
         host_id=_text(env, ENV_HOST_ID) or socket.gethostname(),
         timeout=_seconds(env, ENV_TIMEOUT),
+        join_timeout=_seconds(env, ENV_JOIN_TIMEOUT),
         source="none" if source is None else source.name,
         transport=_transport(env),
         torch_agent_store=env.get(TORCH_AGENT_STORE, "").lower() == "true",

@@ -99,6 +99,7 @@ class Gate:
         self._threads: set[threading.Thread] = set()
         self._closed = False
         self._refused = 0  # since the last warning
+        self.starved: str | None = None  # why the last refusal was for want of a descriptor
         self._last_warning = -LOG_INTERVAL
 
     def admit(self, conn: socket.socket, peer: str, handshake: Handshake) -> bool:
@@ -109,6 +110,7 @@ class Gate:
         """
         refused: str | None = None
         with self._lock:
+            self.starved = None
             if self._closed:  # set-up is over: nothing to report
                 refused = ""
             elif self._selector is None:
@@ -116,6 +118,7 @@ class Gate:
                     self._selector = selectors.DefaultSelector()
                 except OSError as exc:  # e.g. out of descriptors
                     refused = describe_error(exc)
+                    self.starved = refused if out_of_descriptors(exc) else None
             oldest = None
             if refused is None:
                 assert self._selector is not None

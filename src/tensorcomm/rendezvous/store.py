@@ -93,6 +93,19 @@ class Store(abc.ABC):
             CommTimeoutError: some keys were still missing after ``timeout``; the message names them.
         """
 
+    def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
+        """Return the values of ``keys`` once every one is set, in order.
+
+        Stores of tensorcomm answer in one request (what ``init`` reads every rank's join entry
+        with); this default waits, then reads key by key.
+
+        Raises:
+            CommTimeoutError: some keys were still missing after ``timeout``; the message names them.
+        """
+        keys, timeout = check_keys(keys), self._timeout(timeout)
+        self.wait(keys, timeout)
+        return [self.get(key, timeout) for key in keys]
+
     @abc.abstractmethod
     def check(self, keys: Sequence[str]) -> bool:
         """Return whether every key in ``keys`` is set, without waiting."""
@@ -251,6 +264,9 @@ class HashStore(Store):
     def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
         self._wait_for(check_keys(keys), self._timeout(timeout), "wait")
 
+    def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
+        return self._wait_for(check_keys(keys), self._timeout(timeout), "multi_get")
+
     def check(self, keys: Sequence[str]) -> bool:
         keys = check_keys(keys)
         with self._cond:
@@ -318,6 +334,9 @@ class PrefixStore(Store):
 
     def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
         self.store.wait([self._key(k) for k in check_keys(keys)], self._timeout(timeout))
+
+    def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
+        return self.store.multi_get([self._key(k) for k in check_keys(keys)], self._timeout(timeout))
 
     def check(self, keys: Sequence[str]) -> bool:
         return self.store.check([self._key(k) for k in check_keys(keys)])
@@ -388,6 +407,9 @@ class FileStore(Store):
 
     def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
         self._wait_for(check_keys(keys), self._timeout(timeout), "wait")
+
+    def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
+        return self._wait_for(check_keys(keys), self._timeout(timeout), "multi_get")
 
     def check(self, keys: Sequence[str]) -> bool:
         keys = check_keys(keys)

@@ -11,13 +11,14 @@ Protocol, after the handshake; all integers big-endian::
     request   op:u8  key_len:u16  value_len:u64  timeout:f64  key  value
     response  status:u8  value_len:u64  value
 
-    op      SET=1 GET=2 ADD=3 WAIT=4 CHECK=5 DELETE=6 PING=7 COMPARE_SET=8
+    op      SET=1 GET=2 ADD=3 WAIT=4 CHECK=5 DELETE=6 PING=7 COMPARE_SET=8 MULTI_GET=9
     status  OK=0, TIMEOUT=1 (value: the missing keys), ERROR=2 (value: a UTF-8 message)
 
-ADD carries and returns an i64; WAIT and CHECK carry their keys in ``value`` as repeated
-``len:u16 key``; COMPARE_SET carries ``expected_len:u64 expected desired`` and returns the value
-the key holds afterwards (``store.compare_and_set``'s rule); ``timeout`` (seconds) is read by GET
-and WAIT only, so the server answers a blocking request by then and the client never has to
+ADD carries and returns an i64; WAIT, CHECK and MULTI_GET carry their keys in ``value`` as
+repeated ``len:u16 key`` (MULTI_GET returns the values as repeated ``len:u64 value``, at most
+``MAX_VALUE_BYTES`` in all); COMPARE_SET carries ``expected_len:u64 expected desired`` and returns the value
+the key holds afterwards (``store.compare_and_set``'s rule); ``timeout`` (seconds) is read by GET,
+WAIT and MULTI_GET only, so the server answers a blocking request by then and the client never has to
 abandon a connection mid-frame. Lengths are checked against ``MAX_KEY_BYTES``/``MAX_VALUE_BYTES``
 before anything is read or allocated; a frame that breaks a rule closes that connection and is
 logged, and the server serves on.
@@ -71,9 +72,9 @@ _RESPONSE = struct.Struct("!BQ")
 _KEY_LEN = struct.Struct("!H")
 _I64 = struct.Struct("!q")
 _U64 = struct.Struct("!Q")
-SET, GET, ADD, WAIT, CHECK, DELETE, PING, COMPARE_SET = range(1, 9)
+SET, GET, ADD, WAIT, CHECK, DELETE, PING, COMPARE_SET, MULTI_GET = range(1, 10)
 _OP_NAMES = {SET: "set", GET: "get", ADD: "add", WAIT: "wait", CHECK: "check", DELETE: "delete", PING: "ping",
-             COMPARE_SET: "compare_set"}
+             COMPARE_SET: "compare_set", MULTI_GET: "multi_get"}
 OK, TIMEOUT, ERROR = 0, 1, 2
 
 
@@ -153,7 +154,10 @@ class TCPStoreServer:
             raise RendezvousError(f"cannot serve the store on {host}:{port}: {exc}") from exc
         self.port: int = self._listener.getsockname()[1]
         self._data: dict[str, bytes] = {}
-        self._cond = threading.Condition()  # guards _data; notified on every change and on close
+        self._mutex = threading.Lock()  # guards _data and _waiting
+        # Requests that wait, by the key each waits for (its first missing one): a set wakes those
+        # of its key only, not every waiting request (64 ranks joining woke 64 x 63 threads).
+        self._waiting: dict[str, list[threading.Condition]] = {}
         self._lock = threading.Lock()  # guards _closed and _conns
         self._closed = False
         self._conns: set[socket.socket] = set()  # pending and authenticated, at most MAX_STORE_CLIENTS
@@ -169,8 +173,10 @@ class TCPStoreServer:
                 return
             self._closed = True
             conns = list(self._conns)
-        with self._cond:
-            self._cond.notify_all()
+        with self._mutex:
+            for waiters in self._waiting.values():
+                for waiter in waiters:
+                    waiter.notify()
         for sock in [self._listener, *conns]:
             try:
                 sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in accept/recv on it
@@ -276,9 +282,9 @@ class TCPStoreServer:
 
     def _dispatch(self, op: int, key: str, value: bytes, timeout: float) -> tuple[int, bytes]:
         if op == SET:
-            with self._cond:
+            with self._mutex:
                 self._data[key] = value
-                self._cond.notify_all()
+                self._changed(key)
             return OK, b""
         if op == GET:
             values, missing = self._await([key], timeout)
@@ -286,41 +292,58 @@ class TCPStoreServer:
         if op == ADD:
             if len(value) != _I64.size:
                 raise BadStoreMessage(f"add amount of {len(value)} bytes, expected {_I64.size}")
-            with self._cond:
+            with self._mutex:
                 try:
                     count, stored = add_to_counter(key, self._data.get(key), _I64.unpack(value)[0])
                     reply = _I64.pack(count)
                 except (ValueError, struct.error) as exc:
                     return ERROR, str(exc).encode("utf-8")
                 self._data[key] = stored
-                self._cond.notify_all()
+                self._changed(key)
             return OK, reply
         if op == WAIT:
             _, missing = self._await(decode_keys(value), timeout)
             return (TIMEOUT, encode_keys(missing)) if missing else (OK, b"")
+        if op == MULTI_GET:
+            values, missing = self._await(decode_keys(value), timeout)
+            if missing:
+                return TIMEOUT, encode_keys(missing)
+            reply = b"".join(_U64.pack(len(v)) + v for v in values)
+            if len(reply) > MAX_VALUE_BYTES:
+                return ERROR, f"multi_get: values of {len(reply)} bytes, over {MAX_VALUE_BYTES}".encode()
+            return OK, reply
         if op == CHECK:
             keys = decode_keys(value)
-            with self._cond:
+            with self._mutex:
                 return OK, bytes([all(k in self._data for k in keys)])
         if op == DELETE:
-            with self._cond:
+            with self._mutex:
                 return OK, bytes([self._data.pop(key, None) is not None])
         if op == COMPARE_SET:
             if len(value) < _U64.size or _U64.unpack_from(value)[0] > len(value) - _U64.size:
                 raise BadStoreMessage(f"compare_set value of {len(value)} bytes does not hold its parts")
             split = _U64.size + _U64.unpack_from(value)[0]
-            with self._cond:
+            with self._mutex:
                 store, reply = compare_and_set(self._data.get(key), value[_U64.size:split], value[split:])
                 if store:
                     self._data[key] = reply
-                    self._cond.notify_all()
+                    self._changed(key)
             return OK, reply
         return OK, b""  # PING
 
+    def _changed(self, key: str) -> None:
+        """Wake the requests waiting for ``key`` (hold ``_mutex``)."""
+        for waiter in self._waiting.pop(key, ()):
+            waiter.notify()
+
     def _await(self, keys: list[str], timeout: float) -> tuple[list[bytes], list[str]]:
-        """Wait on the condition (other clients run meanwhile); return (values, missing keys)."""
+        """Wait until ``keys`` are set (other clients run meanwhile); return (values, missing keys).
+
+        Each wake-up waits for the first key still missing, so keys set in any order cost a
+        request a few wake-ups (about ln(len(keys)) for a random order), not one per key."""
         deadline = time.monotonic() + timeout
-        with self._cond:
+        waiter = threading.Condition(self._mutex)
+        with self._mutex:
             while True:
                 if self._closed:
                     raise ConnectionAbortedError("the store server is closing")
@@ -328,9 +351,15 @@ class TCPStoreServer:
                 remaining = deadline - time.monotonic()
                 if not missing or remaining <= 0:
                     return ([] if missing else [self._data[k] for k in keys]), missing
+                waiting = self._waiting.setdefault(missing[0], [])
+                waiting.append(waiter)
                 # A client may send any finite timeout; one wait beyond the platform's limit
                 # would overflow, so wait in slices.
-                self._cond.wait(min(remaining, MAX_TIMEOUT))
+                waiter.wait(min(remaining, MAX_TIMEOUT))
+                if waiter in waiting:  # a timeout (still listed), or the list a set took
+                    waiting.remove(waiter)
+                    if not waiting and self._waiting.get(missing[0]) is waiting:
+                        del self._waiting[missing[0]]
 
 
 class TCPStore(Store):
@@ -380,6 +409,22 @@ class TCPStore(Store):
         keys, timeout = check_keys(keys), self._timeout(timeout)
         if keys:
             self._request(WAIT, "", encode_keys(keys), timeout, "wait")
+
+    def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
+        keys, timeout = check_keys(keys), self._timeout(timeout)
+        if not keys:
+            return []
+        reply = memoryview(self._request(MULTI_GET, "", encode_keys(keys), timeout, "multi_get"))
+        values, at = [], 0
+        for _ in keys:
+            if at + _U64.size > len(reply) or at + _U64.size + _U64.unpack_from(reply, at)[0] > len(reply):
+                self._fail("multi_get", f"reply of {len(reply)} bytes for {len(keys)} keys")
+            end = at + _U64.size + _U64.unpack_from(reply, at)[0]
+            values.append(bytes(reply[at + _U64.size:end]))
+            at = end
+        if at != len(reply):
+            self._fail("multi_get", f"{len(reply) - at} bytes beyond {len(keys)} values")
+        return values
 
     def check(self, keys: Sequence[str]) -> bool:
         keys = check_keys(keys)

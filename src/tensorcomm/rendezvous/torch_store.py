@@ -83,6 +83,10 @@ class TorchStore(Store):
             raise CommTimeoutError(f"store wait for {list(keys)} did not complete within "
                                    f"{seconds:g} s: {exc}") from exc
 
+    def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
+        self.wait(keys, timeout)
+        return [bytes(value) for value in self._store.multi_get(list(keys))]
+
     def check(self, keys: Sequence[str]) -> bool:
         return self._store.check(list(check_keys(keys)))
 

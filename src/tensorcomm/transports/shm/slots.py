@@ -1,7 +1,8 @@
 """The control area of a shared segment: one counter per rank, the waits on it, and fault records.
 
 Owns the layout of the segment's first pages and every cross-process synchronisation of the shared
--memory path. Imports ``errors`` only (plus the standard library); knows nothing of collectives
+-memory path. Imports ``errors``, ``transports.liveness`` and ``transports.threads`` only (plus the
+standard library); knows nothing of collectives
 beyond the five integers of a call signature.
 
 Protocol. Every rank owns one monotonically increasing *counter*, on its own cache line, that only
@@ -34,8 +35,9 @@ skips the yielding and sleeps at once: ``transports/threads.py`` says why). A po
 sleepers only when one has raised the flag on its line, so posts stay syscall-free. While yielding or
 sleeping, a wait watches for: the call's deadline (``CommTimeoutError`` naming the ranks whose
 counters did not arrive), a fault recorded by any rank (mismatch, abort, lost peer: raised here
-too), a peer that left the group (``destroy``), and, every ``LIVENESS_SECONDS``, whether the peers'
-processes still exist (pidfd, else ``/proc``): ``PeerLostError`` names a dead one.
+too), a peer that left the group (``destroy``), and, every ``LIVENESS_SECONDS``, whether the
+processes of the peers it waits for still exist (``transports/liveness.py``, which holds no
+descriptor per peer): ``PeerLostError`` names a dead one.
 
 Faults. A rank that fails a call writes a record (kind, step, peer, text) on its own line and sets
 the segment's fault word; the other ranks raise an error of the same kind from that record at
@@ -48,13 +50,13 @@ import ctypes
 import logging
 import os
 import platform
-import select
 import struct
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ...errors import CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError, PeerLostError
+from ..liveness import ProcessWatch
 from ..threads import on_worker
 
 log = logging.getLogger("tensorcomm.shm")
@@ -137,44 +139,6 @@ def _futex_wake(address: int) -> None:
         _syscall(_SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
 
 
-# --- liveness ------------------------------------------------------------------------------
-
-
-class _Liveness:
-    """Which peers' processes have exited: pidfds polled for readability, else ``/proc``."""
-
-    def __init__(self, pids: dict[int, int]) -> None:
-        self._pids = pids  # group rank -> pid
-        self._poll = select.poll()
-        self._rank_of_fd: dict[int, int] = {}
-        self._fallback: dict[int, int] = {}
-        for rank, pid in pids.items():
-            try:
-                fd = os.pidfd_open(pid)
-            except (OSError, AttributeError):
-                self._fallback[rank] = pid
-                continue
-            self._rank_of_fd[fd] = rank
-            self._poll.register(fd, select.POLLIN)
-
-    def dead(self) -> list[int]:
-        """Group ranks whose process has exited (zombies count as exited)."""
-        gone = [self._rank_of_fd[fd] for fd, _ in self._poll.poll(0)]
-        for rank, pid in self._fallback.items():
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as stat:
-                    if stat.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X"):
-                        gone.append(rank)
-            except (OSError, IndexError):
-                gone.append(rank)
-        return sorted(gone)
-
-    def close(self) -> None:
-        for fd in self._rank_of_fd:
-            os.close(fd)
-        self._rank_of_fd.clear()
-
-
 # --- the control area ------------------------------------------------------------------------
 
 
@@ -219,7 +183,7 @@ class Slots:
         self._my_entry = self._entry[rank]
         self._my_signature_byte = tuple(8 * (base[rank] + s) for s in R_SIGNATURE)
         self._written: list[tuple[object, int]] = [(None, 0), (None, 0)]  # per step parity
-        self._liveness = _Liveness({q: pids[q] for q in self.peers})
+        self._liveness = ProcessWatch({q: pids[q] for q in self.peers})
         self.posts = 0
         self.failure: BaseException | None = None  # set by fail() or abort(), from any thread
 
@@ -371,7 +335,7 @@ class Slots:
 
     def exited(self, rank: int) -> bool:
         """Whether the process of group rank ``rank`` has exited."""
-        return rank in self._liveness.dead()
+        return bool(self._liveness.dead((rank,)))
 
     def _wake_sleepers(self) -> None:
         self.words[self._my_sleepers] = 0
@@ -440,8 +404,9 @@ class Slots:
             _futex_wait(self.address + word * 8, current & 0xFFFFFFFF, seconds)
 
     def _check_alive(self, ranks: Sequence[int], target: int) -> None:
-        for q in self._liveness.dead():
-            if q in ranks and self.words[self.counter_word[q]] < target:
+        words, counter = self.words, self.counter_word
+        for q in self._liveness.dead([q for q in ranks if words[counter[q]] < target]):
+            if words[counter[q]] < target:
                 raise PeerLostError(self.global_ranks[q], "its process exited")
 
     def _timeout(self, ranks: Sequence[int], target: int, ctx: CallInfo) -> CommTimeoutError:
@@ -532,7 +497,6 @@ class Slots:
         _futex_wake(self.address + self._my_counter * 8)
 
     def close(self) -> None:
-        self._liveness.close()
         self.words.release()
         self.bytes.release()
 

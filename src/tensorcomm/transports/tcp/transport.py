@@ -24,8 +24,13 @@ link's handshake): a header that fails its check fails the link at once, a paylo
 (``mac``/``encrypt``) fails the receive it was filling, both with ``LinkAuthenticationError``.
 
 Failures spread: a peer's connection closing without a goodbye fails everything pending on it
-(``PeerLostError``), and ``abort_group`` tells every peer that a group is finished, so members
-waiting on someone else learn of a failure at once instead of at their timeout.
+(``PeerLostError``), and ``abort_group`` tells every linked peer that a group is finished, so
+members waiting on someone else learn of a failure at once instead of at their timeout.
+
+Links: those set-up made (``mesh.Mesh.connect``), and, with a ``mesh``, one made the first time a
+send, a receive or a probe names a peer without one (``_open``), or dialled in by that peer
+(``adopt``). A pair may so hold two links; each end sends on the first it had, and reads both,
+so the messages of one sender stay in order.
 """
 
 from __future__ import annotations
@@ -37,7 +42,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-import ml_dtypes
 import numpy as np
 
 from ... import config
@@ -50,6 +54,7 @@ from ...errors import (
 )
 from ...rendezvous import discovery
 from ...signature import NO_SIGNATURE, Signature
+from ...types import bfloat16
 from ..base import (
     P2P_FLAG,
     SEQ_BITS,
@@ -60,34 +65,41 @@ from ..base import (
     encode_abort,
     group_of_tag,
 )
+from ..liveness import ProcessWatch
 from ..matching import Matching, MessageRequest, finished, misfit
 from . import framing
 from .driving import NO_DEADLINE, Driving
 from .link import Link, Unexpected
+from .mesh import Mesh
 from .sealing import Sealer
 
-_WIRE_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
 _POLLIN = select.POLLIN | select.POLLERR | select.POLLHUP
 _CALL_SHIFT = SEQ_BITS + STEP_BITS  # a collective tag's group id, above its call's sequence number
 _SEQ_MASK = (1 << SEQ_BITS) - 1
+LIVENESS_SECONDS = 0.1  # the processes of peers without a link are looked at no more often
 _pack_header = framing.HEADER.pack
 
 
 class TcpTransport(Transport):
-    """Full mesh of authenticated sockets; see ``mesh.connect_mesh`` for how it is built.
+    """Authenticated sockets to the peers; see ``mesh.Mesh`` for how they are made.
 
     ``links`` maps each peer's global rank to its socket and the ``sealing.Sealer`` its
-    handshake gave: every frame is sealed on the way out and checked on the way in.
+    handshake gave: every frame is sealed on the way out and checked on the way in. With a
+    ``mesh`` (which the transport then owns and closes), a peer without a link gets one when
+    first needed; without one, ``links`` must hold every peer. ``watch`` names the processes of
+    peers that may have no link (ranks on this host): ``lost_peers`` looks at them, since no
+    closing link would say they died.
     """
 
     def __init__(self, rank: int, size: int, links: dict[int, tuple[socket.socket, Sealer]],
                  on_peer_lost: Callable[[int, BaseException], None] | None = None,
-                 send_timeout: float = config.DEFAULT_TIMEOUT) -> None:
+                 send_timeout: float = config.DEFAULT_TIMEOUT, mesh: Mesh | None = None,
+                 watch: ProcessWatch | None = None) -> None:
         self.rank = rank
         self.send_timeout = send_timeout
         self.size = size
         wire = discovery.wire_dtype()
-        self.wire_dtype = None if wire is None else _WIRE_DTYPES[wire]
+        self.wire_dtype = None if wire is None else bfloat16() if wire == "bfloat16" else np.dtype(np.float16)
         # Shared with the links: the matching state and its lock, and the driver role.
         self.lock = threading.Lock()  # guards ``match``, ``_progress`` and the spares
         self.match: Matching[MessageRequest, Unexpected] = Matching(rank, size)
@@ -100,14 +112,59 @@ class TcpTransport(Transport):
         self._on_peer_lost = on_peer_lost
         self._spares: dict[int, list[np.ndarray]] = {}  # reusable unexpected-message buffers
         self._spare_bytes = 0
+        # Each peer's link to send on; every link, read by the driver; links by descriptor. The
+        # last two are replaced, never changed, when a link is added (the driver reads them
+        # without a lock).
         self._links = {peer: Link(peer, sock, sealer, self) for peer, (sock, sealer) in links.items()}
-        self._by_fd = {link.fd: link for link in self._links.values()}
+        self._every: tuple[Link, ...] = tuple(self._links.values())
+        self._by_fd = {link.fd: link for link in self._every}
+        self._mesh = mesh
+        self._adding = threading.Lock()  # one link added at a time
+        self._dialling = threading.Lock()  # one dial at a time: a rank dials a peer at most once
+        self._adopting = True  # until close() begins
+        self._watch = watch
+        self._looked = (0.0, 0)  # when the watched processes were last looked at, and the losses then
         self._poller = select.poll()
         self._poller.register(self.role.wake_fd, select.POLLIN)
-        for link in self._links.values():
+        for link in self._every:
             self._poller.register(link.fd, _POLLIN)
             link.polled = _POLLIN
         self.role.start()
+        if mesh is not None:
+            mesh.attach(self.adopt)
+
+    # -- links made after set-up ---------------------------------------------------------------
+
+    def adopt(self, peer: int, sock: socket.socket, sealer: Sealer) -> Link | None:
+        """Add a link to ``peer`` (dialled by either end); the driver polls it from its next turn.
+        Returns the link (None: the transport is closing, and the socket was closed)."""
+        with self._adding:
+            if not self._adopting:
+                sock.close()
+                return None
+            link = Link(peer, sock, sealer, self)
+            self._by_fd = {**self._by_fd, link.fd: link}
+            self._every = (*self._every, link)
+            self._links.setdefault(peer, link)
+        self.role.poke()
+        return link
+
+    def _open(self, peer: int) -> Link | None:
+        """The link to send to ``peer`` on, dialled now if it has none (None: it cannot have one;
+        the peer is then lost, and the reason is ``match.lost[peer]``)."""
+        with self._dialling:
+            link = self._links.get(peer)
+            if link is not None or self._mesh is None or peer in self.match.lost or not self._adopting:
+                return link
+            try:
+                sock, sealer = self._mesh.dial(peer, self.send_timeout)
+            except (CommError, OSError) as exc:
+                self.peer_gone(peer, exc if isinstance(exc, PeerLostError) else
+                               PeerLostError(peer, f"could not connect to it: {exc}"))
+                return None
+            if self.adopt(peer, sock, sealer) is None:
+                return None
+            return self._links[peer]  # this one, or one the peer dialled meanwhile
 
     # -- the driver ----------------------------------------------------------------------------
 
@@ -117,8 +174,9 @@ class TcpTransport(Transport):
         Once the deadline has passed the links are polled one last time without waiting: what
         arrived before it (while this thread was descheduled, say) is read, not taken for a timeout.
         """
-        poller, by_fd, links = self._poller, self._by_fd, self._links.values()
+        poller = self._poller
         while not done():
+            by_fd, links = self._by_fd, self._every
             now = time.monotonic()
             wait = deadline - now
             last = wait <= 0
@@ -170,7 +228,7 @@ class TcpTransport(Transport):
 
     def _overdue(self, now: float) -> None:
         """Fail links whose oldest queued frame missed its deadline (driver only)."""
-        for link in self._links.values():
+        for link in self._every:
             late = link.take_overdue(now)
             if late is None or link.peer in self.match.lost:
                 continue
@@ -203,10 +261,16 @@ class TcpTransport(Transport):
             return finished(peer, error)
         # ``framing.pack_header``, inline on the hot path
         header = _pack_header(framing.MAGIC, framing.KIND_DATA, tag, len(data), *(signature or NO_SIGNATURE))
-        return self._links[peer].send(header, data.cast("B"), tag)  # type: ignore[return-value]
+        link = self._links.get(peer) or self._open(peer)
+        if link is None:
+            return finished(peer, match.refusal(peer, tag) or GroupAbortedError(
+                f"rank {self.rank}'s transport is closed"))
+        return link.send(header, data.cast("B"), tag)  # type: ignore[return-value]
 
     def irecv(self, peer: int, out: memoryview, tag: int,
               signature: Signature | None = None) -> MessageRequest:
+        if peer not in self._links and peer != self.rank and peer >= 0:  # not from any source
+            self._open(peer)  # the link that brings the message, and says if the peer dies
         buffer = out.cast("B") if out.format != "B" else out
         request = MessageRequest(self.role, peer, tag, buffer, signature)
         if tag >> STEP_BITS != self._noted and signature is not None:
@@ -361,8 +425,20 @@ class TcpTransport(Transport):
     # -- the rest of the Transport API ----------------------------------------------------------
 
     def lost_peers(self) -> frozenset[int]:
+        """The peers lost so far. Peers without a link are looked at (their processes) once per
+        ``LIVENESS_SECONDS`` at most, and at once after a loss: when ranks die one after another,
+        the first, the cause, must not be missed for being seen a moment later."""
+        watch, lost = self._watch, self.match.lost
+        if watch is not None:
+            now = time.monotonic()
+            if now - self._looked[0] >= LIVENESS_SECONDS or len(lost) != self._looked[1]:
+                unlinked = [peer for peer in range(self.size)
+                            if peer not in self._links and peer not in lost and peer != self.rank]
+                for peer in watch.dead(unlinked):
+                    self.peer_gone(peer, PeerLostError(peer, "its process exited"))
+                self._looked = (now, len(lost))
         with self.lock:
-            return frozenset(self.match.lost)
+            return frozenset(lost)
 
     def progress(self, group_id: int, peers: Sequence[int],
                  timeout: float) -> dict[int, tuple[int, Signature | None] | None]:
@@ -372,6 +448,8 @@ class TcpTransport(Transport):
             for peer in peers:
                 self._progress.pop((group_id, peer), None)
         for peer in peers:
+            if peer not in self._links:
+                self._open(peer)
             self._send_control(peer, framing.KIND_PROBE, group_id, b"")
         self.role.run_until(lambda: all((group_id, p) in self._progress for p in peers), timeout)
         with self.lock:
@@ -399,7 +477,7 @@ class TcpTransport(Transport):
             return
         if tell_peers:
             payload = encode_abort(error, framing.MAX_ABORT_BYTES)
-            for peer in self._links:
+            for peer in list(self._links):
                 self._send_control(peer, framing.KIND_ABORT, group_id, payload)
         for request in failed:
             request.finish(request.peer, error)
@@ -420,9 +498,15 @@ class TcpTransport(Transport):
         if self.role.closing:
             return
         deadline = time.monotonic() + linger
-        links = list(self._links.values())
+        if self._mesh is not None:
+            self._mesh.close()
+        with self._adding:
+            self._adopting = False
+            links = list(self._every)
+        bye = framing.pack_header(framing.KIND_BYE, 0, 0, None)
         for link in links:
-            self._send_control(link.peer, framing.KIND_BYE, 0, b"")
+            if link.peer not in self.match.lost:
+                link.send(bye, memoryview(b""), None)
         self.role.run_until(lambda: all(link.closed or not link.queue for link in links), linger)
         for link in links:
             try:
