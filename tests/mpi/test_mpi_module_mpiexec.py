@@ -23,7 +23,10 @@ comm.Allreduce(MPI.IN_PLACE, x)
 status = MPI.Status()
 comm.send(comm.rank, dest=(comm.rank + 1) % comm.size, tag=comm.rank + 10)
 got = comm.recv(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)
-print("rank", comm.rank, comm.size, x.tolist(), got, status.Get_tag(), flush=True)
+line = f"rank {comm.rank} {comm.size} {x.tolist()} {got} {status.Get_tag()}"
+lines = comm.gather(line, root=0)  # one writer: mpiexec may interleave two ranks' output mid-line
+if comm.rank == 0:
+    print("\\n".join(lines), flush=True)
 """
 
 
