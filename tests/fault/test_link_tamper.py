@@ -121,6 +121,24 @@ RELAY = textwrap.dedent("""
 """)
 
 
+# A join entry (core/world.py's _Joined: shm, process space, pid, start time, TCP address, host)
+# written in rank 1's place: no shared memory, so rank 0 waits for rank 1 to dial it.
+_STAND_IN = "\n".join(("0", "", "0", "0", "", socket.gethostname())).encode()
+_JOIN_0 = "tensorcomm/0/join/0"
+_ADDRESS = 4  # the field of a join entry that says where its rank's TCP listener is
+
+
+def _address_of_rank_0(store: TCPStore) -> str:
+    return store.get(_JOIN_0, timeout=JOB_TIMEOUT).decode().split("\n")[_ADDRESS]
+
+
+def _redirect_rank_0(store: TCPStore, address: str) -> None:
+    """Rewrite rank 0's join entry so that rank 1 dials ``address`` instead."""
+    fields = store.get(_JOIN_0).decode().split("\n")
+    fields[_ADDRESS] = address
+    store.set(_JOIN_0, "\n".join(fields).encode())
+
+
 def _rank(rank: int, port: int, secret: str, timeout: float, proxy: int | None = None,
           protection: str = "headers", objects: bool = False) -> subprocess.Popen[str]:
     env = {**os.environ, "TENSORCOMM_SECRET": secret, "TENSORCOMM_STORE_HOSTED": "1",
@@ -155,14 +173,13 @@ def test_a_relay_in_rank_0s_place_reads_and_alters_nothing(mode: str, tmp_path: 
     seen = tmp_path / "relay.bytes"
     with TCPStoreServer("127.0.0.1", 0, secret_bytes(secret)) as server, \
             TCPStore("127.0.0.1", server.port, secret_bytes(secret), timeout=10) as attacker:
-        host_id = socket.gethostname()
-        attacker.set("tensorcomm/0/join/1", f"0{host_id}".encode())  # rank 0 goes ahead alone
+        attacker.set("tensorcomm/0/join/1", _STAND_IN)  # rank 0 goes ahead alone
         rank_0 = _rank(0, server.port, secret, timeout=15, objects=objects)
         relay = None
         try:
-            real = attacker.get("tensorcomm/0/tcp/addr/0", timeout=JOB_TIMEOUT).decode()
+            real = _address_of_rank_0(attacker)
             relay, relay_port = _start_relay(real, mode, seen)
-            attacker.set("tensorcomm/0/tcp/addr/0", f"127.0.0.1:{relay_port}".encode())
+            _redirect_rank_0(attacker, f"127.0.0.1:{relay_port}")
             rank_1 = _rank(1, server.port, secret, timeout=15, objects=objects)
             outcomes = [_outcome(rank_0), _outcome(rank_1)]
         finally:
@@ -196,11 +213,11 @@ def test_a_payload_altered_on_the_path_fails_the_link_naming_the_sender(protecti
     secret = generate_secret()
     with TCPStoreServer("127.0.0.1", 0, secret_bytes(secret)) as server, \
             TCPStore("127.0.0.1", server.port, secret_bytes(secret), timeout=10) as store:
-        store.set("tensorcomm/0/join/1", f"0{socket.gethostname()}".encode())  # rank 0 goes first
+        store.set("tensorcomm/0/join/1", _STAND_IN)  # rank 0 goes first
         rank_0 = _rank(0, server.port, secret, timeout=15, protection=protection)
         relay = None
         try:
-            real = store.get("tensorcomm/0/tcp/addr/0", timeout=JOB_TIMEOUT).decode()
+            real = _address_of_rank_0(store)
             relay, relay_port = _start_relay(real, "on-path", tmp_path / "relay.bytes")
             rank_1 = _rank(1, server.port, secret, timeout=15, proxy=relay_port, protection=protection)
             outcomes = [_outcome(rank_0), _outcome(rank_1)]
