@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..adapters.buffer import has_buffer
 from . import exceptions
 from .datatype import Datatype, of_dtype
 
@@ -69,7 +70,7 @@ def as_array(obj: Any, fn: str, writable: bool) -> np.ndarray:
         array = obj.view(np.ndarray)
     elif hasattr(obj, "__cuda_array_interface__") and not hasattr(obj, "__array_interface__"):
         array = _from_interface(obj.__cuda_array_interface__)
-    elif hasattr(obj, "__dlpack__") and not _has_buffer(obj):
+    elif hasattr(obj, "__dlpack__") and not has_buffer(obj):
         array = _from_dlpack(obj, fn)
     else:
         try:
@@ -84,14 +85,6 @@ def as_array(obj: Any, fn: str, writable: bool) -> np.ndarray:
     if writable and not array.flags.writeable:
         raise TypeError(f"{fn}: the receive buffer is read-only")
     return array.reshape(-1)
-
-
-def _has_buffer(obj: Any) -> bool:
-    try:
-        memoryview(obj)
-    except TypeError:
-        return False
-    return True
 
 
 def _from_interface(interface: dict[str, Any]) -> np.ndarray:

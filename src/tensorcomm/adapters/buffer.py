@@ -18,7 +18,8 @@ def _has_interface(obj: Any) -> bool:
     return hasattr(obj, "__array_interface__") or hasattr(obj, "__array_struct__")
 
 
-def _has_buffer(obj: Any) -> bool:
+def has_buffer(obj: Any) -> bool:
+    """Whether ``obj`` exposes the buffer protocol."""
     try:
         memoryview(obj)
     except TypeError:
@@ -32,7 +33,7 @@ class BufferAdapter:
     name = "objects with the buffer protocol or __array_interface__"
 
     def accepts(self, obj: Any) -> bool:
-        return _has_interface(obj) or _has_buffer(obj)
+        return _has_interface(obj) or has_buffer(obj)
 
     def as_numpy(self, obj: Any, writable: bool) -> np.ndarray:
         source = obj if _has_interface(obj) else memoryview(obj)
