@@ -1,21 +1,27 @@
 """Point-to-point messages of one communicator, matched the way MPI matches them.
 
-Every message, buffer or pickled object, starts with a fixed-size envelope (``ENVELOPE`` bytes:
-tag, length, sequence number, then the payload itself when it fits, ``INLINE`` bytes) sent on
-the communicator's envelope channel; a longer payload follows on a payload channel under the
-sender's sequence number, straight from the sender's buffer into the receiver's. Each
+Every message, buffer or pickled object, starts with an envelope (tag, length, sequence number,
+whether it is synchronous, its place in the order of the sender's messages to this receiver) and
+the payload itself when it fits. Between members on one host the envelope goes through the
+communicator's shared-memory mailbox (``transports/shm/mailbox.py``: no system call, a copy in
+and a copy out), with payloads up to half a ring; elsewhere, or when the ring is full, it is a
+fixed-size message (``ENVELOPE`` bytes, payloads up to ``INLINE``) on the communicator's envelope
+channel of the transport. A longer payload follows on a payload channel of the transport under
+the sender's sequence number, straight from the sender's buffer into the receiver's. Each
 communicator keeps one receive of envelopes from any member posted at the transport
-(``transports.base``), so this module sees every message in the order its sender sent it and
-matches it here, as MPI does: a message goes to the oldest posted receive whose source and tag
+(``transports.base``) and reads its mailbox rings whenever it polls; envelopes that overtook an
+earlier one from the same sender (a full ring sent the earlier one by the transport) wait for it,
+so this module sees every message in the order its sender sent it and matches it here, as MPI
+does: a message goes to the oldest posted receive whose source and tag
 (or ``ANY_SOURCE``/``ANY_TAG``) fit, a receive takes the oldest message that fits. What that
 gives beyond the transport's exact (peer, tag, size) matching: wildcard tags and the status's
 actual tag, ``Probe``/``Iprobe`` (the envelope says the length before the payload is received),
 a receive into a buffer longer than the message, ``Cancel`` of a receive not yet matched, and a
 message longer than its receive buffer reported as ``MPI.ERR_TRUNCATE`` while the communicator
-stays usable (the payload is drained). One message costs one transport message up to
-``INLINE`` bytes, two above.
+stays usable (the payload is drained). On one host a message of up to half a ring costs
+no transport message; elsewhere one up to ``INLINE`` bytes, two above.
 
-Imports ``core`` (a group's transport), ``transports.base`` and the MPI package's
+Imports ``core`` (a group's transport and shared-memory domain), ``transports.base`` and the MPI package's
 ``constants``, ``exceptions`` and ``status``; only ``unpickle`` here and
 ``frontends.object_collectives`` unpickle.
 """
@@ -23,7 +29,9 @@ Imports ``core`` (a group's transport), ``transports.base`` and the MPI package'
 from __future__ import annotations
 
 import itertools
+import os
 import pickle
+import struct
 import threading
 import time
 from collections import deque
@@ -42,13 +50,17 @@ from .constants import ANY_SOURCE, ANY_TAG, PROC_NULL, TAG_UB
 from .status import Status
 
 ENVELOPE = 512
-_FIELDS = 32  # tag, length, sequence, kind as int64
+_HEAD = struct.Struct("<5q")  # tag, length, sequence, synchronous, order (per sender and receiver)
+_FIELDS = _HEAD.size
 INLINE = ENVELOPE - _FIELDS
 _ENVELOPE_CHANNEL = 20000  # apart from tensorcomm's own send/recv channels (object_p2p: 0..16385)
 _PAYLOAD_CHANNEL = 20001
 _ACK_CHANNEL = 20002  # a synchronous send's "matched" answer, under the sender's sequence number
 _ACK = np.zeros(8, np.uint8)
 _SLICE = 0.05  # seconds between looks at lost peers while a receive waits for any envelope
+_MAIL_SLICE = 0.001  # the same with a mailbox, whose records wake no transport wait
+_SPIN_SECONDS = 0.002  # a wait on a mailbox polls, then yields the core, this long before it sleeps
+_SPIN_POLLS = 32
 _sequence = itertools.count(1)  # one counter for the process: payload tags never repeat per pair
 
 
@@ -56,12 +68,12 @@ class Envelope:
     """A message that arrived: who sent it (communicator rank), its tag and length, and its
     payload when it came inline."""
 
-    __slots__ = ("source", "peer", "tag", "nbytes", "sequence", "inline", "sync")
+    __slots__ = ("source", "peer", "tag", "nbytes", "sequence", "inline", "sync", "order")
 
-    def __init__(self, source: int, peer: int, fields: np.ndarray, inline: np.ndarray | None) -> None:
+    def __init__(self, source: int, peer: int, fields: tuple[int, ...], inline: np.ndarray | None) -> None:
         self.source, self.peer = source, peer
-        self.tag, self.nbytes, self.sequence = int(fields[0]), int(fields[1]), int(fields[2])
-        self.sync = bool(fields[3])
+        self.tag, self.nbytes, self.sequence, sync, self.order = fields
+        self.sync = bool(sync)
         self.inline = inline
 
     def fits(self, source: int, tag: int) -> bool:
@@ -93,14 +105,11 @@ class Receive:
                 return False
         return self.payload is None or self.payload.done()
 
-    def _arrived(self) -> bool:
-        return self.matched() and (self.payload is None or self.payload.done())
-
     def finish(self) -> Any:
         engine = self.engine
         if engine is not None:
-            if not self._arrived():
-                engine.wait_for(self._arrived, self.source)
+            if not self.matched():
+                engine.wait_for(self.matched, self.source)
             if self.payload is not None:
                 engine.finish_transfer(self.payload)
                 self.payload = None
@@ -152,7 +161,7 @@ class Send:
         engine = self.engine
         if engine is not None:
             if not self._sent():
-                engine.wait_for(self._sent, ANY_SOURCE)
+                engine.wait_for(self._sent, ANY_SOURCE, spin=False)
             for request in self.requests:
                 engine.finish_transfer(request)
         self.keep = None
@@ -199,6 +208,13 @@ class Engine:
         self.lock = threading.RLock()
         self.arrived: deque[Envelope] = deque()
         self.posted: list[Receive] = []
+        domain = group._member_team().shm
+        self._mailbox = domain.mailbox if domain is not None else None
+        self._members = range(len(self.ranks))
+        size = len(self.ranks)
+        self._order = [0] * size  # messages sent to each member so far
+        self._expected = [0] * size  # the order number of the next message from each member
+        self._early: dict[tuple[int, int], Envelope] = {}  # (member, order): came before its turn
         self._envelope_tag = p2p_tag(self.group_id, 0, _ENVELOPE_CHANNEL)
         self._next = np.empty(ENVELOPE, np.uint8)
         self._request = self.transport.irecv(TRANSPORT_ANY, as_bytes(self._next), self._envelope_tag)
@@ -214,13 +230,26 @@ class Engine:
         peer = self.ranks[dest]
         nbytes = data.size
         sequence = next(_sequence)
-        envelope = np.empty(ENVELOPE, np.uint8)
-        envelope[:_FIELDS].view(np.int64)[:] = (tag, nbytes, sequence, int(sync))
         transport = self.transport
         requests: list[TransportRequest] = []
         if sync:
             ack = np.empty(_ACK.size, np.uint8)
             requests.append(transport.irecv(peer, as_bytes(ack), self._tag(_ACK_CHANNEL, sequence)))
+        with self.lock:
+            order = self._order[dest]
+            self._order[dest] = order + 1
+            head = _HEAD.pack(tag, nbytes, sequence, int(sync), order)
+            mailbox = self._mailbox
+            if mailbox is not None:
+                if nbytes + _FIELDS <= mailbox.longest:
+                    if mailbox.push(dest, head, data.data):
+                        return Send(self, requests)
+                elif mailbox.push(dest, head):
+                    requests.append(transport.isend(peer, as_bytes(data),
+                                                    self._tag(_PAYLOAD_CHANNEL, sequence)))
+                    return Send(self, requests, keep if keep is not None else data)
+        envelope = np.empty(ENVELOPE, np.uint8)
+        envelope[:_FIELDS] = np.frombuffer(head, np.uint8)
         if nbytes <= INLINE:
             envelope[_FIELDS:_FIELDS + nbytes] = data
             requests.append(transport.isend(peer, as_bytes(envelope), self._envelope_tag))
@@ -259,6 +288,9 @@ class Engine:
             self.transport.isend(envelope.peer, as_bytes(_ACK), self._tag(_ACK_CHANNEL, envelope.sequence))
         nbytes = envelope.nbytes
         buffer = receive.buffer
+        if buffer is None and envelope.inline is not None:
+            receive.data = envelope.inline[:nbytes]  # the envelope's own copy: nobody else's
+            return
         if buffer is None:
             buffer = receive.data = np.empty(nbytes, np.uint8)
         elif nbytes > buffer.size:
@@ -273,7 +305,16 @@ class Engine:
                                                    self._tag(_PAYLOAD_CHANNEL, envelope.sequence))
 
     def _poll(self) -> None:
-        """Take every envelope the transport has received (hold the lock)."""
+        """Take every envelope the mailbox and the transport have received (hold the lock)."""
+        mailbox = self._mailbox
+        if mailbox is not None:
+            ranks = self.ranks
+            for source in self._members:
+                for record in mailbox.pull(source):
+                    fields = _HEAD.unpack_from(record)
+                    carried = len(record) == _FIELDS + fields[1]
+                    inline = np.frombuffer(record, np.uint8, offset=_FIELDS) if carried else None
+                    self._arrive(Envelope(source, ranks[source], fields, inline))
         request = self._request
         while request.done():
             peer = request.wait(0)
@@ -281,9 +322,19 @@ class Engine:
             self._next = np.empty(ENVELOPE, np.uint8)
             request = self._request = self.transport.irecv(TRANSPORT_ANY, as_bytes(self._next),
                                                            self._envelope_tag)
-            fields = raw[:_FIELDS].view(np.int64)
+            fields = _HEAD.unpack_from(raw)
             inline = raw[_FIELDS:] if fields[1] <= INLINE else None
-            envelope = Envelope(self.index[peer], peer, fields, inline)
+            self._arrive(Envelope(self.index[peer], peer, fields, inline))
+
+    def _arrive(self, envelope: Envelope) -> None:
+        """Take one envelope in, or keep it until the sender's earlier ones came (hold the lock)."""
+        source = envelope.source
+        expected = self._expected[source]
+        if envelope.order != expected:
+            self._early[source, envelope.order] = envelope
+            return
+        while True:
+            expected += 1
             for receive in self.posted:
                 if envelope.fits(receive.source, receive.tag):
                     self.posted.remove(receive)
@@ -291,6 +342,13 @@ class Engine:
                     break
             else:
                 self.arrived.append(envelope)
+            if not self._early:
+                break
+            later = self._early.pop((source, expected), None)
+            if later is None:
+                break
+            envelope = later
+        self._expected[source] = expected
 
     def poll(self) -> None:
         """Take what has arrived, without waiting."""
@@ -311,10 +369,12 @@ class Engine:
                     return envelope
         return None
 
-    def wait_for(self, ready: Callable[[], bool], source: int) -> None:
+    def wait_for(self, ready: Callable[[], bool], source: int, spin: bool = True) -> None:
         """Receive (and match) envelopes until ``ready()``, within the job's timeout: a rank
         that waits for anything point-to-point matches what arrives meanwhile, so a synchronous
-        send to it is answered.
+        send to it is answered. With a mailbox (and ``spin``: ``ready`` waits for no transport
+        request, which only a driving caller moves) it polls and yields the core for up to
+        ``_SPIN_SECONDS`` before it sleeps in the transport's wait, ``_MAIL_SLICE`` at a time.
 
         Raises:
             MPI.Exception and PeerLostError: ``source`` left the job.
@@ -322,7 +382,10 @@ class Engine:
         """
         deadline = time.monotonic() + self.timeout
         peer = None if source == ANY_SOURCE else self.ranks[source]
+        slice_ = _SLICE if self._mailbox is None else _MAIL_SLICE
         try:
+            if spin and self._mailbox is not None and self._spin(ready):
+                return
             while True:
                 with self.lock:
                     self._poll()
@@ -336,9 +399,9 @@ class Engine:
                 try:
                     driver = getattr(request, "_driver", None)
                     if driver is not None:  # wake on the next envelope or on ``ready``, whichever first
-                        woke = driver.run_until(_either(request.done, ready), min(left, _SLICE))
+                        woke = driver.run_until(_either(request.done, ready), min(left, slice_))
                     else:
-                        request.wait(min(left, _SLICE))
+                        request.wait(min(left, slice_))
                         woke = True
                 except CommTimeoutError:
                     woke = False
@@ -355,6 +418,25 @@ class Engine:
                     raise PeerLostError(min(lost), "every other member left")
         except CommError as exc:
             raise exceptions.as_mpi(exc) from None
+
+    def _spin(self, ready: Callable[[], bool]) -> bool:
+        """Poll until ``ready()`` (True) or ``_SPIN_SECONDS`` passed (False), yielding the core
+        after the first ``_SPIN_POLLS`` polls."""
+        polls = 0
+        end = 0.0
+        while True:
+            with self.lock:
+                self._poll()
+                if ready():
+                    return True
+            polls += 1
+            if polls > _SPIN_POLLS:
+                now = time.monotonic()
+                if not end:
+                    end = now + _SPIN_SECONDS
+                elif now > end:
+                    return False
+                os.sched_yield()
 
     def _me(self) -> int:
         return self.index[self.transport.rank]

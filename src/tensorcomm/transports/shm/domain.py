@@ -43,6 +43,7 @@ from . import arena as arena_mod
 from . import cma
 from . import slots as slots_mod
 from .arena import Arena, ShmUnavailable
+from .mailbox import Mailbox, region_bytes
 from .slots import CallInfo, Slots
 
 log = logging.getLogger("tensorcomm.shm")
@@ -58,8 +59,9 @@ OUT_BYTES = 64 << 20
 
 
 def segment_bytes(size: int, slot_bytes: int, out_bytes: int) -> int:
-    """Bytes of the segment of a ``size``-member domain."""
-    return slots_mod.control_bytes(size) + size * (2 * slot_bytes + out_bytes)
+    """Bytes of the segment of a ``size``-member domain: control area, each member's IN slots
+    and OUT region, then the point-to-point mailbox (``mailbox.py``)."""
+    return slots_mod.control_bytes(size) + size * (2 * slot_bytes + out_bytes) + region_bytes(size)
 
 
 class ShmDomain:
@@ -76,6 +78,8 @@ class ShmDomain:
         last_broadcast: after a broadcast through half the OUT region, the post count it ended
             at and the half it used, else None (``algorithms/shm_broadcast.staged`` reads it).
         cma: the members read each other's memory directly (``settle_cma`` decided so).
+        mailbox: this member's ends of the point-to-point rings (``mailbox.Mailbox``), or None
+            for a domain of one.
     """
 
     def __init__(self, arena: Arena, rank: int, size: int, global_ranks: Sequence[int],
@@ -106,6 +110,8 @@ class ShmDomain:
         self.inbox = tuple(tuple(raw[control + q * member + p * slot_bytes:][:slot_bytes] for p in (0, 1))
                            for q in range(size))
         self.outbox = tuple(raw[control + q * member + 2 * slot_bytes:][:out_bytes] for q in range(size))
+        mail = raw[control + size * member:][:region_bytes(size)]
+        self.mailbox = Mailbox(mail, rank, size) if size > 1 else None
         self._round = 0
         self._backup = np.empty(0, dtype=np.uint8)
         self.last_broadcast: tuple[int, int] | None = None
@@ -326,6 +332,9 @@ class ShmDomain:
         self._closed = True
         self.slots.leave()
         self.inbox = self.outbox = ()
+        if self.mailbox is not None:
+            self.mailbox.release()
+            self.mailbox = None
         self._raw = self._backup = None  # type: ignore[assignment]
         self._shared, self._shared_blocks = [], []
         for arena in self._arenas:  # an array the caller still holds keeps its segment mapped

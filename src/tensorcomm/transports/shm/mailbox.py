@@ -1,0 +1,140 @@
+"""Point-to-point records in a shared-memory domain: one ring per ordered pair of members.
+
+A record is a run of bytes one member hands another, in order, with no system call on either
+side: the sender copies it into the ring of the pair (sender, receiver) and moves that ring's
+*written* counter on; the receiver copies it out and moves the ring's *read* counter on. Only the
+sender writes a ring's data and *written*, only the receiver its *read* (single producer, single
+consumer), so no lock is needed; data is written before the counter that publishes it and read
+after the counter that says it is there, which x86-64's store order makes enough (the domain is
+only set up there: ``slots.SUPPORTED``). A member's own ring (sender == receiver) carries its
+messages to itself.
+
+Layout, per pair (sender ``s``, receiver ``r``) at ``(s * size + r) * stride``: the *written*
+counter on one cache line, *read* on the next, then ``capacity`` bytes of ring. Each record is an
+8-byte length, then the bytes, padded to 8; a record may wrap around the end of the ring. The
+capacity shrinks as members grow (``ring_bytes``), so the region stays a few MiB per member.
+
+Owns nothing but this layout; imports numpy only. What the records mean is the caller's
+(``MPI/p2p.py``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+HEADER = 128  # the two counters, on cache lines of their own
+_WORD = 8
+MIN_RING, MAX_RING = 8 << 10, 256 << 10
+_PER_MEMBER = 2 << 20  # what one member's incoming rings take at most, once there are many
+
+
+def ring_bytes(size: int) -> int:
+    """Capacity of one ring in a domain of ``size`` members (a power of two)."""
+    share = _PER_MEMBER // max(size, 1)
+    capacity = MIN_RING
+    while capacity * 2 <= min(share, MAX_RING):
+        capacity *= 2
+    return capacity
+
+
+def region_bytes(size: int) -> int:
+    """Bytes of the mailbox region of a ``size``-member domain (0 for one member)."""
+    return 0 if size < 2 else size * size * (HEADER + ring_bytes(size))
+
+
+class Mailbox:
+    """This member's ends of the rings of one domain.
+
+    Attributes:
+        capacity: bytes of one ring; the longest record is ``capacity // 2``.
+    """
+
+    def __init__(self, region: np.ndarray, rank: int, size: int) -> None:
+        capacity = self.capacity = ring_bytes(size)
+        stride = HEADER + capacity
+        if region.size < size * size * stride:
+            raise ValueError(f"a mailbox of {size} members needs {size * size * stride} bytes, "
+                             f"the region has {region.size}")
+        self.longest = capacity // 2
+        self._rank, self._size, self._stride = rank, size, stride
+        self._bytes = memoryview(region).cast("B")  # type: ignore[arg-type]
+        self._words = self._bytes.cast("q")
+        # Sender's side: where each outgoing ring is written to, and the last read count seen.
+        self._written = [0] * size
+        self._seen_read = [0] * size
+        # Receiver's side: how far each incoming ring has been read.
+        self._read = [0] * size
+
+    def _base(self, sender: int, receiver: int) -> int:
+        return (sender * self._size + receiver) * self._stride
+
+    def push(self, receiver: int, head: bytes, body: memoryview | bytes = b"") -> bool:
+        """Append the record ``head + body`` to the ring to ``receiver``; False (nothing written)
+        when the ring has no room for it now.
+
+        Raises:
+            ValueError: the record is longer than ``longest``.
+        """
+        nbytes = len(head) + len(body)
+        if nbytes > self.longest:
+            raise ValueError(f"a record of {nbytes} bytes is longer than a ring takes "
+                             f"({self.longest})")
+        need = _WORD + ((nbytes + _WORD - 1) & -_WORD)
+        written = self._written[receiver]
+        base = self._base(self._rank, receiver)
+        capacity = self.capacity
+        if written + need - self._seen_read[receiver] > capacity:
+            self._seen_read[receiver] = self._words[base // _WORD + 8]
+            if written + need - self._seen_read[receiver] > capacity:
+                return False
+        data = base + HEADER
+        at = written % capacity
+        self._words[(data + at) // _WORD] = nbytes
+        at = (at + _WORD) % capacity
+        self._copy_in(data, at, head)
+        if body:
+            self._copy_in(data, (at + len(head)) % capacity, body)
+        self._written[receiver] = written = written + need
+        self._words[base // _WORD] = written  # publish: after the data (x86-64 store order)
+        return True
+
+    def _copy_in(self, data: int, at: int, part: memoryview | bytes) -> None:
+        n = len(part)
+        first = min(n, self.capacity - at)
+        self._bytes[data + at:data + at + first] = part[:first] if first < n else part
+        if first < n:
+            self._bytes[data:data + n - first] = part[first:]
+
+    def pull(self, sender: int) -> list[bytes]:
+        """The records that came from ``sender`` since the last pull, oldest first."""
+        base = self._base(sender, self._rank)
+        written = self._words[base // _WORD]
+        read = self._read[sender]
+        if written == read:
+            return []
+        capacity = self.capacity
+        data = base + HEADER
+        records = []
+        while read < written:
+            at = read % capacity
+            nbytes = self._words[(data + at) // _WORD]
+            at = (at + _WORD) % capacity
+            first = min(nbytes, capacity - at)
+            if first == nbytes:
+                records.append(bytes(self._bytes[data + at:data + at + nbytes]))
+            else:
+                records.append(bytes(self._bytes[data + at:data + capacity])
+                               + bytes(self._bytes[data:data + nbytes - first]))
+            read += _WORD + ((nbytes + _WORD - 1) & -_WORD)
+        self._read[sender] = read
+        self._words[base // _WORD + 8] = read  # the space may be reused: after the copies
+        return records
+
+    def pending(self, sender: int) -> bool:
+        """Whether ``sender``'s ring holds records not yet pulled."""
+        return self._words[self._base(sender, self._rank) // _WORD] != self._read[sender]
+
+    def release(self) -> None:
+        """Let go of the views on the region (before the segment is unmapped)."""
+        self._words.release()
+        self._bytes.release()
