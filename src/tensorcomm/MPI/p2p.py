@@ -322,7 +322,7 @@ class Engine:
             self._next = np.empty(ENVELOPE, np.uint8)
             request = self._request = self.transport.irecv(TRANSPORT_ANY, as_bytes(self._next),
                                                            self._envelope_tag)
-            fields = _HEAD.unpack_from(raw)
+            fields = _HEAD.unpack_from(raw.data)
             inline = raw[_FIELDS:] if fields[1] <= INLINE else None
             self._arrive(Envelope(self.index[peer], peer, fields, inline))
 
