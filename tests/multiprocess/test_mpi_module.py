@@ -131,7 +131,9 @@ def body_ring_overflow() -> None:
     if rank == 0:
         for i in range(count):
             if i % long_every == 7:  # longer than a ring takes: the payload goes by the transport
-                comm.Send(np.full(40000, i, np.float64), dest=1, tag=i % 5)
+                sent = np.full(40000, i, np.float64)
+                comm.Send(sent, dest=1, tag=i % 5)
+                sent[:] = -1  # the caller's buffer is its own again once Send returns
             else:
                 comm.send({"i": i, "pad": b"p" * 1000}, dest=1, tag=i % 5)
     comm.Barrier()
@@ -281,6 +283,35 @@ def body_peer_lost() -> str:
 def test_peer_lost_is_an_mpi_error():
     outcomes = spawn_ranks(body_peer_lost, 2, timeout=60, env={"TENSORCOMM_TIMEOUT": "20"})
     assert outcomes[0].result == "lost 1", outcomes[0].output
+    assert outcomes[1].exitcode == 3
+
+
+def body_lent_then_lost() -> str:
+    """Rank 1 starts sending an object longer than a mailbox ring (read from its memory where the
+    domain allows) and leaves before rank 0 looks: rank 0's receive fails naming rank 1, or gets
+    the whole object where it went by the transport; never part of one."""
+    import os
+    import time
+
+    comm = MPI.COMM_WORLD
+    big = np.arange(1 << 17, dtype=np.float64)  # 1 MiB
+    comm.Barrier()
+    if comm.rank == 1:
+        comm.isend(big, dest=0, tag=4)
+        os._exit(3)
+    time.sleep(1.0)
+    try:
+        got = comm.recv(source=1, tag=4)
+    except PeerLostError as exc:
+        assert isinstance(exc, MPI.Exception)
+        return f"lost {exc.rank}"
+    np.testing.assert_array_equal(got, big)
+    return "received"
+
+
+def test_a_lent_payload_of_a_lost_sender_fails_naming_it():
+    outcomes = spawn_ranks(body_lent_then_lost, 2, timeout=60, env={"TENSORCOMM_TIMEOUT": "20"})
+    assert outcomes[0].result in ("lost 1", "received"), outcomes[0].output
     assert outcomes[1].exitcode == 3
 
 

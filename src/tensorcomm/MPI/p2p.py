@@ -50,8 +50,10 @@ from .constants import ANY_SOURCE, ANY_TAG, PROC_NULL, TAG_UB
 from .status import Status
 
 ENVELOPE = 512
-_HEAD = struct.Struct("<5q")  # tag, length, sequence, synchronous, order (per sender and receiver)
+_HEAD = struct.Struct("<5q")  # tag, length, sequence, flags, order (per sender and receiver)
 _FIELDS = _HEAD.size
+_SYNC, _LENT, _RETURNED = 1, 2, 4  # flags: synchronous; payload lent at an address; a lent one read
+_ADDRESS = struct.Struct("<q")  # after the head of a lent payload's envelope
 INLINE = ENVELOPE - _FIELDS
 _ENVELOPE_CHANNEL = 20000  # apart from tensorcomm's own send/recv channels (object_p2p: 0..16385)
 _PAYLOAD_CHANNEL = 20001
@@ -68,13 +70,17 @@ class Envelope:
     """A message that arrived: who sent it (communicator rank), its tag and length, and its
     payload when it came inline."""
 
-    __slots__ = ("source", "peer", "tag", "nbytes", "sequence", "inline", "sync", "order")
+    __slots__ = ("source", "peer", "tag", "nbytes", "sequence", "inline", "sync", "order", "lent",
+                 "failure")
 
-    def __init__(self, source: int, peer: int, fields: tuple[int, ...], inline: np.ndarray | None) -> None:
+    def __init__(self, source: int, peer: int, fields: tuple[int, ...], inline: np.ndarray | None,
+                 lent: int = 0) -> None:
         self.source, self.peer = source, peer
-        self.tag, self.nbytes, self.sequence, sync, self.order = fields
-        self.sync = bool(sync)
+        self.tag, self.nbytes, self.sequence, flags, self.order = fields
+        self.sync = bool(flags & _SYNC)
         self.inline = inline
+        self.lent = lent  # the payload's address in the sender's memory, until it is read
+        self.failure: BaseException | None = None  # reading the lent payload failed
 
     def fits(self, source: int, tag: int) -> bool:
         return (source == ANY_SOURCE or source == self.source) and (tag == ANY_TAG or tag == self.tag)
@@ -210,6 +216,11 @@ class Engine:
         self.posted: list[Receive] = []
         domain = group._member_team().shm
         self._mailbox = domain.mailbox if domain is not None else None
+        # Payloads longer than a ring are lent: read by the receiver from the sender's memory
+        # (cross-memory attach) where the domain may, and kept here until the receiver says so.
+        self._domain = domain if domain is not None and domain.cma else None
+        self._lent: dict[int, np.ndarray] = {}  # sequence -> payload a receiver has yet to read
+        self._owed: list[tuple[int, bytes]] = []  # "read" answers a full ring did not take yet
         self._members = range(len(self.ranks))
         size = len(self.ranks)
         self._order = [0] * size  # messages sent to each member so far
@@ -238,12 +249,20 @@ class Engine:
         with self.lock:
             order = self._order[dest]
             self._order[dest] = order + 1
-            head = _HEAD.pack(tag, nbytes, sequence, int(sync), order)
+            head = _HEAD.pack(tag, nbytes, sequence, _SYNC if sync else 0, order)
             mailbox = self._mailbox
             if mailbox is not None:
                 if nbytes + _FIELDS <= mailbox.longest:
                     if mailbox.push(dest, head, data.data):
                         return Send(self, requests)
+                elif self._domain is not None:
+                    # Lend it (a copy of a caller's buffer, which may change once this returns).
+                    lent = data if keep is None else data.copy()
+                    head = _HEAD.pack(tag, nbytes, sequence, (_SYNC if sync else 0) | _LENT, order)
+                    if mailbox.push(dest, head, _ADDRESS.pack(lent.ctypes.data)):
+                        self._lent[sequence] = lent
+                        return Send(self, requests)
+                    head = _HEAD.pack(tag, nbytes, sequence, _SYNC if sync else 0, order)
                 elif mailbox.push(dest, head):
                     requests.append(transport.isend(peer, as_bytes(data),
                                                     self._tag(_PAYLOAD_CHANNEL, sequence)))
@@ -288,6 +307,9 @@ class Engine:
             self.transport.isend(envelope.peer, as_bytes(_ACK), self._tag(_ACK_CHANNEL, envelope.sequence))
         nbytes = envelope.nbytes
         buffer = receive.buffer
+        if envelope.failure is not None:
+            receive.error = envelope.failure
+            return
         if buffer is None and envelope.inline is not None:
             receive.data = envelope.inline[:nbytes]  # the envelope's own copy: nobody else's
             return
@@ -300,6 +322,9 @@ class Engine:
             buffer = np.empty(nbytes, np.uint8)  # drained, so the link stays in step
         if envelope.inline is not None:
             buffer[:nbytes] = envelope.inline[:nbytes]
+        elif envelope.lent:
+            self._fetch(envelope, buffer[:nbytes])
+            receive.error = receive.error or envelope.failure
         elif nbytes:
             receive.payload = self.transport.irecv(envelope.peer, as_bytes(buffer[:nbytes]),
                                                    self._tag(_PAYLOAD_CHANNEL, envelope.sequence))
@@ -308,10 +333,20 @@ class Engine:
         """Take every envelope the mailbox and the transport have received (hold the lock)."""
         mailbox = self._mailbox
         if mailbox is not None:
+            if self._owed:
+                self._owed = [(q, answer) for q, answer in self._owed if not mailbox.push(q, answer)]
             ranks = self.ranks
             for source in self._members:
                 for record in mailbox.pull(source):
                     fields = _HEAD.unpack_from(record)
+                    flags = fields[3]
+                    if flags & _RETURNED:
+                        self._lent.pop(fields[2], None)
+                        continue
+                    if flags & _LENT:
+                        address = _ADDRESS.unpack_from(record, _FIELDS)[0]
+                        self._arrive(Envelope(source, ranks[source], fields, None, address))
+                        continue
                     carried = len(record) == _FIELDS + fields[1]
                     inline = np.frombuffer(record, np.uint8, offset=_FIELDS) if carried else None
                     self._arrive(Envelope(source, ranks[source], fields, inline))
@@ -341,6 +376,9 @@ class Engine:
                     self._match(receive, envelope)
                     break
             else:
+                if envelope.lent:  # read it now: the sender's memory is lent until then
+                    envelope.inline = np.empty(envelope.nbytes, np.uint8)
+                    self._fetch(envelope, envelope.inline)
                 self.arrived.append(envelope)
             if not self._early:
                 break
@@ -418,6 +456,20 @@ class Engine:
                     raise PeerLostError(min(lost), "every other member left")
         except CommError as exc:
             raise exceptions.as_mpi(exc) from None
+
+    def _fetch(self, envelope: Envelope, into: np.ndarray) -> None:
+        """Read a lent payload into ``into`` and tell its sender (hold the lock); a failure is
+        kept on the envelope for the receive that takes it."""
+        assert self._domain is not None and self._mailbox is not None
+        try:
+            self._domain.read(envelope.source, into.ctypes.data, envelope.lent, envelope.nbytes)
+        except CommError as exc:
+            envelope.failure = exceptions.as_mpi(exc)
+            envelope.inline = None
+        envelope.lent = 0
+        answer = _HEAD.pack(0, 0, envelope.sequence, _RETURNED, 0)
+        if not self._mailbox.push(envelope.source, answer):
+            self._owed.append((envelope.source, answer))
 
     def _spin(self, ready: Callable[[], bool]) -> bool:
         """Poll until ``ready()`` (True) or ``_SPIN_SECONDS`` passed (False), yielding the core

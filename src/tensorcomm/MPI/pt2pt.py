@@ -15,7 +15,7 @@ from . import exceptions
 from .buffers import message
 from .constants import ANY_SOURCE, ANY_TAG, PROC_NULL
 from .p2p import Engine, Envelope, Receive, Send, check_tag
-from .request import Pending, Prequest, Request
+from .request import Pending, Prequest, Request, finish_pending
 from .status import Status
 
 _U8 = np.dtype(np.uint8)
@@ -25,6 +25,14 @@ def _request(pending: Pending) -> Request:
     request = Request()
     request._pending = pending
     return request
+
+
+def _completed(pending: Pending, status: Status | None = None) -> Any:
+    """What a blocking call returns: ``pending`` finished (``Request.wait`` without the handle)."""
+    result = finish_pending(pending)
+    if status is not None:
+        pending.describe(status)
+    return result
 
 
 def _pickled(obj: Any, fn: str) -> np.ndarray:
@@ -122,7 +130,7 @@ class PointToPoint:
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
         """Send ``buf`` to ``dest``."""
-        _request(self._send_buffer(buf, dest, tag, "Send")).Wait()
+        _completed(self._send_buffer(buf, dest, tag, "Send"))
 
     def Ssend(self, buf: Any, dest: int, tag: int = 0) -> None:
         """Send ``buf`` to ``dest``; return once a receive has matched it."""
@@ -145,7 +153,7 @@ class PointToPoint:
     def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
              status: Status | None = None) -> None:
         """Receive into ``buf`` a message from ``source`` with ``tag`` (wildcards allowed)."""
-        _request(self._recv_buffer(buf, source, tag, "Recv")).Wait(status)
+        _completed(self._recv_buffer(buf, source, tag, "Recv"), status)
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """Start receiving into ``buf``."""
@@ -280,7 +288,7 @@ class PointToPoint:
     def send(self, obj: Any, dest: int, tag: int = 0) -> None:
         """Send the picklable ``obj`` to ``dest``."""
         data = _pickled(obj, "send")
-        _request(self._send(data, dest, tag, "send")).Wait()
+        _completed(self._send(data, dest, tag, "send"))
 
     def ssend(self, obj: Any, dest: int, tag: int = 0) -> None:
         """Send ``obj``; return once a receive has matched it."""
@@ -305,7 +313,7 @@ class PointToPoint:
         if buf is not None:
             warnings.warn("recv: the buf argument is ignored (objects are received whole)",
                           UserWarning, stacklevel=2)
-        return _request(self._recv(None, source, tag, "recv")).wait(status)
+        return _completed(self._recv(None, source, tag, "recv"), status)
 
     def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """Start receiving an object; ``wait()`` returns it."""

@@ -69,7 +69,8 @@ class WorkPending:
         return False
 
 
-def _finish(pending: Pending) -> Any:
+def finish_pending(pending: Pending) -> Any:
+    """Wait for ``pending`` to finish; its result, a tensorcomm error made an ``MPI.Exception``."""
     try:
         return pending.finish()
     except CommError as exc:
@@ -104,7 +105,7 @@ class Request:
             if status is not None:
                 status._clear()
             return None
-        result = _finish(pending)
+        result = finish_pending(pending)
         if status is not None:
             pending.describe(status)
         self._release()

@@ -56,17 +56,16 @@ class Mailbox:
             raise ValueError(f"a mailbox of {size} members needs {size * size * stride} bytes, "
                              f"the region has {region.size}")
         self.longest = capacity // 2
-        self._rank, self._size, self._stride = rank, size, stride
         self._bytes = memoryview(region).cast("B")  # type: ignore[arg-type]
         self._words = self._bytes.cast("q")
+        # Where each ring this member writes (to each receiver) and reads (from each sender) starts.
+        self._out = [(rank * size + q) * stride for q in range(size)]
+        self._in = [(q * size + rank) * stride for q in range(size)]
         # Sender's side: where each outgoing ring is written to, and the last read count seen.
         self._written = [0] * size
         self._seen_read = [0] * size
         # Receiver's side: how far each incoming ring has been read.
         self._read = [0] * size
-
-    def _base(self, sender: int, receiver: int) -> int:
-        return (sender * self._size + receiver) * self._stride
 
     def push(self, receiver: int, head: bytes, body: memoryview | bytes = b"") -> bool:
         """Append the record ``head + body`` to the ring to ``receiver``; False (nothing written)
@@ -81,7 +80,7 @@ class Mailbox:
                              f"({self.longest})")
         need = _WORD + ((nbytes + _WORD - 1) & -_WORD)
         written = self._written[receiver]
-        base = self._base(self._rank, receiver)
+        base = self._out[receiver]
         capacity = self.capacity
         if written + need - self._seen_read[receiver] > capacity:
             self._seen_read[receiver] = self._words[base // _WORD + 8]
@@ -107,7 +106,7 @@ class Mailbox:
 
     def pull(self, sender: int) -> list[bytes]:
         """The records that came from ``sender`` since the last pull, oldest first."""
-        base = self._base(sender, self._rank)
+        base = self._in[sender]
         written = self._words[base // _WORD]
         read = self._read[sender]
         if written == read:
@@ -132,7 +131,7 @@ class Mailbox:
 
     def pending(self, sender: int) -> bool:
         """Whether ``sender``'s ring holds records not yet pulled."""
-        return self._words[self._base(sender, self._rank) // _WORD] != self._read[sender]
+        return self._words[self._in[sender] // _WORD] != self._read[sender]
 
     def release(self) -> None:
         """Let go of the views on the region (before the segment is unmapped)."""
