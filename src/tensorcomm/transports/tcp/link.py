@@ -11,7 +11,10 @@ do is the transport's too. Everything here but ``send`` runs in the driver only.
 
 from __future__ import annotations
 
+import fcntl
 import socket
+import struct
+import termios
 import threading
 import time
 from collections import deque
@@ -30,6 +33,7 @@ _READ_BUDGET = 4 << 20  # bytes read from one link per turn, so a busy link star
 _DISCARD_BYTES = 1 << 20  # scratch for draining a message no posted receive can take
 _MSG_DONTWAIT = socket.MSG_DONTWAIT
 _get_ident = threading.get_ident
+_OUTQ = termios.TIOCOUTQ  # SIOCOUTQ on a socket: the bytes of its send queue the peer has not taken
 
 
 class Unexpected:
@@ -337,6 +341,19 @@ class Link:
         payload, self.target = self.target, None
         assert payload is not None
         self._transport.on_control(peer, kind, self.tag, payload, self.signature)
+
+    def delivered(self) -> bool:
+        """Whether everything this end sent is with the peer: nothing queued here, nothing in the
+        socket's send queue (TCP: acknowledged by the peer's host; a Unix socket: read by the
+        peer). Closing the socket then loses none of it, goodbye included, though the peer has
+        not said its own goodbye yet. False where the socket cannot tell."""
+        if self.queue:
+            return False
+        try:
+            unsent: int = struct.unpack("i", fcntl.ioctl(self.fd, _OUTQ, b"\0\0\0\0"))[0]
+        except OSError:
+            return False
+        return unsent == 0
 
     # -- failing -------------------------------------------------------------------------------
 
