@@ -4,6 +4,8 @@ Imported by bare name (``from helpers import ...``): pytest puts ``tests/`` on `
 conftest there. Every runner here runs ranks as threads of the test process; the runner that
 spawns rank processes is the public ``tensorcomm.testing.run_ranks``.
 
+- The collectives every shared table must cover: ``COLLECTIVES`` (``signature.COLLECTIVES`` less
+  "none" and "split"); ``BODY_OF`` (the spawned-rank body of each).
 - A call's context without a group: ``one_off_ctx``, and ``run_algorithm`` to run a row's algorithm
   in it as the core would.
 - Reductions: ``reduction_cases`` (every op x dtype that reduces, x count), ``assert_reduced``
@@ -38,6 +40,7 @@ import numpy as np
 from tensorcomm.algorithms import kernels, select
 from tensorcomm.algorithms.base import Ctx, Plan, Team
 from tensorcomm.rendezvous.store import HashStore
+from tensorcomm.signature import COLLECTIVES as SIGNED
 from tensorcomm.signature import NO_SIGNATURE, Signature, signature
 from tensorcomm.testing import run_threads
 from tensorcomm.transports.base import Transport
@@ -45,6 +48,17 @@ from tensorcomm.transports.loopback import LoopbackTransport
 from tensorcomm.types import PremulSum, ReduceOp
 
 SECRET = b"unit-test-secret"  # the job secret of every thread-rank set-up here
+
+# Every collective a signature names that runs an algorithm ("none" is no call; "split" makes a
+# group): the shared test tables are checked against it, so that a collective added to
+# ``signature.COLLECTIVES`` and left out of one fails that table's test by name.
+COLLECTIVES = tuple(name for name in SIGNED if name not in ("none", "split"))
+# The body of tests/multiprocess/test_collectives.py that runs each collective on spawned ranks;
+# tests/mpi/test_mpi_backend.py runs the same bodies over MPI.
+BODY_OF = {"all_reduce": "body_all_reduce", "reduce": "body_reduce", "broadcast": "body_broadcast",
+           "all_gather": "body_all_gather", "gather": "body_gather_scatter", "scatter": "body_gather_scatter",
+           "reduce_scatter": "body_reduce_scatter", "all_to_all": "body_all_to_all",
+           "barrier": "body_barrier_and_p2p", "scan": "body_scan", "exscan": "body_scan"}
 
 # -- a call's context without a group ---------------------------------------------------------
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from helpers import BODY_OF
 from mpi_jobs import check, missing, mpirun
 
 pytestmark = [pytest.mark.multiprocess,
@@ -14,9 +15,9 @@ pytestmark = [pytest.mark.multiprocess,
 
 MPI_ONLY = {"TENSORCOMM_TRANSPORT": "tcp"}  # no shared memory: MPI carries every message
 COLLECTIVES = "multiprocess/test_collectives"
-BODIES = [f"{COLLECTIVES}:body_{name}" for name in (
-    "all_reduce", "reduce", "broadcast", "all_gather", "gather_scatter", "reduce_scatter",
-    "all_to_all", "scan", "scan_async_groups_and_objects", "barrier_and_p2p", "async")] + [
+# test_collectives' body of every collective (``helpers.BODY_OF``), then those that mix them.
+BODIES = [f"{COLLECTIVES}:{name}" for name in dict.fromkeys(
+    [*BODY_OF.values(), "body_scan_async_groups_and_objects", "body_async"])] + [
     "multiprocess/test_uneven:body_uneven", "multiprocess/test_object_collectives:body_objects:1000",
     "multiprocess/test_ops:body_reductions", "multiprocess/test_ops:body_alltoall",
     "multiprocess/test_cross_device:body_strategies"]

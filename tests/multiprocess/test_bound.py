@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import tensorcomm as tc
+from tensorcomm.algorithms import select
 from tensorcomm.core import collectives
 from tensorcomm.testing import run_ranks
 from tensorcomm.trace import recorder
@@ -25,6 +26,13 @@ from tensorcomm.trace import recorder
 pytestmark = pytest.mark.multiprocess
 
 COLLECTIVES = ["all_reduce", "all_gather", "broadcast", "broadcast_from_last", "reduce_scatter", "all_to_all"]
+
+
+@pytest.mark.parametrize("collective", sorted({row.collective for row in select.ROWS if row.bind}))
+def test_every_collective_that_binds_one_round_is_here(collective: str) -> None:
+    """A row with a ``bind`` (``select.ROWS``) makes its collective's requests bound rounds: its
+    collective needs a case in ``COLLECTIVES`` and ``_request``."""
+    assert collective in COLLECTIVES, f"{collective} binds one round: add it to COLLECTIVES and _request"
 
 
 def _request(name: str, x: np.ndarray, out: np.ndarray, block: np.ndarray) -> tc.Prequest:

@@ -9,7 +9,7 @@ import pytest
 import tensorcomm as tc
 from tensorcomm.testing import rank_data, reduce_reference, reduces, run_ranks
 
-from helpers import assert_prefix, assert_reduced, expected_prefixes, reduction_cases
+from helpers import BODY_OF, COLLECTIVES, assert_prefix, assert_reduced, expected_prefixes, reduction_cases
 
 pytestmark = pytest.mark.multiprocess
 
@@ -260,9 +260,16 @@ def body_scan_async_groups_and_objects() -> None:
     reverse.destroy()
 
 
-BODIES = [body_all_reduce, body_reduce, body_broadcast, body_all_gather, body_gather_scatter,
-          body_reduce_scatter, body_all_to_all, body_scan, body_scan_async_groups_and_objects,
-          body_barrier_and_p2p, body_async]
+# The body of each collective (``helpers.BODY_OF``, which tests/mpi/test_mpi_backend.py runs too),
+# then the bodies that mix them.
+BODIES = [*(globals()[name] for name in dict.fromkeys(BODY_OF.values())), body_scan_async_groups_and_objects,
+          body_async]
+
+
+@pytest.mark.parametrize("collective", COLLECTIVES)
+def test_a_body_runs_every_collective(collective):
+    """A collective of ``signature.COLLECTIVES`` needs a body here, named in ``helpers.BODY_OF``."""
+    assert collective in BODY_OF, f"no body runs {collective}: add one and name it in helpers.BODY_OF"
 
 # Ranks of one host use shared memory unless TENSORCOMM_TRANSPORT=tcp: run everything both ways.
 TRANSPORTS = {"shm": {}, "tcp": {"TENSORCOMM_TRANSPORT": "tcp"}}

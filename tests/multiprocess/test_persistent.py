@@ -16,6 +16,8 @@ import tensorcomm as tc
 from tensorcomm.testing import rank_data, run_ranks
 from tensorcomm.trace import recorder
 
+from helpers import COLLECTIVES
+
 pytestmark = pytest.mark.multiprocess
 
 TRANSPORTS = {"shm": {}, "tcp": {"TENSORCOMM_TRANSPORT": "tcp"}}
@@ -90,6 +92,12 @@ def _forms(size: int) -> dict[str, tuple[Callable[[Arrays], Any], Callable[[Arra
 
 
 CASES = list(_forms(2))
+
+
+@pytest.mark.parametrize("collective", COLLECTIVES)
+def test_every_collective_has_a_persistent_case(collective):
+    """A collective of ``signature.COLLECTIVES`` needs a case of its own name in ``_forms``."""
+    assert collective in CASES, f"no persistent case for {collective}: add one to _forms and _fresh"
 
 
 def _write(into: Any, values: Any) -> None:

@@ -330,3 +330,32 @@ def test_probes_are_answered_while_the_caller_is_busy(pair):
     kind, tag, nbytes, theirs = peer.read_header()
     assert (kind, tag, theirs) == (framing.KIND_PROBE_REPLY, 6, signature("barrier"))
     assert framing.PROBE_REPLY.unpack(peer.recv(nbytes)) == (3,)
+
+
+def _tcp_sockets() -> tuple[socket.socket, socket.socket]:
+    """The two ends of one loopback TCP connection."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        a = socket.create_connection(listener.getsockname(), timeout=5)
+        b, _ = listener.accept()
+    a.settimeout(None)
+    return a, b
+
+
+@pytest.mark.parametrize("kind", ["tcp", "unix"])
+def test_closing_the_two_ends_one_after_the_other_does_not_wait_out_the_linger(kind: str) -> None:
+    """The first end to close needs only its bytes to have reached the peer, not the peer's
+    goodbye (which comes only once this close returns, here): neither close waits its 1 s linger."""
+    ends = _transport_pair(a=None, b=None) if kind == "unix" else _transport_pair(30.0, sealing.HEADERS,
+                                                                                    *_tcp_sockets())
+    tag = collective_tag(0, 1, 0)
+    got = np.zeros(1 << 16, np.uint8)
+    receiving = ends[1].irecv(0, memoryview(got), tag)
+    ends[0].isend(1, memoryview(np.ones(1 << 16, np.uint8)), tag).wait(5)
+    receiving.wait(5)
+    took = []
+    for end in ends:
+        start = time.monotonic()
+        end.close(linger=1.0)
+        took.append(time.monotonic() - start)
+    assert max(took) < 0.5, took
+    assert (got == 1).all()

@@ -15,7 +15,7 @@ import pytest
 import tensorcomm as tc
 from tensorcomm.ops import Exscan, Scan
 
-from helpers import world_of_one
+from helpers import COLLECTIVES, world_of_one
 
 
 @pytest.fixture
@@ -143,7 +143,20 @@ CASES: list[tuple[str, type[Exception], str, Callable[[], object]]] = [
     ("scan-read-only", ValueError, "scan: tensor", lambda: tc.scan(_readonly())),
     ("Scan-float-op", TypeError, "Scan: op", lambda: Scan(op=3.0)),
     ("Exscan-int-group", TypeError, "Exscan: group", lambda: Exscan(group=7)),
+    ("scatter-list-length", tc.ArgumentMismatchError, "scatter_list must hold 1 arrays",
+     lambda: tc.scatter(_x(), [_x(), _x()], src=0)),
+    ("scatter-list-missing", ValueError, "scatter_list is required on the source",
+     lambda: tc.scatter(_x(), None, src=0)),
+    ("reduce_scatter-list-length", tc.ArgumentMismatchError, "input_list must hold 1 arrays",
+     lambda: tc.reduce_scatter(_x(), [_x(), _x(), _x()])),
+    ("barrier-async-op-int", TypeError, "barrier: async_op must be a bool", lambda: tc.barrier(async_op=1)),
 ]
+
+
+@pytest.mark.parametrize("collective", COLLECTIVES)
+def test_every_collective_has_a_case(collective: str) -> None:
+    """A collective of ``signature.COLLECTIVES`` needs a case of its public function's own name."""
+    assert collective in {case[0].split("-")[0] for case in CASES}, f"no CASES entry for {collective}"
 
 
 @pytest.mark.parametrize(("exception", "match", "call"), [case[1:] for case in CASES],

@@ -11,27 +11,29 @@ do is the transport's too. Everything here but ``send`` runs in the driver only.
 
 from __future__ import annotations
 
+import fcntl
 import socket
+import struct
+import termios
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from ...errors import PeerLostError
 from ...signature import Signature
-from ..matching import MessageRequest, finished, misfit
+from ..matching import Matching, MessageRequest, finished, misfit
 from . import framing, sealing
+from .driving import Driving
 from .sealing import Sealer
-
-if TYPE_CHECKING:
-    from .transport import TcpTransport
 
 _READ_BUDGET = 4 << 20  # bytes read from one link per turn, so a busy link starves no other
 _DISCARD_BYTES = 1 << 20  # scratch for draining a message no posted receive can take
 _MSG_DONTWAIT = socket.MSG_DONTWAIT
 _get_ident = threading.get_ident
+_OUTQ = termios.TIOCOUTQ  # SIOCOUTQ on a socket: the bytes of its send queue the peer has not taken
 
 
 class Unexpected:
@@ -74,6 +76,29 @@ class Send:
         return not self.parts
 
 
+class Owner(Protocol):
+    """What a link needs of the transport that owns it (``TcpTransport``): its matching, lock
+    and driving role, and what it does when a frame or a failure comes in. A Protocol, so that
+    this module need not import the transport's (which imports this one)."""
+
+    rank: int
+    send_timeout: float
+    match: Matching[MessageRequest, Unexpected]
+    lock: threading.Lock
+    role: Driving
+
+    def link_failed(self, link: Link, error: PeerLostError) -> None: ...
+    def cause(self, request: MessageRequest, error: BaseException) -> BaseException: ...
+    def peer_gone(self, peer: int, error: PeerLostError) -> None: ...
+    def take_spare(self, nbytes: int) -> np.ndarray: ...
+    def give_back(self, entry: Unexpected) -> None: ...
+    def check_late(self, source: int, tag: int, signature: Signature | None) -> None: ...
+    def reject(self, request: MessageRequest, source: int, error: BaseException) -> None: ...
+    def fill(self, request: MessageRequest, source: int, entry: Unexpected) -> None: ...
+    def on_control(self, peer: int, kind: int, tag: int, payload: memoryview,
+                   signature: Signature | None) -> None: ...
+
+
 class Link:
     """One peer's connection: its socket and sealer, its send queue, the frame being read."""
 
@@ -81,7 +106,7 @@ class Link:
                  "tag", "nbytes", "got", "signature", "target", "request", "entry", "closed", "polled",
                  "opened", "sent", "_transport", "_match", "_lock", "_role", "_discard")
 
-    def __init__(self, peer: int, sock: socket.socket, sealer: Sealer, transport: TcpTransport) -> None:
+    def __init__(self, peer: int, sock: socket.socket, sealer: Sealer, transport: Owner) -> None:
         self.peer = peer
         self.sock = sock
         self.sealer = sealer
@@ -316,6 +341,19 @@ class Link:
         payload, self.target = self.target, None
         assert payload is not None
         self._transport.on_control(peer, kind, self.tag, payload, self.signature)
+
+    def delivered(self) -> bool:
+        """Whether everything this end sent is with the peer: nothing queued here, nothing in the
+        socket's send queue (TCP: acknowledged by the peer's host; a Unix socket: read by the
+        peer). Closing the socket then loses none of it, goodbye included, though the peer has
+        not said its own goodbye yet. False where the socket cannot tell."""
+        if self.queue:
+            return False
+        try:
+            unsent: int = struct.unpack("i", fcntl.ioctl(self.fd, _OUTQ, b"\0\0\0\0"))[0]
+        except OSError:
+            return False
+        return unsent == 0
 
     # -- failing -------------------------------------------------------------------------------
 

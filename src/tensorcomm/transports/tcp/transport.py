@@ -76,6 +76,7 @@ from .sealing import Sealer
 _POLLIN = select.POLLIN | select.POLLERR | select.POLLHUP
 _CALL_SHIFT = SEQ_BITS + STEP_BITS  # a collective tag's group id, above its call's sequence number
 _SEQ_MASK = (1 << SEQ_BITS) - 1
+_CLOSE_LOOK = 0.01  # seconds between looks at whether what close() sent has reached its peers
 LIVENESS_SECONDS = 0.1  # the processes of peers without a link are looked at no more often
 _pack_header = framing.HEADER.pack
 
@@ -490,10 +491,13 @@ class TcpTransport(Transport):
             request.finish(request.peer, error)
 
     def close(self, linger: float = 10.0) -> None:
-        """Say goodbye to every peer, wait (up to ``linger`` s) for theirs, then close sockets.
+        """Say goodbye to every peer, wait (up to ``linger`` s) for each link to be done with, then
+        close sockets.
 
-        Waiting for the peers' end of stream before closing avoids a TCP reset that could
-        discard data a slower peer has not read yet.
+        A link is done with once the peer said goodbye too, or once all this end sent, goodbye
+        included, is with the peer (``Link.delivered``): closing then cannot discard data a
+        slower peer has not read yet, and a peer that closes only after this returns (the other
+        end of a pair closed one after the other) is not waited for.
         """
         if self.role.closing:
             return
@@ -513,8 +517,11 @@ class TcpTransport(Transport):
                 link.sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
-        self.role.run_until(lambda: all(link.closed for link in links),
-                            max(0.0, deadline - time.monotonic()))
+        # No poll wakes for an acknowledgement: look again every _CLOSE_LOOK s.
+        while not self.role.run_until(lambda: all(link.closed or link.delivered() for link in links),
+                                      min(_CLOSE_LOOK, max(0.0, deadline - time.monotonic()))) \
+                and time.monotonic() < deadline:
+            pass
         self.role.stop(max(1.0, deadline - time.monotonic()))
         for link in links:
             self.link_failed(link, PeerLostError(link.peer, "this rank closed its transport"))
