@@ -309,6 +309,27 @@ def body_lent_then_lost() -> str:
     return "received"
 
 
+def body_send_then_leave() -> str:
+    """Rank 0 sends an object longer than a mailbox ring and its program ends at once; rank 1
+    receives it a second later, whole: a sender does not leave while what it lent is unread."""
+    import time
+
+    comm = MPI.COMM_WORLD
+    big = np.arange(1 << 17, dtype=np.float64)
+    comm.Barrier()
+    if comm.rank == 0:
+        comm.send(big, dest=1, tag=9)
+        return "sent"
+    time.sleep(1.0)
+    np.testing.assert_array_equal(comm.recv(source=0, tag=9), big)
+    return "received"
+
+
+def test_a_sender_that_ends_leaves_its_message_readable():
+    outcomes = spawn_ranks(body_send_then_leave, 2, timeout=60)
+    assert [o.result for o in outcomes] == ["sent", "received"], outcomes[1].output
+
+
 def test_a_lent_payload_of_a_lost_sender_fails_naming_it():
     outcomes = spawn_ranks(body_lent_then_lost, 2, timeout=60, env={"TENSORCOMM_TIMEOUT": "20"})
     assert outcomes[0].result in ("lost 1", "received"), outcomes[0].output

@@ -353,6 +353,8 @@ class Comm(PointToPoint, Collectives, ObjectCollectives):
         if handle.kind in ("world", "self"):
             raise exceptions.error(exceptions.ERR_COMM, f"cannot free {handle.name}")
         group = handle.resolve()
+        if handle.engine is not None:
+            handle.engine.settle()
         handle.kind, handle.group, handle.engine = "freed", None, None
         group.destroy()
         self._h = _NULL

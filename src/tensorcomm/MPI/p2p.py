@@ -28,7 +28,9 @@ Imports ``core`` (a group's transport and shared-memory domain), ``transports.ba
 
 from __future__ import annotations
 
+import atexit
 import itertools
+import logging
 import os
 import pickle
 import struct
@@ -37,6 +39,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
+from weakref import WeakSet
 
 import numpy as np
 
@@ -45,6 +48,7 @@ from ..errors import CommError, CommTimeoutError, PeerLostError
 from ..transports.base import ANY_SOURCE as TRANSPORT_ANY
 from ..transports.base import Request as TransportRequest
 from ..transports.base import as_bytes, p2p_tag
+from ..transports.shm.domain import ShmDomain
 from . import exceptions
 from .constants import ANY_SOURCE, ANY_TAG, PROC_NULL, TAG_UB
 from .status import Status
@@ -64,6 +68,7 @@ _MAIL_SLICE = 0.001  # the same with a mailbox, whose records wake no transport 
 _SPIN_SECONDS = 0.002  # a wait on a mailbox polls, then yields the core, this long before it sleeps
 _SPIN_POLLS = 32
 _sequence = itertools.count(1)  # one counter for the process: payload tags never repeat per pair
+log = logging.getLogger("tensorcomm.mpi")
 
 
 class Envelope:
@@ -219,8 +224,9 @@ class Engine:
         # Payloads longer than a ring are lent: read by the receiver from the sender's memory
         # (cross-memory attach) where the domain may, and kept here until the receiver says so.
         self._domain = domain if domain is not None and domain.cma else None
-        self._lent: dict[int, np.ndarray] = {}  # sequence -> payload a receiver has yet to read
+        self._lent: dict[int, tuple[int, np.ndarray]] = {}  # sequence -> (receiver, payload) unread
         self._owed: list[tuple[int, bytes]] = []  # "read" answers a full ring did not take yet
+        self._settled_at_close = False  # ``settle`` runs when the domain closes and at exit
         self._members = range(len(self.ranks))
         size = len(self.ranks)
         self._order = [0] * size  # messages sent to each member so far
@@ -260,7 +266,10 @@ class Engine:
                     lent = data if keep is None else data.copy()
                     head = _HEAD.pack(tag, nbytes, sequence, (_SYNC if sync else 0) | _LENT, order)
                     if mailbox.push(dest, head, _ADDRESS.pack(lent.ctypes.data)):
-                        self._lent[sequence] = lent
+                        if not self._settled_at_close:
+                            self._settled_at_close = True
+                            _settle_before_closing(self, self._domain)
+                        self._lent[sequence] = (dest, lent)
                         return Send(self, requests)
                     head = _HEAD.pack(tag, nbytes, sequence, _SYNC if sync else 0, order)
                 elif mailbox.push(dest, head):
@@ -471,6 +480,31 @@ class Engine:
         if not self._mailbox.push(envelope.source, answer):
             self._owed.append((envelope.source, answer))
 
+    def settle(self) -> None:
+        """Wait until every receiver has read what this engine lent it, or left, within the
+        job's timeout: before the communicator goes, and at exit (a send returns before its
+        receiver read it, and the receiver reads this process's memory). Never raises."""
+        deadline = time.monotonic() + self.timeout
+        domain = self._domain
+        while self._lent and domain is not None:
+            try:
+                with self.lock:
+                    self._poll()
+            except (CommError, exceptions.Exception):
+                pass  # a lost peer's messages: not what this waits for
+            with self.lock:
+                gone = {dest for dest, _ in self._lent.values() if domain.slots.departed(dest)}
+                if gone:
+                    self._lent = {key: value for key, value in self._lent.items() if value[0] not in gone}
+            if not self._lent:
+                break
+            if time.monotonic() > deadline:
+                log.warning("tensorcomm.MPI: %d message(s) sent were not read by their receivers "
+                            "within %g s; they are dropped", len(self._lent), self.timeout)
+                self._lent.clear()
+                break
+            time.sleep(0.0005)
+
     def _spin(self, ready: Callable[[], bool]) -> bool:
         """Poll until ``ready()`` (True) or ``_SPIN_SECONDS`` passed (False), yielding the core
         after the first ``_SPIN_POLLS`` polls."""
@@ -499,3 +533,22 @@ class Engine:
             request.wait(self.timeout)
         except CommError as exc:
             raise exceptions.as_mpi(exc) from None
+
+
+_lenders: WeakSet[Engine] = WeakSet()  # engines that lent payloads
+_exit_hook: list[bool] = []
+
+
+def _settle_before_closing(engine: Engine, domain: ShmDomain) -> None:
+    """Make closing ``domain``, and the end of the process, settle ``engine`` first."""
+    domain.before_close(engine.settle)
+    _lenders.add(engine)
+    if not _exit_hook:
+        _exit_hook.append(True)
+        atexit.register(settle_all)  # after init's and Finalize's: it runs before them
+
+
+def settle_all() -> None:
+    """``Engine.settle`` every engine that lent a payload not read yet (at ``Finalize`` and exit)."""
+    for engine in list(_lenders):
+        engine.settle()

@@ -16,6 +16,7 @@ from .. import config
 from ..core.lifecycle import current_world, is_initialized
 from ..core.world import World
 from ..frontends import process_group
+from . import p2p
 
 _lock = threading.Lock()
 _started_here = False
@@ -85,6 +86,7 @@ def Finalize() -> None:
             return
         _finalized = True
     if _started_here and is_initialized():
+        p2p.settle_all()
         process_group.destroy()
 
 

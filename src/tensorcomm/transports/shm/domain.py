@@ -121,6 +121,7 @@ class ShmDomain:
         self._shared_blocks: list[tuple[np.ndarray, ...]] = []  # every member's block, per allocation
         self._arenas: list[Arena] = []  # the segments of the shared allocations
         self.allocations = 0  # shared allocations asked for so far, made or not (names their keys)
+        self._before_close: list[Callable[[], None]] = []
         self._closed = False
 
     # -- per call --------------------------------------------------------------------------------
@@ -325,10 +326,18 @@ class ShmDomain:
         if not self._closed:
             self.slots.abort(error, tell_peers)
 
+    def before_close(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` when the domain closes, before anything is let go (it must not raise):
+        what must finish while the peers can still read this member's memory."""
+        self._before_close.append(hook)
+
     def close(self) -> None:
         """Leave the domain: peers waiting on this member get PeerLostError; unmap. Idempotent."""
         if self._closed:
             return
+        for hook in self._before_close:
+            hook()
+        self._before_close = []
         self._closed = True
         self.slots.leave()
         self.inbox = self.outbox = ()

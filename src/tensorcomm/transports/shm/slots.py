@@ -337,6 +337,10 @@ class Slots:
         """Whether the process of group rank ``rank`` has exited."""
         return bool(self._liveness.dead((rank,)))
 
+    def departed(self, rank: int) -> bool:
+        """Whether group rank ``rank`` left the group (``leave``) or its process exited."""
+        return self.words[self._base[rank] + R_STATE] == STATE_LEFT or self.exited(rank)
+
     def _wake_sleepers(self) -> None:
         self.words[self._my_sleepers] = 0
         _futex_wake(self.address + self._my_counter * 8)
