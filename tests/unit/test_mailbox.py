@@ -6,7 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tensorcomm.transports.shm.mailbox import MAX_RING, MIN_RING, Mailbox, region_bytes, ring_bytes
+from tensorcomm.transports.shm.mailbox import (
+    MAX_RING,
+    MIN_RING,
+    Mailbox,
+    MailboxCorrupt,
+    region_bytes,
+    ring_bytes,
+)
 
 
 def pair(size: int = 2) -> tuple[Mailbox, Mailbox, np.ndarray]:
@@ -70,3 +77,17 @@ def test_region_stays_small_as_members_grow():
 def test_a_short_region_is_refused():
     with pytest.raises(ValueError, match="needs"):
         Mailbox(np.zeros(100, np.uint8), 0, 2)
+
+
+def test_impossible_counters_and_lengths_are_refused_not_read():
+    sender, receiver, region = pair()
+    words = region.view(np.int64)
+    sender.push(1, b"ok")
+    words[receiver._in[0] // 8] = 10 ** 9  # the written counter, far past what a ring holds
+    with pytest.raises(MailboxCorrupt, match="claims"):
+        receiver.pull(0)
+    sender2, receiver2, region2 = pair()
+    sender2.push(1, b"ok")
+    region2.view(np.int64)[(receiver2._in[0] + 128) // 8] = 1 << 40  # the record's length word
+    with pytest.raises(MailboxCorrupt, match="record of"):
+        receiver2.pull(0)

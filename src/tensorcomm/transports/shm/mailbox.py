@@ -42,6 +42,10 @@ def region_bytes(size: int) -> int:
     return 0 if size < 2 else size * size * (HEADER + ring_bytes(size))
 
 
+class MailboxCorrupt(RuntimeError):
+    """A ring holds what no member of this layout wrote."""
+
+
 class Mailbox:
     """This member's ends of the rings of one domain.
 
@@ -105,18 +109,28 @@ class Mailbox:
             self._bytes[data:data + n - first] = part[first:]
 
     def pull(self, sender: int) -> list[bytes]:
-        """The records that came from ``sender`` since the last pull, oldest first."""
+        """The records that came from ``sender`` since the last pull, oldest first.
+
+        Raises:
+            MailboxCorrupt: the ring's counter or a record's length is impossible (the memory
+                was written by something that does not keep this layout).
+        """
         base = self._in[sender]
         written = self._words[base // _WORD]
         read = self._read[sender]
         if written == read:
             return []
         capacity = self.capacity
+        if not 0 < written - read <= capacity:
+            raise MailboxCorrupt(f"the ring from member {sender} claims {written - read} bytes "
+                                 f"written unread; it holds {capacity}")
         data = base + HEADER
         records = []
         while read < written:
             at = read % capacity
             nbytes = self._words[(data + at) // _WORD]
+            if not 0 <= nbytes <= self.longest or read + _WORD + nbytes > written:
+                raise MailboxCorrupt(f"a record of {nbytes} bytes in the ring from member {sender}")
             at = (at + _WORD) % capacity
             first = min(nbytes, capacity - at)
             if first == nbytes:
