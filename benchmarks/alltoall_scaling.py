@@ -8,8 +8,10 @@ peer (float32), after ``--warmup`` calls, the first checked against numpy; tenso
 of an older commit's ``src``), so a change is measured before and after in the same run.
 
 A row gives the median and largest per-call milliseconds over the ranks, the median's ratio to
-Gloo's in the same round, and the load average before the row: on a shared machine compare
-libraries within one world size and round only.
+Gloo's in the same round, the median rank's CPU per call (all its threads, user and system) and
+its ratio to Gloo's, and the load average before the row: on a shared machine compare libraries
+within one world size and round only. Where ranks outnumber cores the CPU column is the steadier
+one: the wall time is then mostly every rank's CPU queued on the few cores.
 
 Usage::
 
@@ -61,17 +63,18 @@ def _worker(library: str, block: int, warmup: int, iters: int) -> None:
         if i == 0:
             assert np.array_equal(out, expected), f"rank {rank}: wrong all_to_all result"
     barrier()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     for _ in range(iters):
         call()
     per_call = (time.perf_counter() - started) / iters
+    cpu = (time.process_time() - cpu) / iters
     barrier()
     finish()
-    print(MARK + json.dumps({"rank": rank, "per_call": per_call}), flush=True)
+    print(MARK + json.dumps({"rank": rank, "per_call": per_call, "cpu": cpu}), flush=True)
 
 
-def _spawn(library: str, size: int, args: object) -> list[float]:
-    """Run ``size`` ranks of ``library``; their per-call seconds."""
+def _spawn(library: str, size: int, args: object) -> tuple[list[float], list[float]]:
+    """Run ``size`` ranks of ``library``; their per-call seconds and CPU seconds, each sorted."""
     import secrets
     import socket
     import subprocess
@@ -102,7 +105,7 @@ def _spawn(library: str, size: int, args: object) -> list[float]:
     if len(reports) != size:
         failed = next((out for proc, out in zip(procs, outs, strict=True) if proc.returncode), "")
         raise RuntimeError(f"{library} at {size} ranks: {len(reports)} reports; {failed[-1500:]}")
-    return sorted(r["per_call"] for r in reports)
+    return sorted(r["per_call"] for r in reports), sorted(r["cpu"] for r in reports)
 
 
 def main(argv: list[str]) -> int:
@@ -118,28 +121,28 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--baseline-src", help="a tensorcomm src directory to run as tc-base")
     parser.add_argument("--job-timeout", type=float, default=900.0, help="seconds one job may take")
     args = parser.parse_args(argv)
-    libraries = ["tensorcomm", "gloo"] + (["tc-base"] if args.baseline_src else [])
+    libraries = ["gloo", "tensorcomm"] + (["tc-base"] if args.baseline_src else [])
     print(f"# cores: {os.cpu_count()}; block {args.block} bytes per peer, {args.iters} timed calls after "
-          f"{args.warmup}; ms per call: median and largest over the ranks; ratio: median / Gloo's median")
-    print(f"{'library':<11}{'ranks':>6}{'median':>10}{'max':>10}{'/ gloo':>8}")
+          f"{args.warmup}; ms per call: median and largest over the ranks, and the median rank's CPU "
+          "(user + system, all its threads); ratios: median / Gloo's median, CPU / Gloo's CPU")
+    print(f"{'library':<11}{'ranks':>6}{'median':>10}{'max':>10}{'/ gloo':>8}{'cpu':>8}{'/ gloo':>8}")
     for size in (int(s) for s in args.sizes.split(",")):
         for _ in range(args.repeat):
-            results: dict[str, list[float]] = {}
-            lines = []
+            results: dict[str, tuple[float, float, float]] = {}  # median, largest, CPU
             for library in libraries:
                 load = os.getloadavg()[0]
                 try:
-                    results[library] = _spawn(library, size, args)
-                    lines.append((library, load))
+                    times, cpus = _spawn(library, size, args)
+                    results[library] = (times[len(times) // 2], times[-1], cpus[len(cpus) // 2])
                 except (RuntimeError, OSError) as exc:
                     print(f"{library:<11}{size:>6}  failed: {exc}    # load {load:.1f}", flush=True)
-            gloo = results.get("gloo")
-            for library, load in lines:
-                times = results[library]
-                median = times[len(times) // 2]
-                ratio = f"{median / gloo[len(gloo) // 2]:>8.2f}" if gloo else f"{'-':>8}"
-                print(f"{library:<11}{size:>6}{median * 1e3:>10.2f}{times[-1] * 1e3:>10.2f}{ratio}"
-                      f"    # load {load:.1f}", flush=True)
+                    continue
+                median, largest, cpu = results[library]
+                gloo = results.get("gloo")
+                ratios = f"{median / gloo[0]:>8.2f}" if gloo else f"{'-':>8}"
+                ratios_cpu = f"{cpu / gloo[2]:>8.2f}" if gloo else f"{'-':>8}"
+                print(f"{library:<11}{size:>6}{median * 1e3:>10.2f}{largest * 1e3:>10.2f}{ratios}"
+                      f"{cpu * 1e3:>8.2f}{ratios_cpu}    # load {load:.1f}", flush=True)
     return 0
 
 
