@@ -22,9 +22,15 @@ With ``--kill``, tensorcomm's ranks then loop over small all_reduces until the l
 SIGKILLs itself, and the row ``tc-killed`` gives, over the survivors, the median and largest
 seconds from the death to the ``PeerLostError`` that names it (every survivor must name it).
 
+With ``--hosts H`` (needs root and iproute2) each job's ranks are spread over H "hosts", network
+namespaces joined by a bridge (``tests/multihost/multihost_harness.py``), size / H ranks each,
+rank 0's host serving the store; only tensorcomm and Gloo run there (MPICH's launcher does not
+cross the namespaces), and the ``fds`` columns then count a rank's links to other hosts too.
+
 Usage::
 
     python benchmarks/init_scaling.py --sizes 2,4,8,16,32,64 [--libraries tensorcomm,gloo,mpich]
+    sudo python benchmarks/init_scaling.py --sizes 16 --hosts 4,8 --libraries tensorcomm,gloo
 
 MPICH needs mpi4py built against it (skipped, with a note, when it is not importable). Times
 are never asserted; record a run with ``benchmarks/record.py``.
@@ -167,6 +173,37 @@ def _spawn(library: str, size: int, port: int, kill: bool = False, user_secret: 
     return reports
 
 
+def _spawn_hosts(make: Any, hosts: int, library: str, size: int, port: int, kill: bool = False) -> list[dict]:
+    """``_spawn`` with the ranks spread over ``hosts`` namespaces of a new cluster (``make``,
+    from ``multihost_harness.clusters``), ``size // hosts`` on each in rank order."""
+    import secrets
+
+    cluster = make(hosts)
+    per_host = size // hosts
+    started = time.time()
+    argv = [sys.executable, os.path.abspath(__file__), "--worker", library, repr(started), str(int(kill))]
+    env = {"MASTER_ADDR": cluster.hosts[0].address, "MASTER_PORT": str(port), "WORLD_SIZE": str(size),
+           "TENSORCOMM_SECRET": "generated:" + secrets.token_hex(32), "PYTHONUNBUFFERED": "1",
+           "LOCAL_WORLD_SIZE": str(per_host)}
+    procs = [cluster.spawn(host, argv, {**env, "RANK": str(host.index * per_host + local),
+                                        "LOCAL_RANK": str(local), "GLOO_SOCKET_IFNAME": host.ifname},
+                           label=f"rank {host.index * per_host + local}")
+             for host in cluster.hosts for local in range(per_host)]
+    deadline, failures = time.time() + 1800, []
+    while any(p.popen.poll() is None for p in procs) and time.time() < deadline and not failures:
+        time.sleep(0.5)  # a rank that failed ends the job at once, rather than its peers' timeouts
+        failures = [f"rank {i} exited with {p.popen.returncode}: {p.output()[1][-2000:]}"
+                    for i, p in enumerate(procs) if p.popen.returncode and not (kill and i == size - 1)]
+    outs = [p.output()[0] for p in procs]
+    cluster.close()  # kills what still runs
+    reports = [json.JSONDecoder().raw_decode(line.split(MARK, 1)[1])[0]
+               for out in outs for line in out.splitlines() if MARK in line]
+    if failures or len(reports) != size:
+        raise RuntimeError(f"{library} at {size} ranks on {hosts} hosts: {len(reports)} reports; "
+                           f"{failures[0] if failures else ''}")
+    return reports
+
+
 def _row(library: str, size: int, reports: list[dict]) -> str:
     inits = sorted(r["init"] for r in reports)
     imports = sorted(r["import"] for r in reports)
@@ -189,7 +226,8 @@ def _kill_row(size: int, reports: list[dict]) -> str:
 def main(argv: list[str]) -> int:
     import argparse
     import importlib.util
-    import socket
+    import tempfile
+    from pathlib import Path
 
     parser = argparse.ArgumentParser(description="init() time by world size on one host, beside "
                                      "Gloo and MPICH (see the module docstring)")
@@ -202,17 +240,42 @@ def main(argv: list[str]) -> int:
                         "instead of a generated one, as tensorcomm run gives")
     parser.add_argument("--kill", action="store_true",
                         help="tensorcomm: then kill the last rank and time the survivors' naming it")
+    parser.add_argument("--hosts", default="1", help="hosts (network namespaces) to spread each job "
+                        "over, comma-separated; 1: this host alone (see the module docstring)")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
+    hosts = [int(h) for h in args.hosts.split(",")]
     libraries = [name for name in args.libraries.split(",") if name]
     if "mpich" in libraries and importlib.util.find_spec("mpi4py") is None:
         print("# mpich: skipped, mpi4py is not installed")
         libraries.remove("mpich")
+    if max(hosts) > 1:
+        if "mpich" in libraries:
+            print("# mpich: skipped on namespace hosts")
+            libraries.remove("mpich")
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                        "multihost"))
+        from multihost_harness import clusters, unsupported_reason
+
+        if unsupported_reason() is not None:
+            print(f"cannot build network namespaces here: {unsupported_reason()}", file=sys.stderr)
+            return 2
+        with tempfile.TemporaryDirectory(prefix="init-scaling-") as tmp, clusters(Path(tmp)) as make:
+            return _sweep(args, sizes, hosts, libraries, make)
+    return _sweep(args, sizes, hosts, libraries, None)
+
+
+def _sweep(args: Any, sizes: list[int], hosts: list[int], libraries: list[str], make: Any) -> int:
+    """Print the table: every size on every host count, libraries alternating."""
+    import socket
+
     print(f"# cores: {os.cpu_count()}; times in seconds: import and init are medians over the ranks, "
           "init min/max the fastest/slowest rank's, wall from the first start to the last rank ready")
     print(f"{'library':<11}{'ranks':>6}{'import':>10}{'init min':>10}{'init':>10}{'init max':>10}"
           f"{'wall':>10}{'fds':>6}{'fds max':>9}")
-    for size in sizes:
+    for size, spread in ((size, spread) for size in sizes for spread in hosts if not size % spread):
+        if spread > 1:
+            print(f"# {spread} hosts x {size // spread} ranks", flush=True)
         for _ in range(args.repeat):
             for library in libraries:
                 with socket.socket() as probe:
@@ -221,7 +284,8 @@ def main(argv: list[str]) -> int:
                 load = os.getloadavg()[0]
                 kill = args.kill and library == "tensorcomm"
                 try:
-                    reports = _spawn(library, size, port, kill, args.user_secret)
+                    reports = _spawn_hosts(make, spread, library, size, port, kill) if spread > 1 else \
+                        _spawn(library, size, port, kill, args.user_secret)
                     line = _row(library, size, [r for r in reports if "init" in r])
                     if kill:
                         line += f"    # load {load:.1f}\n" + _kill_row(size, reports)

@@ -84,6 +84,42 @@ def test_exited_rank_is_named(transport, mode, tmp_path):
             assert outcome.result["at"] - death < DETECTION_BUDGET, outcome.result
 
 
+def body_die_mid_all_to_all(stamp_dir: str) -> dict:
+    """Everyone loops over all_to_alls whose blocks outgrow the socket buffers (every block is
+    posted at once: ``pairwise_exchange``); the victim SIGKILLs itself part-way through one."""
+    rank, n = tc.get_rank(), tc.get_world_size()
+    send = np.arange(n * (1 << 16), dtype=np.float32) + rank
+    out = np.empty_like(send)
+    mine = np.arange(rank * (1 << 16), (rank + 1) * (1 << 16), dtype=np.float32)
+    expected = np.concatenate([mine + q for q in range(n)])
+    if rank == VICTIM:
+        def die() -> None:
+            with open(os.path.join(stamp_dir, "death"), "w") as f:
+                f.write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        threading.Timer(0.5, die).start()
+    try:
+        for _ in range(100_000):
+            tc.all_to_all_single(out, send)
+            assert np.array_equal(out, expected)
+    except tc.PeerLostError as exc:
+        return {"rank": exc.rank, "at": time.time()}
+    raise AssertionError("the loop ended without an error")
+
+
+def test_killed_rank_is_named_by_every_survivor_of_an_all_to_all(tmp_path):
+    outcomes = spawn_ranks(body_die_mid_all_to_all, 4, str(tmp_path), timeout=JOB_TIMEOUT,
+                           env=TRANSPORTS["tcp"])
+    death = float((tmp_path / "death").read_text())
+    for outcome in outcomes:
+        if outcome.rank == VICTIM:
+            assert outcome.exitcode == -signal.SIGKILL
+            continue
+        assert outcome.ok, outcome.output
+        assert outcome.result["rank"] == VICTIM, outcome.result
+        assert outcome.result["at"] - death < DETECTION_BUDGET, outcome.result
+
+
 def body_raise_on_victim() -> str:
     if tc.get_rank() == VICTIM:
         raise RuntimeError("the victim's own bug")  # uncaught: the process exits with 1

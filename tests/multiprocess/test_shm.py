@@ -323,3 +323,32 @@ def body_every_collective_beyond_one_slot() -> None:
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_every_collective_beyond_one_slot(world_size):
     run_ranks(body_every_collective_beyond_one_slot, world_size, timeout=120)
+
+
+def body_calls_beyond_a_small_out_region(total: int) -> dict:
+    """Every OUT region a share of ``total`` bytes (``domain.OUT_TOTAL_BYTES``, as past 8
+    members): an all-reduce whose parts outgrow it and a broadcast beyond it and a slot take
+    their algorithms' other ways, with numpy's results."""
+    from tensorcomm.transports.shm import domain
+
+    domain.OUT_TOTAL_BYTES = total
+    tc.init(timeout=60)
+    rank, size = tc.get_rank(), tc.get_world_size()
+    base = np.arange(2 << 20, dtype=np.float32) % 1000  # 8 MiB: reduced parts 2 MiB a member
+    x = base + rank
+    tc.all_reduce(x)
+    np.testing.assert_array_equal(x, size * base + sum(range(size)))
+    state = tc.WORLD._target()._last_plan.state
+    out_bytes, staged = {state.d.out_bytes}, {state.staged}
+    b = base[:1 << 20] + rank  # 4 MiB: beyond a slot and the region
+    tc.broadcast(b, src=size - 1)
+    np.testing.assert_array_equal(b, base[:1 << 20] + size - 1)
+    staged.add(tc.WORLD._target()._last_plan.state.staged)
+    tc.destroy()
+    return {"out_bytes": out_bytes, "staged": staged}
+
+
+def test_calls_beyond_a_small_out_region_give_numpys_results():
+    results = run_ranks(body_calls_beyond_a_small_out_region, 4, 4 << 20, timeout=120, init=False)
+    assert all(r == {"out_bytes": {1 << 20}, "staged": {False}} for r in results), results
+

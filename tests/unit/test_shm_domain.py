@@ -25,7 +25,7 @@ from tensorcomm.errors import (
 from tensorcomm.rendezvous import auth
 from tensorcomm.rendezvous.store import HashStore
 from tensorcomm.signature import signature
-from tensorcomm.transports.shm import arena, slots
+from tensorcomm.transports.shm import arena, domain, slots
 from tensorcomm.transports.shm.domain import ShmDomain, ShmUnavailable, open_domain
 from tensorcomm.types import ReduceOp
 
@@ -273,3 +273,11 @@ def test_stacked_views_show_every_members_slot_as_one_row_each():
     with pytest.raises(ValueError, match="do not fit one OUT region"):
         d.stacked_out(np.dtype(np.float32), 2047, offset=8)
     close_all(domains)
+
+
+def test_out_regions_share_a_bounded_total_past_eight_members():
+    assert all(domain.out_bytes_for(n) == domain.OUT_BYTES for n in range(1, 9))
+    for n in (9, 16, 64, 128, 1000):
+        assert domain.out_bytes_for(n) * n <= domain.OUT_TOTAL_BYTES
+        assert domain.out_bytes_for(n) % 4096 == 0
+    assert domain.segment_bytes(128, domain.SLOT_BYTES, domain.out_bytes_for(128)) <= 1 << 30

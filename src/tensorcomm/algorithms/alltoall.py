@@ -1,4 +1,4 @@
-"""All-to-all with per-rank block sizes: pairwise exchange.
+"""All-to-all with per-rank block sizes: pairwise exchange, every block posted at once.
 
 Algorithms talk through ``Ctx`` only; this module must not import ``core``. Buffers are 1-D,
 C-contiguous numpy arrays; sizes are in elements.
@@ -18,8 +18,14 @@ def pairwise_exchange(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], ou
                       recv_counts: Sequence[int]) -> None:
     """Send block i of ``send`` to rank i and receive rank i's block for us into block i of ``out``.
 
-    At step k = 1 .. size-1 rank r sends to r + k and receives from r - k (mod size), so every
-    rank talks to one peer at a time and each pair meets exactly once; the own block is copied.
+    Rank r posts every receive (from r - k, mod size, at step k = 1 .. size-1), then every send
+    (to r + k at step k), then waits for them in that order; the own block is copied. As Gloo's
+    all-to-all, nothing waits for one peer before the next is served: a blocking step per peer
+    (send to one, receive from one, wait) made the call grow with n times the slowest
+    turn-around. The transport moves the queued sends and the arriving blocks together, straight
+    into ``out`` (the receives are posted first), so the call holds no copy beyond the caller's
+    buffers (a sealed link's encryption aside). A failed request fails the call, naming its peer,
+    as ``Ctx.wait`` does.
 
     Args:
         ctx: the call's group view.
@@ -31,6 +37,12 @@ def pairwise_exchange(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], ou
     n, r = ctx.size, ctx.rank
     sent, received = bounds(send_counts), bounds(recv_counts)
     out[received[r]:received[r + 1]] = send[sent[r]:sent[r + 1]]
+    pending = []
     for k in range(1, n):
-        dst, src = (r + k) % n, (r - k) % n
-        ctx.sendrecv(dst, send[sent[dst]:sent[dst + 1]], src, out[received[src]:received[src + 1]], k)
+        src = (r - k) % n
+        pending.append(ctx.irecv(src, out[received[src]:received[src + 1]], k))
+    for k in range(1, n):
+        dst = (r + k) % n
+        pending.append(ctx.isend(dst, send[sent[dst]:sent[dst + 1]], k))
+    for request in pending:
+        ctx.wait(request)

@@ -54,8 +54,23 @@ SLOT_BYTES = 1 << 20  # one IN slot; a call whose contribution fits one slot tak
 # without a backup copy (``shm_common.Journal``). 64 MiB covers all-reduces of 64 MiB x members
 # and broadcasts of 64 MiB. The segment's pages are allocated when first written: a group that
 # never moves that much never holds it, and one that does holds it instead of the same bytes of
-# private backup.
+# private backup. A call too large for the region takes the algorithm's other way (all-reduce
+# parts copied out chunk by chunk, a broadcast round by round; ``algorithms/shm_*.py``).
 OUT_BYTES = 64 << 20
+# Every member maps every member's region: past OUT_TOTAL_BYTES / OUT_BYTES (8) members the
+# regions share OUT_TOTAL_BYTES, so the segment's size stays bounded (at 128 members 4 MiB each,
+# 768 MiB in all with the slots, where 64 MiB each mapped 8.4 GiB of address space per rank).
+# Members up to 8 keep 64 MiB, and their choices, unchanged.
+# A share still holds the two parts of a slot's chunk that ``shm_split`` and ``pipelined`` keep
+# there (about 2 x SLOT_BYTES / members).
+OUT_TOTAL_BYTES = 512 << 20
+
+
+def out_bytes_for(size: int) -> int:
+    """Bytes of each member's OUT region in a ``size``-member domain: ``OUT_BYTES``, or an equal
+    share of ``OUT_TOTAL_BYTES`` in whole pages where that is less."""
+    share = OUT_TOTAL_BYTES // max(1, size) // mmap.PAGESIZE * mmap.PAGESIZE
+    return min(OUT_BYTES, max(mmap.PAGESIZE, share))
 
 
 def segment_bytes(size: int, slot_bytes: int, out_bytes: int) -> int:
@@ -390,7 +405,7 @@ def open_domain(rank: int, global_ranks: Sequence[int], group_name: str, secret:
                 publish: Callable[[str], None], lookup: Callable[[float], str | None],
                 failed: Callable[[], str | None], timeout: float,
                 describe: Callable[[Sequence[int]], str],
-                slot_bytes: int = SLOT_BYTES, out_bytes: int = OUT_BYTES) -> ShmDomain:
+                slot_bytes: int = SLOT_BYTES, out_bytes: int | None = None) -> ShmDomain:
     """Set up the shared-memory domain of a group; every member calls this at the same time.
 
     Args:
@@ -401,7 +416,8 @@ def open_domain(rank: int, global_ranks: Sequence[int], group_name: str, secret:
         publish, lookup, failed: the leader's address exchange (see ``arena.establish``).
         timeout: seconds the set-up may take.
         describe: turns signature codes into text, for mismatch messages.
-        slot_bytes, out_bytes: the layout; must be equal on every member.
+        slot_bytes, out_bytes: the layout; must be equal on every member (``out_bytes``
+            defaults to ``out_bytes_for`` the group's size).
 
     Raises:
         ShmUnavailable: shared memory cannot serve this group (the caller falls back to TCP).
@@ -410,6 +426,8 @@ def open_domain(rank: int, global_ranks: Sequence[int], group_name: str, secret:
         raise ShmUnavailable("the shared-memory path needs x86-64 store ordering; this CPU is not "
                              "x86-64, so ranks talk over TCP")
     size = len(global_ranks)
+    if out_bytes is None:
+        out_bytes = out_bytes_for(size)
     if slot_bytes % 64 or out_bytes % 64 or slot_bytes < 8 * (size + 8):
         raise ValueError("slot_bytes and out_bytes must be multiples of 64 bytes, and a slot must "
                          "hold a header of one 8-byte offset per member")
