@@ -70,8 +70,8 @@ def test_region_stays_small_as_members_grow():
     assert region_bytes(1) == 0
     assert ring_bytes(2) == MAX_RING and ring_bytes(1024) == MIN_RING
     for size in (2, 8, 64, 128):
-        assert region_bytes(size) <= size * ((2 << 20) + size * 128 + MIN_RING * size)
-    assert region_bytes(128) < 300 << 20  # about 2 MiB of rings per member
+        assert region_bytes(size) <= size * ((1 << 20) + size * 128 + MIN_RING * size)
+    assert region_bytes(128) < 150 << 20  # about 1 MiB of rings per member
 
 
 def test_a_short_region_is_refused():

@@ -12,7 +12,7 @@ messages to itself.
 Layout, per pair (sender ``s``, receiver ``r``) at ``(s * size + r) * stride``: the *written*
 counter on one cache line, *read* on the next, then ``capacity`` bytes of ring. Each record is an
 8-byte length, then the bytes, padded to 8; a record may wrap around the end of the ring. The
-capacity shrinks as members grow (``ring_bytes``), so the region stays a few MiB per member.
+capacity shrinks as members grow (``ring_bytes``), so the region stays about 1 MiB per member.
 
 Owns nothing but this layout; imports numpy only. What the records mean is the caller's
 (``MPI/p2p.py``).
@@ -25,7 +25,7 @@ import numpy as np
 HEADER = 128  # the two counters, on cache lines of their own
 _WORD = 8
 MIN_RING, MAX_RING = 8 << 10, 256 << 10
-_PER_MEMBER = 2 << 20  # what one member's incoming rings take at most, once there are many
+_PER_MEMBER = 1 << 20  # what one member's incoming rings take at most, once there are many
 
 
 def ring_bytes(size: int) -> int:
