@@ -286,7 +286,7 @@ class Group:
             ValueError: this process is not a member, or a value does not fit in 64 bits.
             CollectiveMismatchError: another member made a different call at this step.
         """
-        return split_by_color(self._target(), color, key)
+        return split_by_color(Inside(self._target()), color, key)
 
     def shrink(self, timeout: float | None = None) -> Group:
         """Agree with the other live members on who is left, and return a new group of them.
@@ -348,6 +348,81 @@ class Group:
 
     def __repr__(self) -> str:
         return f"Group(name={self.name!r}, ranks={list(self.ranks)})"
+
+
+def inside(group: Group) -> Inside:
+    """``group`` as tensorcomm's own core uses it (``Inside``)."""
+    return Inside(group._target())
+
+
+class Inside:
+    """A group as the core's other modules use it (split, shared arrays, point-to-point, the
+    world, persistent requests and their bound runs): the group's internal interface, so that
+    they name what they use instead of reading and writing its private fields (``inside(group)``;
+    ``Group.split`` hands one to ``split.py``, which ``group.py`` imports). The collectives, on the
+    per-call path, use the names ``collectives.Caller`` lists instead (no hop through this
+    object), as do bound runs of persistent requests for what they touch on every run.
+    """
+
+    __slots__ = ("group",)
+
+    def __init__(self, group: Group) -> None:
+        self.group = group
+
+    @property
+    def world(self) -> World:
+        return self.group._world
+
+    @property
+    def group_id(self) -> int:
+        return self.group._group_id
+
+    @property
+    def engine(self) -> Engine:
+        """The group's issue order; replaced only in a forked child (``World._inherited``)."""
+        return self.group._engine
+
+    @engine.setter
+    def engine(self, engine: Engine) -> None:
+        self.group._engine = engine
+
+    @property
+    def shm(self) -> ShmDomain | None:
+        return self.group._shm
+
+    @property
+    def plans(self) -> dict[Hashable, Plan]:
+        """The plans kept per call shape (``Group._keep_plan``)."""
+        return self.group._plans
+
+    @property
+    def requests(self) -> weakref.WeakSet[Prequest]:
+        """The persistent requests made on the group."""
+        return self.group._requests
+
+    def team(self) -> Team:
+        """This member's team (``Group._member_team``: raises ValueError for a non-member)."""
+        return self.group._member_team()
+
+    def keep_plan(self, key: Hashable, plan: Plan) -> Plan:
+        return self.group._keep_plan(key, plan)
+
+    def run(self, plan: Plan, async_op: bool, *args: Any) -> Work | Any:
+        return self.group._run(plan, async_op, *args)
+
+    def now(self, plan: Plan, args: tuple[Any, ...]) -> Any:
+        """Run ``plan`` blocking, in issue order (``Group._now``)."""
+        return self.group._now(plan, args)
+
+    def queue(self, plan: Plan, args: tuple[Any, ...]) -> Work:
+        """Issue ``plan`` deferred: queued now, run when this thread next waits or calls."""
+        group = self.group
+        work: Work = group._submit((group, plan, args, group._record_issued(plan)), True, True)
+        return work
+
+    def stop(self, error: BaseException) -> None:
+        """Fail pending and later calls with ``error`` (``Group._stop``)."""
+        self.group._stop(error)
 
 
 Job = tuple["Group", Plan, tuple[Any, ...], int]  # _execute's arguments after seq
