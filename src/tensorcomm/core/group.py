@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ..algorithms.base import Ctx, Hierarchy, Plan, Team
 from ..config import MAX_TIMEOUT
@@ -29,7 +29,6 @@ ABORT_GRACE = 0.25  # seconds a call that lost a peer waits for the abort that m
 
 if TYPE_CHECKING:
     from ..transports.shm.domain import ShmDomain
-    from .persistent import Prequest
     from .world import World
 
 
@@ -70,7 +69,7 @@ class Group:
         self._plans: dict[Hashable, Plan] = {}
         self._shrinks = 0  # calls of shrink() so far: the members match them by this count
         self._last_plan: Plan | None = None  # the plan of the latest call that ran (last_call)
-        self._requests: weakref.WeakSet[Prequest] = weakref.WeakSet()  # persistent calls made on it
+        self._requests: weakref.WeakSet[Request] = weakref.WeakSet()  # persistent calls made on it
 
     # The WORLD handle overrides this to follow whichever world is current.
     def _target(self) -> Group:
@@ -332,10 +331,9 @@ class Group:
         if self._shm is not None:
             self._shm.abort(error, tell_peers=False)  # peers learn we left from close()
         self._engine.stop(error)
-        for request in self._requests:  # its bound round holds views of the domain's memory
+        for request in self._requests:  # its bound round and plan hold views of the domain's memory
             request.drop()
-        persistent = [request._plan for request in self._requests]
-        for plan in (*self._plans.values(), *persistent, self._last_plan):  # ``last_call`` keeps one
+        for plan in (*self._plans.values(), self._last_plan):  # ``last_call`` keeps one
             if plan is not None:
                 plan.state = None  # views of the domain's memory: it cannot close under them
         self._plans.clear()
@@ -348,6 +346,13 @@ class Group:
 
     def __repr__(self) -> str:
         return f"Group(name={self.name!r}, ranks={list(self.ranks)})"
+
+
+class Request(Protocol):
+    """A persistent request as its group sees it (``core.persistent.Prequest``)."""
+
+    def drop(self) -> None:
+        """Let go of what it holds of the group's shared memory."""
 
 
 def inside(group: Group) -> Inside:
@@ -396,7 +401,7 @@ class Inside:
         return self.group._plans
 
     @property
-    def requests(self) -> weakref.WeakSet[Prequest]:
+    def requests(self) -> weakref.WeakSet[Request]:
         """The persistent requests made on the group."""
         return self.group._requests
 

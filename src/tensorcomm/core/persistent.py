@@ -180,9 +180,12 @@ class Prequest:
 
     def drop(self) -> None:
         """Let go of what the request holds of its group's shared memory (the group stops, or
-        the process was forked): later runs take the ordinary path, which refuses them."""
+        the process was forked): its bound round and its plan's state (views of the domain's
+        memory, which cannot close under them); later runs take the ordinary path, which
+        refuses them."""
         if self._bound is not None:
             self._bound.drop()
+        self._plan.state = None
 
     def _refused(self) -> ValueError:
         if self._bound is None:
