@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ..algorithms.base import Ctx, OneRound, Plan
 from ..errors import CommTimeoutError, GroupAbortedError
 from ..trace import recorder
-from .group import _failing
+from .group import _failing, inside
 from .work import Work
 
 if TYPE_CHECKING:
@@ -58,8 +58,9 @@ class Bound:
         self._group, self._plan, self._args = group, plan, args
         one = None if plan.bind is None else plan.bind(plan, *args)
         self.one = one  # the bound round, or None: every run goes the ordinary way
-        self._engine = group._engine  # replaced only in a forked child, which drops the round
-        self._ctx = ctx = Ctx.of(group._member_team(), 0, plan)  # the runs' own: its step set per run
+        its = inside(group)
+        self._engine = its.engine  # replaced only in a forked child, which drops the round
+        self._ctx = ctx = Ctx.of(its.team(), 0, plan)  # the runs' own: its step set per run
         # A round's waits start their clock when they must wait (``Slots._block``); a round that
         # finds its peers there reads no clock for it. Rounds that go on set it (``_go_on``).
         ctx.deadline = math.inf
@@ -76,7 +77,7 @@ class Bound:
 
     def run_ordinary(self) -> None:
         """Run the call now the ordinary way (``Group._now``), when ``run_round`` cannot."""
-        self._group._now(self._plan, self._args)
+        inside(self._group).now(self._plan, self._args)
 
     def run_round(self) -> bool:
         """Run the bound round now and return True, or return False at once, having done nothing,
@@ -213,8 +214,7 @@ class Bound:
     def queue(self) -> Work:
         """A run issued in the group's order and deferred (``Engine.submit``): it goes ahead when
         its waiter waits, at the group's next call, or on the group's worker soon after."""
-        group, plan = self._group, self._plan
-        return group._submit((group, plan, self._args, group._record_issued(plan)), True, True)
+        return inside(self._group).queue(self._plan, self._args)
 
     def _arrival(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for every peer's part of the posted run."""

@@ -9,8 +9,14 @@ against the dtype, builds the signature peers compare, picks the algorithm and h
 its per-shape state (``Row.prepare``). The plan's algorithm then runs in the group's issue order
 (``Group._run``).
 
-Each collective ``x`` has a persistent form, ``x_init`` (``core/persistent.py``): the plan made
-once for the request, and every member's creation of it checked as a step of the group.
+Each collective is described once, by its function here, written against a ``Caller``, and
+every form is made from it, as mpi4py's ``for_allreduce`` serves ``Allreduce``, ``Iallreduce``
+and ``Allreduce_init``: called on the group it is the ordinary call (``async_op`` picks the
+blocking or the async form); ``persistent(group, binding, x, *args)`` calls it on a ``_Making``
+instead, whose plan is the request's own and whose run makes the ``Prequest``
+(``core/persistent.py``), every member's creation of it checked as a step of the group (the
+persistent form, ``x_init``). The ordinary call pays nothing for the sharing: its caller is the
+group it would have used anyway.
 
 A failed call leaves arrays it updates in place (all_reduce, reduce's root, broadcast's
 receivers) untouched or complete; outputs-only arrays may be left partly written by a failed
@@ -20,24 +26,79 @@ shared-memory call larger than one slot (see ``algorithms/shm_common.py``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
 from ..algorithms import kernels, select
-from ..algorithms.base import Plan, make_plan
+from ..algorithms.base import Plan, Team, make_plan
 from ..signature import UNCHECKED, creation, signature
 from ..trace import recorder
 from ..types import PremulSum, ReduceOp, ReduceOpLike
+from .engine import Engine
 from .group import Group
 from .persistent import Binding, Prequest
-from .work import Work
+
+if TYPE_CHECKING:
+    from .world import World
 
 log = logging.getLogger("tensorcomm.plan")
 
+R = TypeVar("R", covariant=True)
 
-def _make(group: Group, collective: str, nbytes: int, sig: Any, args: tuple[Any, ...],
+
+class Caller(Protocol[R]):
+    """What a collective's description asks of what it is made on: the plan kept for a call
+    shape (``_plans``, ``_keep_plan``), the group's team, state and name (to make a plan), and
+    ``_run``, what becomes of the plan and the call's arguments (``R``: a ``Work`` or None for the
+    group, a ``Prequest`` for ``_Making``)."""
+
+    _plans: dict[Hashable, Plan]
+    _engine: Engine
+    _world: World
+
+    @property
+    def name(self) -> str: ...
+    def _member_team(self) -> Team: ...
+    def _keep_plan(self, key: Hashable, plan: Plan) -> Plan: ...
+    def _run(self, plan: Plan, async_op: bool, *args: Any) -> R: ...
+
+
+class _Making:
+    """The caller of a collective's description made persistent: no plan kept (the request's plan
+    is its own, made for it), and the run makes the request (``_persistent``)."""
+
+    __slots__ = ("_group", "_binding", "_plans", "_engine", "_world")
+
+    def __init__(self, group: Group, binding: Binding | None) -> None:
+        self._group, self._binding = group, binding
+        self._plans: dict[Hashable, Plan] = {}
+        self._engine, self._world = group._engine, group._world
+
+    @property
+    def name(self) -> str:
+        return self._group.name
+
+    def _member_team(self) -> Team:
+        return self._group._member_team()
+
+    def _keep_plan(self, key: Hashable, plan: Plan) -> Plan:
+        return plan
+
+    def _run(self, plan: Plan, async_op: bool, *args: Any) -> Prequest:
+        return _persistent(self._group, plan, args, self._binding)
+
+
+def persistent(group: Group, binding: Binding | None, describe: Callable[..., Any], *args: Any,
+               **kwargs: Any) -> Prequest:
+    """``describe`` (a collective of this module) on ``args`` made persistent: the plan made once,
+    for the request alone (``x_init``)."""
+    request: Prequest = describe(_Making(group, binding), *args, async_op=False, **kwargs)
+    return request
+
+
+def _make(group: Caller[Any], collective: str, nbytes: int, sig: Any, args: tuple[Any, ...],
           op: Any = None, reduction: kernels.Reduction | None = None) -> Plan:
     """The plan of a new call shape; ``args`` are its first call's arguments, as the algorithm
     gets them (its row's ``prepare`` reads their shape)."""
@@ -63,7 +124,7 @@ def _flat(x: np.ndarray) -> np.ndarray:
     return x if x.ndim == 1 else x.reshape(-1)
 
 
-def _reduction(group: Group, collective: str, fn: str, x: np.ndarray, op: ReduceOpLike,
+def _reduction(group: Caller[Any], collective: str, fn: str, x: np.ndarray, op: ReduceOpLike,
                head: tuple[Any, ...], root: int = -1, count: int | None = None) -> Plan:
     """The plan of a reduction; the algorithm's arguments are ``head`` then the parsed op."""
     parsed = ReduceOp.parse(op, f"{fn}: op")
@@ -84,8 +145,8 @@ def _persistent(group: Group, plan: Plan, args: tuple[Any, ...], binding: Bindin
     return Prequest(group, plan, args, binding, recorder.transport_name(team))
 
 
-def all_reduce(group: Group, x: np.ndarray, op: ReduceOpLike, async_op: bool,
-               fn: str = "all_reduce") -> Work | None:
+def all_reduce(group: Caller[R], x: np.ndarray, op: ReduceOpLike, async_op: bool,
+               fn: str = "all_reduce") -> R:
     """Reduce ``x`` across the group, in place on every member."""
     if x.ndim != 1:  # ``_flat`` and ``_op_key`` inline: this is the small-call path
         x = x.reshape(-1)
@@ -96,8 +157,8 @@ def all_reduce(group: Group, x: np.ndarray, op: ReduceOpLike, async_op: bool,
     return group._run(plan, async_op, x, plan.op)
 
 
-def reduce(group: Group, x: np.ndarray, root: int, op: ReduceOpLike, async_op: bool,
-           fn: str = "reduce") -> Work | None:
+def reduce(group: Caller[R], x: np.ndarray, root: int, op: ReduceOpLike, async_op: bool,
+           fn: str = "reduce") -> R:
     """Reduce ``x`` onto group rank ``root``; other members' arrays are left as they are."""
     x = _flat(x)
     key = ("reduce", x.dtype, x.size, _op_key(op), root)
@@ -107,7 +168,7 @@ def reduce(group: Group, x: np.ndarray, root: int, op: ReduceOpLike, async_op: b
     return group._run(plan, async_op, x, root, plan.op)
 
 
-def broadcast(group: Group, x: np.ndarray, root: int, async_op: bool) -> Work | None:
+def broadcast(group: Caller[R], x: np.ndarray, root: int, async_op: bool) -> R:
     """Copy group rank ``root``'s ``x`` into every member's."""
     if x.ndim != 1:  # ``_flat`` inline: the small-call path
         x = x.reshape(-1)
@@ -119,8 +180,8 @@ def broadcast(group: Group, x: np.ndarray, root: int, async_op: bool) -> Work | 
     return group._run(plan, async_op, x, root)
 
 
-def all_gather(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequence[int],
-               async_op: bool) -> Work | None:
+def all_gather(group: Caller[R], send: np.ndarray, out: np.ndarray, counts: Sequence[int],
+               async_op: bool) -> R:
     """Every member's ``send`` lands in its block of ``out`` (``counts[q]`` elements for member
     ``q``, back to back) on every member."""
     counts = tuple(counts)
@@ -137,8 +198,8 @@ def all_gather(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequence
     return group._run(plan, async_op, send, out, counts)
 
 
-def gather(group: Group, send: np.ndarray, out: np.ndarray | None, counts: Sequence[int], root: int,
-           async_op: bool) -> Work | None:
+def gather(group: Caller[R], send: np.ndarray, out: np.ndarray | None, counts: Sequence[int], root: int,
+           async_op: bool) -> R:
     """Member ``q``'s ``send`` lands in block ``q`` of ``out`` on ``root`` only (``out`` is None
     elsewhere)."""
     counts = tuple(counts)
@@ -152,8 +213,8 @@ def gather(group: Group, send: np.ndarray, out: np.ndarray | None, counts: Seque
     return group._run(plan, async_op, send, out, counts, root)
 
 
-def scatter(group: Group, send: np.ndarray | None, out: np.ndarray, counts: Sequence[int], root: int,
-            async_op: bool) -> Work | None:
+def scatter(group: Caller[R], send: np.ndarray | None, out: np.ndarray, counts: Sequence[int], root: int,
+            async_op: bool) -> R:
     """Block ``q`` of ``send`` on ``root`` (None elsewhere) lands in member ``q``'s ``out``."""
     counts = tuple(counts)
     send, out = None if send is None else _flat(send), _flat(out)
@@ -166,8 +227,8 @@ def scatter(group: Group, send: np.ndarray | None, out: np.ndarray, counts: Sequ
     return group._run(plan, async_op, send, out, counts, root)
 
 
-def reduce_scatter(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequence[int],
-                   op: ReduceOpLike, async_op: bool, fn: str = "reduce_scatter") -> Work | None:
+def reduce_scatter(group: Caller[R], send: np.ndarray, out: np.ndarray, counts: Sequence[int],
+                   op: ReduceOpLike, async_op: bool, fn: str = "reduce_scatter") -> R:
     """Block ``q`` of ``send`` (``counts[q]`` elements), reduced across members, lands in member
     ``q``'s ``out``."""
     counts = tuple(counts)
@@ -183,8 +244,8 @@ def reduce_scatter(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequ
     return group._run(plan, async_op, send, out, counts, plan.op)
 
 
-def all_to_all(group: Group, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
-               recv_counts: Sequence[int], async_op: bool) -> Work | None:
+def all_to_all(group: Caller[R], send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
+               recv_counts: Sequence[int], async_op: bool) -> R:
     """Block ``j`` of member ``i``'s ``send`` lands in block ``i`` of member ``j``'s ``out``.
 
     Members may send each other blocks of different sizes: the signature leaves the count
@@ -204,7 +265,7 @@ def all_to_all(group: Group, send: np.ndarray, send_counts: Sequence[int], out: 
     return group._run(plan, async_op, send, send_counts, out, recv_counts)
 
 
-def barrier(group: Group, async_op: bool) -> Work | None:
+def barrier(group: Caller[R], async_op: bool) -> R:
     """Return once every member has entered the barrier."""
     plan = group._plans.get(("barrier",))
     if plan is None:
@@ -212,8 +273,8 @@ def barrier(group: Group, async_op: bool) -> Work | None:
     return group._run(plan, async_op)
 
 
-def scan(group: Group, x: np.ndarray, op: ReduceOpLike, inclusive: bool, async_op: bool,
-         fn: str = "scan") -> Work | None:
+def scan(group: Caller[R], x: np.ndarray, op: ReduceOpLike, inclusive: bool, async_op: bool,
+         fn: str = "scan") -> R:
     """Member ``r``'s ``x`` becomes the reduction of members ``0..r``' (``inclusive``) or
     ``0..r-1``' (exclusive: ``exscan``, which leaves member 0's ``x`` as it is), in place."""
     collective = "scan" if inclusive else "exscan"
@@ -223,87 +284,3 @@ def scan(group: Group, x: np.ndarray, op: ReduceOpLike, inclusive: bool, async_o
     if plan is None:
         plan = group._keep_plan(key, _reduction(group, collective, fn, x, op, (x,)))
     return group._run(plan, async_op, x, plan.op)
-
-
-# -- persistent forms: the plan made once, for the request alone ---------------------------------
-
-def all_reduce_init(group: Group, x: np.ndarray, op: ReduceOpLike, binding: Binding | None,
-                    fn: str = "all_reduce_init") -> Prequest:
-    """``all_reduce`` of ``x`` made persistent."""
-    x = _flat(x)
-    plan = _reduction(group, "all_reduce", fn, x, op, (x,))
-    return _persistent(group, plan, (x, plan.op), binding)
-
-
-def reduce_init(group: Group, x: np.ndarray, root: int, op: ReduceOpLike, binding: Binding | None,
-                fn: str = "reduce_init") -> Prequest:
-    """``reduce`` of ``x`` onto ``root`` made persistent."""
-    x = _flat(x)
-    plan = _reduction(group, "reduce", fn, x, op, (x, root), root)
-    return _persistent(group, plan, (x, root, plan.op), binding)
-
-
-def broadcast_init(group: Group, x: np.ndarray, root: int, binding: Binding | None) -> Prequest:
-    """``broadcast`` of ``root``'s ``x`` made persistent."""
-    x = _flat(x)
-    plan = _make(group, "broadcast", x.nbytes, signature("broadcast", x.dtype, x.size, root=root), (x, root))
-    return _persistent(group, plan, (x, root), binding)
-
-
-def all_gather_init(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequence[int],
-                    binding: Binding | None) -> Prequest:
-    """``all_gather`` made persistent."""
-    counts, send, out = tuple(counts), _flat(send), _flat(out)
-    plan = _make(group, "all_gather", out.nbytes, signature("all_gather", send.dtype, sum(counts)),
-                 (send, out, counts))
-    return _persistent(group, plan, (send, out, counts), binding)
-
-
-def gather_init(group: Group, send: np.ndarray, out: np.ndarray | None, counts: Sequence[int], root: int,
-                binding: Binding | None) -> Prequest:
-    """``gather`` onto ``root`` made persistent."""
-    counts, send, out = tuple(counts), _flat(send), None if out is None else _flat(out)
-    plan = _make(group, "gather", sum(counts) * send.itemsize,
-                 signature("gather", send.dtype, sum(counts), root=root), (send, out, counts, root))
-    return _persistent(group, plan, (send, out, counts, root), binding)
-
-
-def scatter_init(group: Group, send: np.ndarray | None, out: np.ndarray, counts: Sequence[int], root: int,
-                 binding: Binding | None) -> Prequest:
-    """``scatter`` from ``root`` made persistent."""
-    counts, send, out = tuple(counts), None if send is None else _flat(send), _flat(out)
-    plan = _make(group, "scatter", sum(counts) * out.itemsize,
-                 signature("scatter", out.dtype, sum(counts), root=root), (send, out, counts, root))
-    return _persistent(group, plan, (send, out, counts, root), binding)
-
-
-def reduce_scatter_init(group: Group, send: np.ndarray, out: np.ndarray, counts: Sequence[int],
-                        op: ReduceOpLike, binding: Binding | None,
-                        fn: str = "reduce_scatter_init") -> Prequest:
-    """``reduce_scatter`` made persistent."""
-    counts, send, out = tuple(counts), _flat(send), _flat(out)
-    plan = _reduction(group, "reduce_scatter", fn, send, op, (send, out, counts), count=sum(counts))
-    return _persistent(group, plan, (send, out, counts, plan.op), binding)
-
-
-def all_to_all_init(group: Group, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
-                    recv_counts: Sequence[int], binding: Binding | None) -> Prequest:
-    """``all_to_all`` made persistent."""
-    send_counts, recv_counts = tuple(send_counts), tuple(recv_counts)
-    send, out = _flat(send), _flat(out)
-    plan = _make(group, "all_to_all", send.nbytes, signature("all_to_all", send.dtype, UNCHECKED),
-                 (send, send_counts, out, recv_counts))
-    return _persistent(group, plan, (send, send_counts, out, recv_counts), binding)
-
-
-def barrier_init(group: Group) -> Prequest:
-    """``barrier`` made persistent."""
-    return _persistent(group, _make(group, "barrier", 0, signature("barrier"), ()), (), None)
-
-
-def scan_init(group: Group, x: np.ndarray, op: ReduceOpLike, inclusive: bool, binding: Binding | None,
-              fn: str = "scan_init") -> Prequest:
-    """``scan`` (``inclusive``) or ``exscan`` of ``x`` made persistent."""
-    x = _flat(x)
-    plan = _reduction(group, "scan" if inclusive else "exscan", fn, x, op, (x,))
-    return _persistent(group, plan, (x, plan.op), binding)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ..algorithms.base import Ctx, Hierarchy, Plan, Team
 from ..config import MAX_TIMEOUT
@@ -29,7 +29,6 @@ ABORT_GRACE = 0.25  # seconds a call that lost a peer waits for the abort that m
 
 if TYPE_CHECKING:
     from ..transports.shm.domain import ShmDomain
-    from .persistent import Prequest
     from .world import World
 
 
@@ -70,7 +69,7 @@ class Group:
         self._plans: dict[Hashable, Plan] = {}
         self._shrinks = 0  # calls of shrink() so far: the members match them by this count
         self._last_plan: Plan | None = None  # the plan of the latest call that ran (last_call)
-        self._requests: weakref.WeakSet[Prequest] = weakref.WeakSet()  # persistent calls made on it
+        self._requests: weakref.WeakSet[Request] = weakref.WeakSet()  # persistent calls made on it
 
     # The WORLD handle overrides this to follow whichever world is current.
     def _target(self) -> Group:
@@ -286,7 +285,7 @@ class Group:
             ValueError: this process is not a member, or a value does not fit in 64 bits.
             CollectiveMismatchError: another member made a different call at this step.
         """
-        return split_by_color(self._target(), color, key)
+        return split_by_color(Inside(self._target()), color, key)
 
     def shrink(self, timeout: float | None = None) -> Group:
         """Agree with the other live members on who is left, and return a new group of them.
@@ -332,10 +331,9 @@ class Group:
         if self._shm is not None:
             self._shm.abort(error, tell_peers=False)  # peers learn we left from close()
         self._engine.stop(error)
-        for request in self._requests:  # its bound round holds views of the domain's memory
+        for request in self._requests:  # its bound round and plan hold views of the domain's memory
             request.drop()
-        persistent = [request._plan for request in self._requests]
-        for plan in (*self._plans.values(), *persistent, self._last_plan):  # ``last_call`` keeps one
+        for plan in (*self._plans.values(), self._last_plan):  # ``last_call`` keeps one
             if plan is not None:
                 plan.state = None  # views of the domain's memory: it cannot close under them
         self._plans.clear()
@@ -348,6 +346,88 @@ class Group:
 
     def __repr__(self) -> str:
         return f"Group(name={self.name!r}, ranks={list(self.ranks)})"
+
+
+class Request(Protocol):
+    """A persistent request as its group sees it (``core.persistent.Prequest``)."""
+
+    def drop(self) -> None:
+        """Let go of what it holds of the group's shared memory."""
+
+
+def inside(group: Group) -> Inside:
+    """``group`` as tensorcomm's own core uses it (``Inside``)."""
+    return Inside(group._target())
+
+
+class Inside:
+    """A group as the core's other modules use it (split, shared arrays, point-to-point, the
+    world, persistent requests and their bound runs): the group's internal interface, so that
+    they name what they use instead of reading and writing its private fields (``inside(group)``;
+    ``Group.split`` hands one to ``split.py``, which ``group.py`` imports). The collectives, on the
+    per-call path, use the names ``collectives.Caller`` lists instead (no hop through this
+    object), as do bound runs of persistent requests for what they touch on every run.
+    """
+
+    __slots__ = ("group",)
+
+    def __init__(self, group: Group) -> None:
+        self.group = group
+
+    @property
+    def world(self) -> World:
+        return self.group._world
+
+    @property
+    def group_id(self) -> int:
+        return self.group._group_id
+
+    @property
+    def engine(self) -> Engine:
+        """The group's issue order; replaced only in a forked child (``World._inherited``)."""
+        return self.group._engine
+
+    @engine.setter
+    def engine(self, engine: Engine) -> None:
+        self.group._engine = engine
+
+    @property
+    def shm(self) -> ShmDomain | None:
+        return self.group._shm
+
+    @property
+    def plans(self) -> dict[Hashable, Plan]:
+        """The plans kept per call shape (``Group._keep_plan``)."""
+        return self.group._plans
+
+    @property
+    def requests(self) -> weakref.WeakSet[Request]:
+        """The persistent requests made on the group."""
+        return self.group._requests
+
+    def team(self) -> Team:
+        """This member's team (``Group._member_team``: raises ValueError for a non-member)."""
+        return self.group._member_team()
+
+    def keep_plan(self, key: Hashable, plan: Plan) -> Plan:
+        return self.group._keep_plan(key, plan)
+
+    def run(self, plan: Plan, async_op: bool, *args: Any) -> Work | Any:
+        return self.group._run(plan, async_op, *args)
+
+    def now(self, plan: Plan, args: tuple[Any, ...]) -> Any:
+        """Run ``plan`` blocking, in issue order (``Group._now``)."""
+        return self.group._now(plan, args)
+
+    def queue(self, plan: Plan, args: tuple[Any, ...]) -> Work:
+        """Issue ``plan`` deferred: queued now, run when this thread next waits or calls."""
+        group = self.group
+        work: Work = group._submit((group, plan, args, group._record_issued(plan)), True, True)
+        return work
+
+    def stop(self, error: BaseException) -> None:
+        """Fail pending and later calls with ``error`` (``Group._stop``)."""
+        self.group._stop(error)
 
 
 Job = tuple["Group", Plan, tuple[Any, ...], int]  # _execute's arguments after seq

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..transports.base import ANY_SOURCE, Request, as_bytes, p2p_tag
-from .group import Group
+from .group import Group, inside
 from .work import Work
 
 
@@ -45,11 +45,12 @@ class P2PWork(Work):
 def isend(group: Group, array: np.ndarray, dst: int, tag: int, channel: int = 0) -> P2PWork:
     """Start sending ``array`` to global rank ``dst`` (``channel``: see ``transports.base.p2p_tag``)."""
     group.group_rank(dst)
-    world = group._world
+    its = inside(group)
+    world = its.world
     if world.forked is not None:
         raise world.forked
     request = world.transport.isend(dst, as_bytes(np.ascontiguousarray(array)),
-                                      p2p_tag(group._group_id, tag, channel))
+                                      p2p_tag(its.group_id, tag, channel))
     return P2PWork(f"send to rank {dst}", request, world.timeout)
 
 
@@ -58,11 +59,12 @@ def irecv(group: Group, array: np.ndarray, src: int | None, tag: int, channel: i
     peer = ANY_SOURCE if src is None else src
     if src is not None:
         group.group_rank(src)
-    world = group._world
+    its = inside(group)
+    world = its.world
     if world.forked is not None:
         raise world.forked
     # Receive into scratch: a failed or partial message never touches the caller's array.
     scratch = np.empty_like(array, order="C")
-    request = world.transport.irecv(peer, as_bytes(scratch), p2p_tag(group._group_id, tag, channel))
+    request = world.transport.irecv(peer, as_bytes(scratch), p2p_tag(its.group_id, tag, channel))
     source = "any rank" if src is None else f"rank {src}"
     return P2PWork(f"recv from {source}", request, world.timeout, scratch, array)

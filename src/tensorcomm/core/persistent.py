@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..algorithms.base import Plan
 from .bound import Bound
+from .group import inside
 from .work import Work
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ class Prequest:
         self._pending: Work | Bound | None = None  # the started run: queued (Work) or posted (Bound)
         self.algorithm = plan.algorithm
         self.transport = transport
-        group._requests.add(self)
+        inside(group).requests.add(self)
 
     def __call__(self) -> None:
         """Run the call now and return once it has finished (``start()`` then ``wait()``).
@@ -150,7 +151,7 @@ class Prequest:
                 self._commit()
             return True
         if timeout is not None:
-            self._group._engine.kick()  # the worker runs it: this thread waits at most timeout
+            inside(self._group).engine.kick()  # the worker runs it: this thread waits at most timeout
         try:
             work.wait(timeout)
         except BaseException:
@@ -175,13 +176,16 @@ class Prequest:
         if self._pending is not None:
             raise self._refused()
         self._check = self._commit = self._bound = None
-        self._group._requests.discard(self)
+        inside(self._group).requests.discard(self)
 
     def drop(self) -> None:
         """Let go of what the request holds of its group's shared memory (the group stops, or
-        the process was forked): later runs take the ordinary path, which refuses them."""
+        the process was forked): its bound round and its plan's state (views of the domain's
+        memory, which cannot close under them); later runs take the ordinary path, which
+        refuses them."""
         if self._bound is not None:
             self._bound.drop()
+        self._plan.state = None
 
     def _refused(self) -> ValueError:
         if self._bound is None:

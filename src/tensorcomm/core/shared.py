@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import CollectiveMismatchError
 from ..transports.shm import arena
 from ..transports.shm.arena import ShmUnavailable
+from .group import inside
 
 if TYPE_CHECKING:
     from .group import Group
@@ -43,13 +44,14 @@ def allocate(group: Group, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarra
         CollectiveMismatchError: members asked for different shapes or dtypes (on every member).
         CommTimeoutError: a member did not call it within the group's timeout.
     """
-    target = group._target()
-    team = target._member_team()
+    its = inside(group)
+    target = its.group
+    team = its.team()
     nbytes = math.prod(shape) * dtype.itemsize
     domain = team.shm
     if domain is None or nbytes == 0:
         return np.zeros(shape, dtype)
-    world = target._world
+    world = its.world
     store = world.store
     index, domain.allocations = domain.allocations, domain.allocations + 1
     prefix = f"shm/{team.group_id}/array{index}/"
@@ -81,5 +83,5 @@ def allocate(group: Group, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarra
         return np.zeros(shape, dtype)
     assert segment is not None
     mine = domain.add_shared(segment, block)
-    target._plans.clear()  # selection now knows the group has shared arrays (select._reads)
+    its.plans.clear()  # selection now knows the group has shared arrays (select._reads)
     return mine[:nbytes].view(dtype).reshape(shape)

@@ -20,7 +20,7 @@ from ..algorithms.base import make_plan
 from ..signature import signature
 
 if TYPE_CHECKING:
-    from .group import Group
+    from .group import Group, Inside
 
 _INT64 = np.dtype(np.int64)
 _LIMIT = np.iinfo(np.int64)
@@ -38,31 +38,33 @@ def _checked(value: object, argument: str, allow_none: bool) -> int | None:
     return int(value)
 
 
-def exchange(group: Group, color: int, key: int) -> np.ndarray:
+def exchange(inside: Inside, color: int, key: int) -> np.ndarray:
     """Every member's ``(color, key)``, as a ``(size, 2)`` array in group-rank order."""
+    group = inside.group
     n = group.size
     args = (np.array([color, key], _INT64), np.empty(2 * n, _INT64), (2,) * n)
     plan_key = ("split", n)
-    plan = group._plans.get(plan_key)
+    plan = inside.plans.get(plan_key)
     if plan is None:
-        team = group._member_team()
-        row = select.pick("all_gather", team, args[1].nbytes, group._world.algorithms.get("all_gather"))
-        plan = group._keep_plan(plan_key, make_plan(row, f"split on group {group.name!r}",
+        team = inside.team()
+        row = select.pick("all_gather", team, args[1].nbytes, inside.world.algorithms.get("all_gather"))
+        plan = inside.keep_plan(plan_key, make_plan(row, f"split on group {group.name!r}",
                                                     signature("split", _INT64, 2 * n), team, args))
-    group._run(plan, False, *args)
+    inside.run(plan, False, *args)
     return args[1].reshape(n, 2)
 
 
-def split(group: Group, color: object, key: object) -> Group | None:
-    """See ``Group.split``."""
-    group._member_team()
+def split(inside: Inside, color: object, key: object) -> Group | None:
+    """See ``Group.split`` (``inside``: the group's ``Inside``)."""
+    inside.team()  # a non-member may not split
     wanted = _checked(color, "color", allow_none=True)
     order = _checked(key, "key", allow_none=False)
     assert order is not None
     mine = NO_COLOR if wanted is None or wanted < 0 else wanted
-    pairs = exchange(group, mine, order)
+    pairs = exchange(inside, mine, order)
+    group = inside.group
     if mine == NO_COLOR:
         return None
     members = sorted((q for q in range(group.size) if pairs[q, 0] == mine),
                      key=lambda q: (int(pairs[q, 1]), q))
-    return group._world.new_group([group.ranks[q] for q in members])
+    return inside.world.new_group([group.ranks[q] for q in members])

@@ -49,7 +49,7 @@ from ..transports.shm.domain import ShmDomain, ShmUnavailable, open_domain
 from ..transports.tcp.mesh import Mesh
 from ..transports.tcp.transport import TcpTransport
 from .engine import Engine
-from .group import Group
+from .group import Group, inside
 
 if TYPE_CHECKING:
     from ..transports.mpi.transport import MpiTransport
@@ -247,21 +247,21 @@ class World:
                            ranks)
         # All members must agree: some running hierarchical calls and others flat ones would hang.
         prefix = f"hier/{group_id}/"
-        self.store.set(prefix + str(self.rank), b"1" if host._shm is not None else b"0")
+        self.store.set(prefix + str(self.rank), b"1" if inside(host).shm is not None else b"0")
         keys = {prefix + str(r): r for r in ranks}
         try:
             self._await_members(keys, label, "its host and cross-host parts")
         except BaseException as exc:
             for part in (host, cross):
-                part._stop(GroupAbortedError(f"group {label!r} was not made: {exc}"))
+                inside(part).stop(GroupAbortedError(f"group {label!r} was not made: {exc}"))
             raise
         if not all(value == b"1" for value in self.store.multi_get(list(keys))):
             for part in (host, cross):
-                part._stop(GroupAbortedError(f"group {label!r} runs flat"))
+                inside(part).stop(GroupAbortedError(f"group {label!r} runs flat"))
             return None, []
         grid = [order.index(where) * len(mine) + members[where].index(r)
                 for r, where in zip(ranks, hosts, strict=True)]
-        return Hierarchy(host._member_team(), cross._member_team(), grid, select.pick), [host, cross]
+        return Hierarchy(inside(host).team(), inside(cross).team(), grid, select.pick), [host, cross]
 
     def _part(self, ranks: tuple[int, ...], label: str, key: str, whole: tuple[int, ...]) -> Group:
         """An internal group of the hierarchical group of ``whole`` (not registered, used by its
@@ -389,7 +389,7 @@ class World:
             return
         error = GroupAbortedError("the process group was destroyed")
         for group in self._groups:
-            group._stop(error)
+            inside(group).stop(error)
         self.transport.close(linger=DESTROY_LINGER)
         self.rendezvous.close()
 
@@ -400,8 +400,9 @@ class World:
             "child cannot use its parent's groups (it would answer peers in the parent's place): "
             "call tensorcomm.init() in the child, or start it with 'spawn' or 'forkserver'")
         for group in self._groups:  # new engines: the old ones' locks may be held by parent threads
-            group._engine = Engine.refusing(group.name, self.forked)
-            for request in group._requests:  # its bound round holds the parent's shared memory
+            its = inside(group)
+            its.engine = Engine.refusing(group.name, self.forked)
+            for request in its.requests:  # its bound round holds the parent's shared memory
                 request.drop()
 
 

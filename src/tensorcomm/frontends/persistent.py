@@ -79,7 +79,7 @@ def all_reduce_init(tensor: Any, op: ReduceOpLike = ReduceOp.SUM, group: Any = N
     g = _resolved(group, False, fn)
     call = calls.in_place(tensor, g, fn)
     (x,) = call.args
-    return collectives.all_reduce_init(g, x, op, _binding(call, fn), fn)
+    return collectives.persistent(g, _binding(call, fn), collectives.all_reduce, x, op, fn=fn)
 
 
 def scan_init(tensor: Any, op: ReduceOpLike = ReduceOp.SUM, group: Any = None) -> Prequest:
@@ -96,7 +96,7 @@ def _scan_init(tensor: Any, op: ReduceOpLike, group: Any, inclusive: bool, fn: s
     g = _resolved(group, False, fn)
     call = calls.in_place(tensor, g, fn)
     (x,) = call.args
-    return collectives.scan_init(g, x, op, inclusive, _binding(call, fn), fn)
+    return collectives.persistent(g, _binding(call, fn), collectives.scan, x, op, inclusive, fn=fn)
 
 
 def reduce_init(tensor: Any, dst: int = 0, op: ReduceOpLike = ReduceOp.SUM, group: Any = None, *,
@@ -106,7 +106,7 @@ def reduce_init(tensor: Any, dst: int = 0, op: ReduceOpLike = ReduceOp.SUM, grou
     g = _resolved(group, False, fn)
     call = calls.reduce(tensor, dst, group_dst, g, fn)
     x, root = call.args
-    return collectives.reduce_init(g, x, root, op, _binding(call, fn), fn)
+    return collectives.persistent(g, _binding(call, fn), collectives.reduce, x, root, op, fn=fn)
 
 
 def broadcast_init(tensor: Any, src: int = 0, group: Any = None, *, group_src: int | None = None) -> Prequest:
@@ -116,7 +116,7 @@ def broadcast_init(tensor: Any, src: int = 0, group: Any = None, *, group_src: i
     g = _resolved(group, False, fn)
     call = calls.broadcast(tensor, _root(src, group_src, "src", fn, g), g, fn)
     x, root = call.args
-    return collectives.broadcast_init(g, x, root, _binding(call, fn))
+    return collectives.persistent(g, _binding(call, fn), collectives.broadcast, x, root)
 
 
 def all_gather_init(tensor_list: Any, tensor: Any, group: Any = None) -> Prequest:
@@ -125,7 +125,7 @@ def all_gather_init(tensor_list: Any, tensor: Any, group: Any = None) -> Preques
     g = _resolved(group, False, fn)
     call = calls.all_gather(tensor_list, tensor, g, fn)
     send, out, counts = call.args
-    return collectives.all_gather_init(g, send, out, counts, _binding(call, fn))
+    return collectives.persistent(g, _binding(call, fn), collectives.all_gather, send, out, counts)
 
 
 def all_gather_into_tensor_init(output_tensor: Any, input_tensor: Any, group: Any = None) -> Prequest:
@@ -135,7 +135,7 @@ def all_gather_into_tensor_init(output_tensor: Any, input_tensor: Any, group: An
     g = _resolved(group, False, fn)
     call = calls.all_gather_into_tensor(output_tensor, input_tensor, g, fn)
     send, out, counts = call.args
-    return collectives.all_gather_init(g, send, out, counts, _binding(call, fn))
+    return collectives.persistent(g, _binding(call, fn), collectives.all_gather, send, out, counts)
 
 
 def gather_init(tensor: Any, gather_list: Any = None, dst: int = 0, group: Any = None, *,
@@ -145,7 +145,7 @@ def gather_init(tensor: Any, gather_list: Any = None, dst: int = 0, group: Any =
     g = _resolved(group, False, fn)
     call = calls.gather(tensor, gather_list, dst, group_dst, g, fn)
     send, out, counts, root = call.args
-    return collectives.gather_init(g, send, out, counts, root, _binding(call, fn))
+    return collectives.persistent(g, _binding(call, fn), collectives.gather, send, out, counts, root)
 
 
 def scatter_init(tensor: Any, scatter_list: Any = None, src: int = 0, group: Any = None, *,
@@ -155,7 +155,7 @@ def scatter_init(tensor: Any, scatter_list: Any = None, src: int = 0, group: Any
     g = _resolved(group, False, fn)
     call = calls.scatter(tensor, scatter_list, src, group_src, g, fn)
     send, out, counts, root = call.args
-    return collectives.scatter_init(g, send, out, counts, root, _binding(call, fn))
+    return collectives.persistent(g, _binding(call, fn), collectives.scatter, send, out, counts, root)
 
 
 def reduce_scatter_init(output: Any, input_list: Any, op: ReduceOpLike = ReduceOp.SUM,
@@ -167,7 +167,8 @@ def reduce_scatter_init(output: Any, input_list: Any, op: ReduceOpLike = ReduceO
     call = calls.reduce_scatter(output, input_list, g, fn)
     send, out, counts = call.args
     agree_if_uneven(g, send, counts, op, fn)
-    return collectives.reduce_scatter_init(g, send, out, counts, op, _binding(call, fn), fn)
+    return collectives.persistent(g, _binding(call, fn), collectives.reduce_scatter, send, out, counts, op,
+                                  fn=fn)
 
 
 def reduce_scatter_tensor_init(output: Any, input: Any, op: ReduceOpLike = ReduceOp.SUM,  # noqa: A002
@@ -178,7 +179,8 @@ def reduce_scatter_tensor_init(output: Any, input: Any, op: ReduceOpLike = Reduc
     g = _resolved(group, False, fn)
     call = calls.reduce_scatter_tensor(output, input, g, fn)
     send, out, counts = call.args
-    return collectives.reduce_scatter_init(g, send, out, counts, op, _binding(call, fn), fn)
+    return collectives.persistent(g, _binding(call, fn), collectives.reduce_scatter, send, out, counts, op,
+                                  fn=fn)
 
 
 def all_to_all_init(output_tensor_list: Any, input_tensor_list: Any, group: Any = None) -> Prequest:
@@ -188,7 +190,8 @@ def all_to_all_init(output_tensor_list: Any, input_tensor_list: Any, group: Any 
     g = _resolved(group, False, fn)
     call = calls.all_to_all(output_tensor_list, input_tensor_list, g, fn)
     send, send_counts, out, recv_counts = call.args
-    return collectives.all_to_all_init(g, send, send_counts, out, recv_counts, _binding(call, fn))
+    return collectives.persistent(g, _binding(call, fn), collectives.all_to_all, send, send_counts, out,
+                                  recv_counts)
 
 
 def all_to_all_single_init(output: Any, input: Any,  # noqa: A002
@@ -199,10 +202,11 @@ def all_to_all_single_init(output: Any, input: Any,  # noqa: A002
     g = _resolved(group, False, fn)
     call = calls.all_to_all_single(output, input, output_split_sizes, input_split_sizes, g, fn)
     send, send_counts, out, recv_counts = call.args
-    return collectives.all_to_all_init(g, send, send_counts, out, recv_counts, _binding(call, fn))
+    return collectives.persistent(g, _binding(call, fn), collectives.all_to_all, send, send_counts, out,
+                                  recv_counts)
 
 
 def barrier_init(group: Any = None) -> Prequest:
     """``barrier(group)`` made persistent (MPI's ``Barrier_init``)."""
-    return collectives.barrier_init(_resolved(group, False, "barrier_init"))
+    return collectives.persistent(_resolved(group, False, "barrier_init"), None, collectives.barrier)
 
