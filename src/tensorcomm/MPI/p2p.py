@@ -64,7 +64,7 @@ _PAYLOAD_CHANNEL = 20001
 _ACK_CHANNEL = 20002  # a synchronous send's "matched" answer, under the sender's sequence number
 _ACK = np.zeros(8, np.uint8)
 _SLICE = 0.05  # seconds between looks at lost peers while a receive waits for any envelope
-_MAIL_SLICE = 0.001  # the same with a mailbox, whose records wake no transport wait
+_MAIL_SLICE = 0.005  # the same while a mailbox sleeps: transport envelopes (a full ring) wait that long
 _SPIN_SECONDS = 0.002  # a wait on a mailbox polls, then yields the core, this long before it sleeps
 _SPIN_POLLS = 32
 _sequence = itertools.count(1)  # one counter for the process: payload tags never repeat per pair
@@ -421,7 +421,8 @@ class Engine:
         that waits for anything point-to-point matches what arrives meanwhile, so a synchronous
         send to it is answered. With a mailbox (and ``spin``: ``ready`` waits for no transport
         request, which only a driving caller moves) it polls and yields the core for up to
-        ``_SPIN_SECONDS`` before it sleeps in the transport's wait, ``_MAIL_SLICE`` at a time.
+        ``_SPIN_SECONDS``, then sleeps until a member rings its bell, ``_MAIL_SLICE`` at most
+        (the transport's background thread moves its envelopes meanwhile).
 
         Raises:
             MPI.Exception and PeerLostError: ``source`` left the job.
@@ -429,9 +430,9 @@ class Engine:
         """
         deadline = time.monotonic() + self.timeout
         peer = None if source == ANY_SOURCE else self.ranks[source]
-        slice_ = _SLICE if self._mailbox is None else _MAIL_SLICE
+        mailbox = self._mailbox if spin else None
         try:
-            if spin and self._mailbox is not None and self._spin(ready):
+            if mailbox is not None and self._spin(ready):
                 return
             while True:
                 with self.lock:
@@ -445,10 +446,13 @@ class Engine:
                     raise CommTimeoutError(f"no message from {who} within {self.timeout:g} s")
                 try:
                     driver = getattr(request, "_driver", None)
-                    if driver is not None:  # wake on the next envelope or on ``ready``, whichever first
-                        woke = driver.run_until(_either(request.done, ready), min(left, slice_))
+                    if mailbox is not None:
+                        mailbox.sleep(min(left, _MAIL_SLICE))
+                        woke = False  # look at lost peers too: a sleep cannot tell
+                    elif driver is not None:  # wake on the next envelope or on ``ready``, whichever first
+                        woke = driver.run_until(_either(request.done, ready), min(left, _SLICE))
                     else:
-                        request.wait(min(left, slice_))
+                        request.wait(min(left, _SLICE))
                         woke = True
                 except CommTimeoutError:
                     woke = False

@@ -9,12 +9,18 @@ after the counter that says it is there, which x86-64's store order makes enough
 only set up there: ``slots.SUPPORTED``). A member's own ring (sender == receiver) carries its
 messages to itself.
 
-Layout, per pair (sender ``s``, receiver ``r``) at ``(s * size + r) * stride``: the *written*
-counter on one cache line, *read* on the next, then ``capacity`` bytes of ring. Each record is an
+A receiver with nothing to read may sleep (``sleep``): it raises the *sleeping* flag on its
+*doorbell* line and sleeps on a futex on the line's bell word; a sender that finds the flag
+raised after a push rings the bell (changes the word and wakes its sleepers). A wake-up lost to
+the two sides' store buffers (Python has no fence) costs at most the sleep's bound.
+
+Layout: one doorbell line per member (flag, bell), then per pair (sender ``s``, receiver ``r``)
+at ``(s * size + r) * stride`` past them: the *written* counter on one cache line, *read* on the
+next, then ``capacity`` bytes of ring. Each record is an
 8-byte length, then the bytes, padded to 8; a record may wrap around the end of the ring. The
 capacity shrinks as members grow (``ring_bytes``), so the region stays about 1 MiB per member.
 
-Owns nothing but this layout; imports numpy only. What the records mean is the caller's
+Owns nothing but this layout; imports numpy and ``futex.py``. What the records mean is the caller's
 (``MPI/p2p.py``).
 """
 
@@ -22,7 +28,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import futex
+
 HEADER = 128  # the two counters, on cache lines of their own
+_LINE = 64  # a member's doorbell: sleeping flag, bell
 _WORD = 8
 MIN_RING, MAX_RING = 8 << 10, 256 << 10
 _PER_MEMBER = 1 << 20  # what one member's incoming rings take at most, once there are many
@@ -39,7 +48,7 @@ def ring_bytes(size: int) -> int:
 
 def region_bytes(size: int) -> int:
     """Bytes of the mailbox region of a ``size``-member domain (0 for one member)."""
-    return 0 if size < 2 else size * size * (HEADER + ring_bytes(size))
+    return 0 if size < 2 else size * _LINE + size * size * (HEADER + ring_bytes(size))
 
 
 class MailboxCorrupt(RuntimeError):
@@ -56,15 +65,20 @@ class Mailbox:
     def __init__(self, region: np.ndarray, rank: int, size: int) -> None:
         capacity = self.capacity = ring_bytes(size)
         stride = HEADER + capacity
-        if region.size < size * size * stride:
-            raise ValueError(f"a mailbox of {size} members needs {size * size * stride} bytes, "
+        if region.size < region_bytes(size):
+            raise ValueError(f"a mailbox of {size} members needs {region_bytes(size)} bytes, "
                              f"the region has {region.size}")
         self.longest = capacity // 2
         self._bytes = memoryview(region).cast("B")  # type: ignore[arg-type]
         self._words = self._bytes.cast("q")
+        self._address = region.__array_interface__["data"][0]
+        self._members = range(size)
+        self._flag = [q * _LINE // _WORD for q in range(size)]  # each member's sleeping flag (word)
+        self._bell = self._flag[rank] + 1  # this member's bell (word)
         # Where each ring this member writes (to each receiver) and reads (from each sender) starts.
-        self._out = [(rank * size + q) * stride for q in range(size)]
-        self._in = [(q * size + rank) * stride for q in range(size)]
+        bells = size * _LINE
+        self._out = [bells + (rank * size + q) * stride for q in range(size)]
+        self._in = [bells + (q * size + rank) * stride for q in range(size)]
         # Sender's side: where each outgoing ring is written to, and the last read count seen.
         self._written = [0] * size
         self._seen_read = [0] * size
@@ -98,7 +112,12 @@ class Mailbox:
         if body:
             self._copy_in(data, (at + len(head)) % capacity, body)
         self._written[receiver] = written = written + need
-        self._words[base // _WORD] = written  # publish: after the data (x86-64 store order)
+        words = self._words
+        words[base // _WORD] = written  # publish: after the data (x86-64 store order)
+        flag = self._flag[receiver]
+        if words[flag]:  # the receiver sleeps: ring its bell
+            words[flag + 1] = (words[flag + 1] + 1) & 0xFFFFFFFF
+            futex.wake(self._address + (flag + 1) * _WORD)
         return True
 
     def _copy_in(self, data: int, at: int, part: memoryview | bytes) -> None:
@@ -146,6 +165,19 @@ class Mailbox:
     def pending(self, sender: int) -> bool:
         """Whether ``sender``'s ring holds records not yet pulled."""
         return self._words[self._in[sender] // _WORD] != self._read[sender]
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, or until a sender rings this member's bell; at once if a
+        record is waiting already."""
+        words = self._words
+        flag = self._bell - 1
+        words[flag] = 1
+        try:
+            bell = words[self._bell]
+            if not any(self.pending(q) for q in self._members):
+                futex.wait(self._address + self._bell * _WORD, bell, seconds)
+        finally:
+            words[flag] = 0
 
     def release(self) -> None:
         """Let go of the views on the region (before the segment is unmapped)."""

@@ -46,7 +46,6 @@ their next wait, so a failure on one rank ends the call everywhere within micros
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import platform
@@ -58,6 +57,7 @@ from typing import Protocol
 from ...errors import CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError, PeerLostError
 from ..liveness import ProcessWatch
 from ..threads import on_worker
+from . import futex
 
 log = logging.getLogger("tensorcomm.shm")
 
@@ -105,38 +105,6 @@ def control_bytes(size: int) -> int:
     """Bytes of the control area for ``size`` ranks (page-aligned)."""
     raw = HEADER_BYTES + size * LINE_BYTES
     return (raw + PAGE - 1) // PAGE * PAGE
-
-
-# --- futex (Linux, x86-64): sleep on a counter's low 32 bits, wake its sleepers ---------------
-
-_SYS_FUTEX = 202
-_FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared (not PRIVATE): the word lives in a shared mapping
-
-
-class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-
-_syscall: Callable[..., int] | None
-try:
-    _syscall = ctypes.CDLL(None, use_errno=True).syscall
-except (OSError, AttributeError):  # pragma: no cover - every Linux libc has syscall()
-    _syscall = None
-
-
-def _futex_wait(address: int, expected: int, seconds: float) -> None:
-    if _syscall is None:
-        time.sleep(min(seconds, 0.001))
-        return
-    whole = int(seconds)
-    timeout = _Timespec(whole, int((seconds - whole) * 1e9))
-    _syscall(_SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAIT, ctypes.c_uint32(expected),
-             ctypes.byref(timeout), None, 0)
-
-
-def _futex_wake(address: int) -> None:
-    if _syscall is not None:
-        _syscall(_SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
 
 
 # --- the control area ------------------------------------------------------------------------
@@ -343,7 +311,7 @@ class Slots:
 
     def _wake_sleepers(self) -> None:
         self.words[self._my_sleepers] = 0
-        _futex_wake(self.address + self._my_counter * 8)
+        futex.wake(self.address + self._my_counter * 8)
 
     def _mismatch(self, token_word: int, ctx: CallInfo) -> CollectiveMismatchError:
         q = next(q for q in self.peers if token_word - 1 in self._entry[q])
@@ -405,7 +373,7 @@ class Slots:
         words[self._base[q] + R_SLEEPERS] = 1
         current = words[word]
         if current < target and seconds > 0:
-            _futex_wait(self.address + word * 8, current & 0xFFFFFFFF, seconds)
+            futex.wait(self.address + word * 8, current & 0xFFFFFFFF, seconds)
 
     def _check_alive(self, ranks: Sequence[int], target: int) -> None:
         words, counter = self.words, self.counter_word
@@ -493,12 +461,12 @@ class Slots:
     def wake_all(self) -> None:
         """Wake every futex sleeper of the segment (they re-check faults and counters)."""
         for word in self.counter_word:
-            _futex_wake(self.address + word * 8)
+            futex.wake(self.address + word * 8)
 
     def leave(self) -> None:
         """Mark this rank as gone: peers still waiting on it get ``PeerLostError``."""
         self.words[self._base[self.rank] + R_STATE] = STATE_LEFT
-        _futex_wake(self.address + self._my_counter * 8)
+        futex.wake(self.address + self._my_counter * 8)
 
     def close(self) -> None:
         self.words.release()
