@@ -197,9 +197,10 @@ def unpickle(data: np.ndarray) -> Any:
 
 def check_tag(tag: Any, fn: str, wildcard: bool) -> int:
     """``tag`` as an int, checked (``ANY_TAG`` only where ``wildcard``)."""
-    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)):
-        raise TypeError(f"{fn}: tag must be an int, got {type(tag).__name__}")
-    tag = int(tag)
+    if type(tag) is not int:
+        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)):
+            raise TypeError(f"{fn}: tag must be an int, got {type(tag).__name__}")
+        tag = int(tag)
     if not (0 <= tag <= TAG_UB or (wildcard and tag == ANY_TAG)):
         raise exceptions.error(exceptions.ERR_TAG, f"{fn}: tag {tag} is outside 0..{TAG_UB}")
     return tag
@@ -227,7 +228,6 @@ class Engine:
         self._lent: dict[int, tuple[int, np.ndarray]] = {}  # sequence -> (receiver, payload) unread
         self._owed: list[tuple[int, bytes]] = []  # "read" answers a full ring did not take yet
         self._settled_at_close = False  # ``settle`` runs when the domain closes and at exit
-        self._members = range(len(self.ranks))
         size = len(self.ranks)
         self._order = [0] * size  # messages sent to each member so far
         self._expected = [0] * size  # the order number of the next message from each member
@@ -252,10 +252,11 @@ class Engine:
         if sync:
             ack = np.empty(_ACK.size, np.uint8)
             requests.append(transport.irecv(peer, as_bytes(ack), self._tag(_ACK_CHANNEL, sequence)))
+        flags = _SYNC if sync else 0
         with self.lock:
             order = self._order[dest]
             self._order[dest] = order + 1
-            head = _HEAD.pack(tag, nbytes, sequence, _SYNC if sync else 0, order)
+            head = _HEAD.pack(tag, nbytes, sequence, flags, order)
             mailbox = self._mailbox
             if mailbox is not None:
                 if nbytes + _FIELDS <= mailbox.longest:
@@ -264,14 +265,14 @@ class Engine:
                 elif self._domain is not None:
                     # Lend it (a copy of a caller's buffer, which may change once this returns).
                     lent = data if keep is None else data.copy()
-                    head = _HEAD.pack(tag, nbytes, sequence, (_SYNC if sync else 0) | _LENT, order)
+                    head = _HEAD.pack(tag, nbytes, sequence, flags | _LENT, order)
                     if mailbox.push(dest, head, _ADDRESS.pack(lent.ctypes.data)):
                         if not self._settled_at_close:
                             self._settled_at_close = True
                             _settle_before_closing(self, self._domain)
                         self._lent[sequence] = (dest, lent)
                         return Send(self, requests)
-                    head = _HEAD.pack(tag, nbytes, sequence, _SYNC if sync else 0, order)
+                    head = _HEAD.pack(tag, nbytes, sequence, flags, order)
                 elif mailbox.push(dest, head):
                     requests.append(transport.isend(peer, as_bytes(data),
                                                     self._tag(_PAYLOAD_CHANNEL, sequence)))
@@ -345,20 +346,19 @@ class Engine:
             if self._owed:
                 self._owed = [(q, answer) for q, answer in self._owed if not mailbox.push(q, answer)]
             ranks = self.ranks
-            for source in self._members:
-                for record in mailbox.pull(source):
-                    fields = _HEAD.unpack_from(record)
-                    flags = fields[3]
-                    if flags & _RETURNED:
-                        self._lent.pop(fields[2], None)
-                        continue
-                    if flags & _LENT:
-                        address = _ADDRESS.unpack_from(record, _FIELDS)[0]
-                        self._arrive(Envelope(source, ranks[source], fields, None, address))
-                        continue
-                    carried = len(record) == _FIELDS + fields[1]
-                    inline = np.frombuffer(record, np.uint8, offset=_FIELDS) if carried else None
-                    self._arrive(Envelope(source, ranks[source], fields, inline))
+            for source, record in mailbox.arrivals():
+                fields = _HEAD.unpack_from(record)
+                flags = fields[3]
+                if flags & _RETURNED:
+                    self._lent.pop(fields[2], None)
+                    continue
+                if flags & _LENT:
+                    address = _ADDRESS.unpack_from(record, _FIELDS)[0]
+                    self._arrive(Envelope(source, ranks[source], fields, None, address))
+                    continue
+                carried = len(record) == _FIELDS + fields[1]
+                inline = np.frombuffer(record, np.uint8, offset=_FIELDS) if carried else None
+                self._arrive(Envelope(source, ranks[source], fields, inline))
         request = self._request
         while request.done():
             peer = request.wait(0)

@@ -96,9 +96,10 @@ class PointToPoint:
         raise NotImplementedError
 
     def _peer(self, rank: Any, argument: str, fn: str, wildcard: bool) -> int:
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
-            raise TypeError(f"{fn}: {argument} must be an int, got {type(rank).__name__}")
-        rank = int(rank)
+        if type(rank) is not int:
+            if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
+                raise TypeError(f"{fn}: {argument} must be an int, got {type(rank).__name__}")
+            rank = int(rank)
         if rank == PROC_NULL or (wildcard and rank == ANY_SOURCE) or 0 <= rank < self._size():
             return rank
         raise exceptions.error(exceptions.ERR_RANK, f"{fn}: {argument} {rank} is not a rank of a "

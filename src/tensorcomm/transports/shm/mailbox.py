@@ -72,13 +72,13 @@ class Mailbox:
         self._bytes = memoryview(region).cast("B")  # type: ignore[arg-type]
         self._words = self._bytes.cast("q")
         self._address = region.__array_interface__["data"][0]
-        self._members = range(size)
         self._flag = [q * _LINE // _WORD for q in range(size)]  # each member's sleeping flag (word)
         self._bell = self._flag[rank] + 1  # this member's bell (word)
         # Where each ring this member writes (to each receiver) and reads (from each sender) starts.
         bells = size * _LINE
         self._out = [bells + (rank * size + q) * stride for q in range(size)]
         self._in = [bells + (q * size + rank) * stride for q in range(size)]
+        self._written_word = [base // _WORD for base in self._in]  # each incoming ring's counter
         # Sender's side: where each outgoing ring is written to, and the last read count seen.
         self._written = [0] * size
         self._seen_read = [0] * size
@@ -164,7 +164,17 @@ class Mailbox:
 
     def pending(self, sender: int) -> bool:
         """Whether ``sender``'s ring holds records not yet pulled."""
-        return self._words[self._in[sender] // _WORD] != self._read[sender]
+        return self._words[self._written_word[sender]] != self._read[sender]
+
+    def arrivals(self) -> list[tuple[int, bytes]]:
+        """``(sender, record)`` for every record that came since the last look, each sender's
+        oldest first (``pull`` of every ring that holds one)."""
+        words, read = self._words, self._read
+        found: list[tuple[int, bytes]] = []
+        for sender, word in enumerate(self._written_word):
+            if words[word] != read[sender]:
+                found.extend((sender, record) for record in self.pull(sender))
+        return found
 
     def sleep(self, seconds: float) -> None:
         """Sleep up to ``seconds``, or until a sender rings this member's bell; at once if a
@@ -174,7 +184,8 @@ class Mailbox:
         words[flag] = 1
         try:
             bell = words[self._bell]
-            if not any(self.pending(q) for q in self._members):
+            rings = zip(self._written_word, self._read, strict=True)
+            if not any(words[word] != read for word, read in rings):
                 futex.wait(self._address + self._bell * _WORD, bell, seconds)
         finally:
             words[flag] = 0
