@@ -170,7 +170,7 @@ class Send:
 
     def finish(self) -> Any:
         engine = self.engine
-        if engine is not None:
+        if engine is not None and self.requests:  # none: the mailbox has the whole message
             if not self._sent():
                 engine.wait_for(self._sent, ANY_SOURCE, spin=False)
             for request in self.requests:

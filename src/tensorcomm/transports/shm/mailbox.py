@@ -106,13 +106,19 @@ class Mailbox:
                 return False
         data = base + HEADER
         at = written % capacity
-        self._words[(data + at) // _WORD] = nbytes
-        at = (at + _WORD) % capacity
-        self._copy_in(data, at, head)
-        if body:
+        words = self._words
+        words[(data + at) // _WORD] = nbytes
+        at += _WORD
+        if at + nbytes <= capacity:  # the record does not wrap: two plain copies
+            start = data + at
+            middle = start + len(head)
+            self._bytes[start:middle] = head
+            self._bytes[middle:start + nbytes] = body
+        else:
+            at %= capacity
+            self._copy_in(data, at, head)
             self._copy_in(data, (at + len(head)) % capacity, body)
         self._written[receiver] = written = written + need
-        words = self._words
         words[base // _WORD] = written  # publish: after the data (x86-64 store order)
         flag = self._flag[receiver]
         if words[flag]:  # the receiver sleeps: ring its bell
@@ -173,7 +179,8 @@ class Mailbox:
         found: list[tuple[int, bytes]] = []
         for sender, word in enumerate(self._written_word):
             if words[word] != read[sender]:
-                found.extend((sender, record) for record in self.pull(sender))
+                for record in self.pull(sender):
+                    found.append((sender, record))
         return found
 
     def sleep(self, seconds: float) -> None:
