@@ -143,7 +143,8 @@ def _rank(rank: int, port: int, secret: str, timeout: float, proxy: int | None =
           protection: str = "headers", objects: bool = False) -> subprocess.Popen[str]:
     env = {**os.environ, "TENSORCOMM_SECRET": secret, "TENSORCOMM_STORE_HOSTED": "1",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TENSORCOMM_TRANSPORT": "tcp",
-           "TENSORCOMM_LINK_PROTECTION": protection}
+           "TENSORCOMM_LINK_PROTECTION": protection,
+           "TENSORCOMM_JOIN_TIMEOUT": str(timeout)}  # a rank left waiting gives up, not killed
     if objects:
         env["TEST_OBJECTS"] = "1"
     command = [sys.executable, "-c", RANK, str(rank), MARKER.decode(), str(timeout), str(ROUNDS)]
@@ -174,13 +175,13 @@ def test_a_relay_in_rank_0s_place_reads_and_alters_nothing(mode: str, tmp_path: 
     with TCPStoreServer("127.0.0.1", 0, secret_bytes(secret)) as server, \
             TCPStore("127.0.0.1", server.port, secret_bytes(secret), timeout=10) as attacker:
         attacker.set("tensorcomm/0/join/1", _STAND_IN)  # rank 0 goes ahead alone
-        rank_0 = _rank(0, server.port, secret, timeout=15, objects=objects)
+        rank_0 = _rank(0, server.port, secret, timeout=10, objects=objects)
         relay = None
         try:
             real = _address_of_rank_0(attacker)
             relay, relay_port = _start_relay(real, mode, seen)
             _redirect_rank_0(attacker, f"127.0.0.1:{relay_port}")
-            rank_1 = _rank(1, server.port, secret, timeout=15, objects=objects)
+            rank_1 = _rank(1, server.port, secret, timeout=10, objects=objects)
             outcomes = [_outcome(rank_0), _outcome(rank_1)]
         finally:
             for proc in (rank_0, relay):
