@@ -161,7 +161,7 @@ def body_stop_mid_all_reduce(stamp_dir: str) -> dict:
                          f"with values {np.unique(x)}")
 
 
-STOP_TIMEOUT = 10.0  # the ranks' communication timeout: it bounds init too, so not too short
+STOP_TIMEOUT = 5.0  # the ranks' communication timeout (joining has a deadline of its own)
 
 
 @pytest.mark.parametrize("mode", MODES)

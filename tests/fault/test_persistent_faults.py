@@ -19,7 +19,7 @@ from tensorcomm.testing import spawn_ranks
 
 JOB_TIMEOUT = 150.0
 DETECTION_BUDGET = 30.0  # seconds from a death to the survivors' PeerLostError
-STOP_TIMEOUT = 10.0  # the ranks' communication timeout in the stopped-rank test
+STOP_TIMEOUT = 5.0  # the ranks' communication timeout in the stopped-rank test
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(JOB_TIMEOUT + 60)]
 
 TRANSPORTS = {"tcp": {"TENSORCOMM_TRANSPORT": "tcp"}, "default": {}}
