@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import pickle
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -24,6 +25,11 @@ from ..rendezvous.auth import generate_secret, secret_bytes
 from ..rendezvous.tcp_store import TCPStoreServer
 
 _OUTPUT_TAIL = 4000  # characters of each rank's output shown in a failure
+# What the forkserver imports once, so that no rank imports it again: tensorcomm and its
+# dependencies (ml_dtypes alone takes 0.6 s to import, which tensorcomm itself puts off), and the
+# test runner where the parent has it (test modules, which children import to find the body).
+_PRELOAD = ["numpy", "ml_dtypes", "tensorcomm"]
+_PRELOAD_IF_LOADED = ["pytest", "hypothesis"]
 
 
 @dataclass
@@ -93,7 +99,7 @@ def spawn_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: fl
         comm_timeout: the ranks' own ``init(timeout=...)`` (default: ``timeout``).
     """
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["numpy", "tensorcomm"])
+    context.set_forkserver_preload(_PRELOAD + [name for name in _PRELOAD_IF_LOADED if name in sys.modules])
     secret = generate_secret()
     server = TCPStoreServer("127.0.0.1", 0, secret_bytes(secret))
     with tempfile.TemporaryDirectory(prefix="tensorcomm-test-") as workdir:
