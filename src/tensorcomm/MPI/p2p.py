@@ -185,6 +185,11 @@ class Send:
         return False
 
 
+def _array(data: np.ndarray | bytes) -> np.ndarray:
+    """``data`` as a flat uint8 array (a pickle's bytes viewed, not copied)."""
+    return np.frombuffer(data, np.uint8) if isinstance(data, bytes) else data
+
+
 def _either(first: Callable[[], bool], second: Callable[[], bool]) -> Callable[[], bool]:
     return lambda: first() or second()
 
@@ -241,11 +246,16 @@ class Engine:
 
     # -- sending ----------------------------------------------------------------------------
 
-    def send(self, data: np.ndarray, dest: int, tag: int, keep: Any = None, sync: bool = False) -> Send:
-        """Start sending the bytes ``data`` to communicator rank ``dest`` (``sync``: done only
-        once a receive has matched it, as ``MPI_Ssend``)."""
+    def send(self, data: np.ndarray | bytes, dest: int, tag: int, keep: Any = None,
+             sync: bool = False) -> Send:
+        """Start sending ``data`` (bytes: a pickle; else a flat uint8 array) to communicator rank
+        ``dest`` (``sync``: done only once a receive has matched it, as ``MPI_Ssend``)."""
         peer = self.ranks[dest]
-        nbytes = data.size
+        body: bytes | memoryview
+        if isinstance(data, bytes):
+            nbytes, body = len(data), data
+        else:
+            nbytes, body = data.size, data.data
         sequence = next(_sequence)
         transport = self.transport
         requests: list[TransportRequest] = []
@@ -260,11 +270,11 @@ class Engine:
             mailbox = self._mailbox
             if mailbox is not None:
                 if nbytes + _FIELDS <= mailbox.longest:
-                    if mailbox.push(dest, head, data.data):
+                    if mailbox.push(dest, head, body):
                         return Send(self, requests)
                 elif self._domain is not None:
                     # Lend it (a copy of a caller's buffer, which may change once this returns).
-                    lent = data if keep is None else data.copy()
+                    lent = _array(data) if keep is None else _array(data).copy()
                     head = _HEAD.pack(tag, nbytes, sequence, flags | _LENT, order)
                     if mailbox.push(dest, head, _ADDRESS.pack(lent.ctypes.data)):
                         if not self._settled_at_close:
@@ -274,9 +284,11 @@ class Engine:
                         return Send(self, requests)
                     head = _HEAD.pack(tag, nbytes, sequence, flags, order)
                 elif mailbox.push(dest, head):
+                    data = _array(data)
                     requests.append(transport.isend(peer, as_bytes(data),
                                                     self._tag(_PAYLOAD_CHANNEL, sequence)))
                     return Send(self, requests, keep if keep is not None else data)
+        data = _array(data)
         envelope = np.empty(ENVELOPE, np.uint8)
         envelope[:_FIELDS] = np.frombuffer(head, np.uint8)
         if nbytes <= INLINE:

@@ -35,9 +35,9 @@ def _completed(pending: Pending, status: Status | None = None) -> Any:
     return result
 
 
-def _pickled(obj: Any, fn: str) -> np.ndarray:
+def _pickled(obj: Any, fn: str) -> bytes:
     try:
-        return np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), _U8)
+        return pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, TypeError, AttributeError) as exc:
         raise TypeError(f"{fn}: the object cannot be pickled: {exc}") from exc
 
@@ -107,7 +107,7 @@ class PointToPoint:
 
     # -- the one path of each direction -------------------------------------------------------
 
-    def _send(self, data: np.ndarray, dest: Any, tag: Any, fn: str, keep: Any = None) -> Pending:
+    def _send(self, data: np.ndarray | bytes, dest: Any, tag: Any, fn: str, keep: Any = None) -> Pending:
         rank = self._peer(dest, "dest", fn, False)
         checked = check_tag(tag, fn, False)
         if rank == PROC_NULL:
