@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -53,14 +54,10 @@ def body_die_mid_all_reduce(how: str, stamp_dir: str, keep_going: bool = False) 
     raise AssertionError("the loop ended without an error")
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("transport", TRANSPORTS)
-@pytest.mark.parametrize("world_size", [2, 3, 5])
-def test_killed_rank_is_named_on_every_survivor(world_size, transport, mode, tmp_path):
-    outcomes = spawn_ranks(body_die_mid_all_reduce, world_size, "sigkill", str(tmp_path),
-                           mode == "keep_going", timeout=JOB_TIMEOUT,
-                           env={**TRANSPORTS[transport], **MODES[mode]})
-    death = float((tmp_path / "death").read_text())
+def _assert_every_survivor_named_the_victim(outcomes: list, stamp_dir: Path) -> None:
+    """The victim died of SIGKILL; every other rank named it within ``DETECTION_BUDGET`` of the
+    time it wrote to ``stamp_dir/death``."""
+    death = float((stamp_dir / "death").read_text())
     for outcome in outcomes:
         if outcome.rank == VICTIM:
             assert outcome.exitcode == -signal.SIGKILL
@@ -68,6 +65,16 @@ def test_killed_rank_is_named_on_every_survivor(world_size, transport, mode, tmp
         assert outcome.ok, outcome.output
         assert outcome.result["rank"] == VICTIM, outcome.result
         assert outcome.result["at"] - death < DETECTION_BUDGET, outcome.result
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("world_size", [2, 3, 5])
+def test_killed_rank_is_named_on_every_survivor(world_size, transport, mode, tmp_path):
+    outcomes = spawn_ranks(body_die_mid_all_reduce, world_size, "sigkill", str(tmp_path),
+                           mode == "keep_going", timeout=JOB_TIMEOUT,
+                           env={**TRANSPORTS[transport], **MODES[mode]})
+    _assert_every_survivor_named_the_victim(outcomes, tmp_path)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -110,14 +117,7 @@ def body_die_mid_all_to_all(stamp_dir: str) -> dict:
 def test_killed_rank_is_named_by_every_survivor_of_an_all_to_all(tmp_path):
     outcomes = spawn_ranks(body_die_mid_all_to_all, 4, str(tmp_path), timeout=JOB_TIMEOUT,
                            env=TRANSPORTS["tcp"])
-    death = float((tmp_path / "death").read_text())
-    for outcome in outcomes:
-        if outcome.rank == VICTIM:
-            assert outcome.exitcode == -signal.SIGKILL
-            continue
-        assert outcome.ok, outcome.output
-        assert outcome.result["rank"] == VICTIM, outcome.result
-        assert outcome.result["at"] - death < DETECTION_BUDGET, outcome.result
+    _assert_every_survivor_named_the_victim(outcomes, tmp_path)
 
 
 def body_raise_on_victim() -> str:
