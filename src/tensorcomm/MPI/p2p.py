@@ -1,13 +1,16 @@
 """Point-to-point messages of one communicator, matched the way MPI matches them.
 
 Every message, buffer or pickled object, starts with an envelope (tag, length, sequence number,
-whether it is synchronous, its place in the order of the sender's messages to this receiver) and
-the payload itself when it fits. Between members on one host the envelope goes through the
-communicator's shared-memory mailbox (``transports/shm/mailbox.py``: no system call, a copy in
-and a copy out), with payloads up to half a ring; elsewhere, or when the ring is full, it is a
-fixed-size message (``ENVELOPE`` bytes, payloads up to ``INLINE``) on the communicator's envelope
-channel of the transport. A longer payload follows on a payload channel of the transport under
-the sender's sequence number, straight from the sender's buffer into the receiver's. Each
+flags, its place in the order of the sender's messages to this receiver) and the payload itself
+when it fits. Between members on one host the envelope goes through the communicator's
+shared-memory mailbox (``transports/shm/mailbox.py``: no system call, a copy in and a copy out),
+with payloads up to half a ring; a longer payload is lent (the envelope carries its address, the
+receiver reads it from the sender's memory as soon as the envelope arrives and answers through
+the ring; ``settle`` keeps the sender from leaving before that) where the group's members may read
+each other, else it follows on the transport. Elsewhere, or when the ring is full, the envelope
+is a fixed-size message (``ENVELOPE`` bytes, payloads up to ``INLINE``) on the communicator's
+envelope channel of the transport, and a longer payload follows on a payload channel under the
+sender's sequence number, straight from the sender's buffer into the receiver's. Each
 communicator keeps one receive of envelopes from any member posted at the transport
 (``transports.base``) and reads its mailbox rings whenever it polls; envelopes that overtook an
 earlier one from the same sender (a full ring sent the earlier one by the transport) wait for it,
