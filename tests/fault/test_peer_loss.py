@@ -31,18 +31,24 @@ MODES = {"keep_going": {"TENSORCOMM_KEEP_GOING": "1"}, "default": {}}  # arrays 
 VICTIM = 1
 
 
+def _die_soon(stamp_dir: str, how: str) -> None:
+    """In half a second, write the time to ``stamp_dir/death`` and die (``how``: "sigkill" or
+    "exit" with code 3)."""
+    def die() -> None:
+        with open(os.path.join(stamp_dir, "death"), "w") as f:
+            f.write(repr(time.time()))
+        if how == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(3)
+    threading.Timer(0.5, die).start()
+
+
 def body_die_mid_all_reduce(how: str, stamp_dir: str, keep_going: bool = False) -> dict:
     """Everyone loops over large all_reduces; the victim dies part-way through one."""
     rank = tc.get_rank()
     x = np.ones(1 << 20, np.float32)
     if rank == VICTIM:
-        def die() -> None:
-            with open(os.path.join(stamp_dir, "death"), "w") as f:
-                f.write(repr(time.time()))
-            if how == "sigkill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            os._exit(3)
-        threading.Timer(0.5, die).start()
+        _die_soon(stamp_dir, how)
     try:
         for _ in range(100_000):
             x[...] = 1
@@ -100,11 +106,7 @@ def body_die_mid_all_to_all(stamp_dir: str) -> dict:
     mine = np.arange(rank * (1 << 16), (rank + 1) * (1 << 16), dtype=np.float32)
     expected = np.concatenate([mine + q for q in range(n)])
     if rank == VICTIM:
-        def die() -> None:
-            with open(os.path.join(stamp_dir, "death"), "w") as f:
-                f.write(repr(time.time()))
-            os.kill(os.getpid(), signal.SIGKILL)
-        threading.Timer(0.5, die).start()
+        _die_soon(stamp_dir, "sigkill")
     try:
         for _ in range(100_000):
             tc.all_to_all_single(out, send)

@@ -191,8 +191,7 @@ class Mailbox:
         words[flag] = 1
         try:
             bell = words[self._bell]
-            rings = zip(self._written_word, self._read, strict=True)
-            if not any(words[word] != read for word, read in rings):
+            if not any(self.pending(q) for q in range(len(self._read))):
                 futex.wait(self._address + self._bell * _WORD, bell, seconds)
         finally:
             words[flag] = 0
