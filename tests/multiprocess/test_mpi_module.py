@@ -121,6 +121,42 @@ def test_point_to_point(world_size):
     run_ranks(body_point_to_point, world_size, timeout=90)
 
 
+def body_blocking_object_order() -> None:
+    """Blocking ``recv`` of objects waiting in the mailbox keeps MPI's matching order: a message
+    whose tag does not fit waits for a later receive, a receive posted earlier gets the message
+    first, a synchronous send is answered, and the status says what came."""
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    status = MPI.Status()
+    if rank == 0:
+        comm.send({"i": 0}, dest=1, tag=2)
+        comm.send({"i": 1}, dest=1, tag=3)
+    comm.Barrier()  # both wait in the ring, unread, when the receives come
+    if rank == 1:
+        assert comm.recv(source=0, tag=3, status=status) == {"i": 1}
+        assert (status.Get_source(), status.Get_tag()) == (0, 3) and status.Get_count() > 0
+        assert comm.recv(source=0, tag=MPI.ANY_TAG) == {"i": 0}
+        early = comm.irecv(source=0, tag=MPI.ANY_TAG)
+    comm.Barrier()
+    if rank == 0:
+        comm.send({"i": 2}, dest=1, tag=1)
+        comm.send({"i": 3}, dest=1, tag=1)
+    comm.Barrier()
+    if rank == 1:
+        assert comm.recv(source=0, tag=1) == {"i": 3}  # the receive posted earlier took {"i": 2}
+        assert early.wait() == {"i": 2}
+        assert comm.recv(source=0, tag=4) == "synchronous"
+        assert comm.recv(source=0, tag=5) == b""
+    else:
+        comm.ssend("synchronous", dest=1, tag=4)
+        comm.send(b"", dest=1, tag=5)
+    comm.Barrier()
+
+
+def test_blocking_object_receive_keeps_order():
+    run_ranks(body_blocking_object_order, 2, timeout=60)
+
+
 def body_ring_overflow() -> None:
     """More messages than a mailbox ring holds, sent before the receiver looks: the overflow goes
     by the transport, and every message, object or buffer, short or long, still arrives in the

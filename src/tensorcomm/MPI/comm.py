@@ -95,8 +95,10 @@ class Comm(PointToPoint, Collectives, ObjectCollectives):
     def _engine(self) -> Engine:
         handle = self._h
         engine = handle.engine
-        if engine is None:
-            engine = handle.engine = Engine(handle.resolve())
+        if engine is None or not engine.open():  # else its open domain says the group is alive
+            group = handle.resolve()
+            if engine is None:
+                engine = handle.engine = Engine(group)
         return engine
 
     def _root(self, root: Any, fn: str) -> int:

@@ -197,10 +197,10 @@ def _either(first: Callable[[], bool], second: Callable[[], bool]) -> Callable[[
     return lambda: first() or second()
 
 
-def unpickle(data: np.ndarray) -> Any:
+def unpickle(data: np.ndarray | memoryview) -> Any:
     """The object a message carried. **Runs code the sender chose**, as every unpickling does:
     use object messages among trusted processes only (docs/security.md)."""
-    return pickle.loads(data.data)
+    return pickle.loads(data.data if isinstance(data, np.ndarray) else data)
 
 
 def check_tag(tag: Any, fn: str, wildcard: bool) -> int:
@@ -223,12 +223,13 @@ class Engine:
         self.transport = world.transport
         self.timeout = world.timeout
         self.ranks = group.ranks
+        self.size = len(self.ranks)
         self.index = {peer: i for i, peer in enumerate(self.ranks)}
         self.group_id = group._group_id
         self.lock = threading.RLock()
         self.arrived: deque[Envelope] = deque()
         self.posted: list[Receive] = []
-        domain = group._member_team().shm
+        domain = self._shm = group._member_team().shm
         self._mailbox = domain.mailbox if domain is not None else None
         # Payloads longer than a ring are lent: read by the receiver from the sender's memory
         # (cross-memory attach) where the domain may, and kept here until the receiver says so.
@@ -247,7 +248,28 @@ class Engine:
     def _tag(self, channel: int, sequence: int) -> int:
         return p2p_tag(self.group_id, sequence & 0xFFFFFFFF, channel)
 
+    def open(self) -> bool:
+        """Whether the communicator's shared-memory domain is open (None of its group was
+        destroyed): the engine can be used without asking the group."""
+        shm = self._shm
+        return shm is not None and shm.mailbox is not None
+
     # -- sending ----------------------------------------------------------------------------
+
+    def post(self, data: bytes, dest: Any, tag: Any) -> bool:
+        """Send the pickle ``data`` whole through the mailbox to communicator rank ``dest``
+        with ``tag`` (both plain ints in range) and return True; False, with nothing sent, for
+        anything else (then ``send`` takes it, with every check): the blocking object send's way."""
+        mailbox = self._mailbox
+        if (type(dest) is not int or type(tag) is not int or not 0 <= dest < self.size
+                or not 0 <= tag <= TAG_UB or mailbox is None or len(data) + _FIELDS > mailbox.longest):
+            return False
+        with self.lock:
+            order = self._order[dest]
+            if not mailbox.push(dest, _HEAD.pack(tag, len(data), next(_sequence), 0, order), data):
+                return False
+            self._order[dest] = order + 1
+        return True
 
     def send(self, data: np.ndarray | bytes, dest: int, tag: int, keep: Any = None,
              sync: bool = False) -> Send:
@@ -360,20 +382,8 @@ class Engine:
         if mailbox is not None:
             if self._owed:
                 self._owed = [(q, answer) for q, answer in self._owed if not mailbox.push(q, answer)]
-            ranks = self.ranks
             for source, record in mailbox.arrivals():
-                fields = _HEAD.unpack_from(record)
-                flags = fields[3]
-                if flags & _RETURNED:
-                    self._lent.pop(fields[2], None)
-                    continue
-                if flags & _LENT:
-                    address = _ADDRESS.unpack_from(record, _FIELDS)[0]
-                    self._arrive(Envelope(source, ranks[source], fields, None, address))
-                    continue
-                carried = len(record) == _FIELDS + fields[1]
-                inline = np.frombuffer(record, np.uint8, offset=_FIELDS) if carried else None
-                self._arrive(Envelope(source, ranks[source], fields, inline))
+                self._take(source, record)
         request = self._request
         while request.done():
             peer = request.wait(0)
@@ -384,6 +394,59 @@ class Engine:
             fields = _HEAD.unpack_from(raw.data)
             inline = raw[_FIELDS:] if fields[1] <= INLINE else None
             self._arrive(Envelope(self.index[peer], peer, fields, inline))
+
+    def _take(self, source: int, record: bytes) -> None:
+        """Take in one mailbox record from member ``source`` (hold the lock)."""
+        fields = _HEAD.unpack_from(record)
+        flags = fields[3]
+        if flags & _RETURNED:
+            self._lent.pop(fields[2], None)
+        elif flags & _LENT:
+            address = _ADDRESS.unpack_from(record, _FIELDS)[0]
+            self._arrive(Envelope(source, self.ranks[source], fields, None, address))
+        else:
+            carried = len(record) == _FIELDS + fields[1]
+            inline = np.frombuffer(record, np.uint8, offset=_FIELDS) if carried else None
+            self._arrive(Envelope(source, self.ranks[source], fields, inline))
+
+    def receive_object(self, source: Any, tag: Any) -> tuple[Any, int, int] | None:
+        """The blocking object receive's way while nothing waits in this engine's queues:
+        ``source`` a member (a plain int) on this host, ``tag`` a plain int or ``ANY_TAG``.
+        Waits, spinning as ``wait_for`` does, for ``source``'s next mailbox record; when that is
+        an object carried whole, in its turn, with a fitting tag, returns ``(object, tag,
+        length)``. None in every other case, with any record read taken in the general way
+        (``receive`` then finds it)."""
+        mailbox = self._mailbox
+        if (type(source) is not int or type(tag) is not int or not 0 <= source < self.size
+                or not (0 <= tag <= TAG_UB or tag == ANY_TAG) or mailbox is None):
+            return None
+        spins = 0
+        end = 0.0
+        while True:
+            with self.lock:
+                if self.arrived or self.posted or self._early or self._owed:
+                    return None
+                record = mailbox.pull_one(source)
+                if record is not None:
+                    fields = _HEAD.unpack_from(record)
+                    if (fields[3] == 0 and fields[4] == self._expected[source]
+                            and (tag == ANY_TAG or tag == fields[0]) and len(record) == _FIELDS + fields[1]):
+                        self._expected[source] += 1
+                        break
+                    self._take(source, record)
+                    return None
+                if self._request.done():
+                    return None
+            spins += 1
+            if spins > _SPIN_POLLS:
+                now = time.monotonic()
+                if not end:
+                    end = now + _SPIN_SECONDS
+                elif now > end:
+                    return None
+                os.sched_yield()
+        value = unpickle(memoryview(record)[_FIELDS:]) if fields[1] else None
+        return value, fields[0], fields[1]
 
     def _arrive(self, envelope: Envelope) -> None:
         """Take one envelope in, or keep it until the sender's earlier ones came (hold the lock)."""
@@ -447,7 +510,7 @@ class Engine:
         peer = None if source == ANY_SOURCE else self.ranks[source]
         mailbox = self._mailbox if spin else None
         try:
-            if mailbox is not None and self._spin(ready):
+            if mailbox is not None and self._spin(ready, source):
                 return
             while True:
                 with self.lock:
@@ -524,18 +587,27 @@ class Engine:
                 break
             time.sleep(0.0005)
 
-    def _spin(self, ready: Callable[[], bool]) -> bool:
+    def _spin(self, ready: Callable[[], bool], source: int) -> bool:
         """Poll until ``ready()`` (True) or ``_SPIN_SECONDS`` passed (False), yielding the core
-        after the first ``_SPIN_POLLS`` polls."""
-        polls = 0
+        after the first ``_SPIN_POLLS`` polls. Between full polls it looks only at what can
+        bring ``source``'s message (its ring, or any ring for ``ANY_SOURCE``, and the
+        transport's next envelope), ``_SPIN_POLLS`` times at most."""
+        mailbox = self._mailbox
+        assert mailbox is not None
+        look = mailbox.waiting if source == ANY_SOURCE else lambda: mailbox.pending(source)
+        spins = 0
         end = 0.0
         while True:
             with self.lock:
                 self._poll()
                 if ready():
                     return True
-            polls += 1
-            if polls > _SPIN_POLLS:
+                request = self._request
+            for _ in range(_SPIN_POLLS):
+                if look() or request.done():
+                    break
+            spins += 1
+            if spins > 1:
                 now = time.monotonic()
                 if not end:
                     end = now + _SPIN_SECONDS

@@ -95,31 +95,36 @@ class PointToPoint:
     def _size(self) -> int:
         raise NotImplementedError
 
-    def _peer(self, rank: Any, argument: str, fn: str, wildcard: bool) -> int:
+    def _peer(self, rank: Any, argument: str, fn: str, wildcard: bool, size: int = -1) -> int:
+        """``rank`` checked as a peer of this communicator of ``size`` members (-1: look it up)."""
+        if size < 0:
+            size = self._size()
         if type(rank) is not int:
             if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
                 raise TypeError(f"{fn}: {argument} must be an int, got {type(rank).__name__}")
             rank = int(rank)
-        if rank == PROC_NULL or (wildcard and rank == ANY_SOURCE) or 0 <= rank < self._size():
+        if rank == PROC_NULL or (wildcard and rank == ANY_SOURCE) or 0 <= rank < size:
             return rank
         raise exceptions.error(exceptions.ERR_RANK, f"{fn}: {argument} {rank} is not a rank of a "
-                               f"communicator of {self._size()}")
+                               f"communicator of {size}")
 
     # -- the one path of each direction -------------------------------------------------------
 
     def _send(self, data: np.ndarray | bytes, dest: Any, tag: Any, fn: str, keep: Any = None) -> Pending:
-        rank = self._peer(dest, "dest", fn, False)
+        engine = self._engine()
+        rank = self._peer(dest, "dest", fn, False, engine.size)
         checked = check_tag(tag, fn, False)
         if rank == PROC_NULL:
             return Send(None, [])
-        return self._engine().send(data, rank, checked, keep, fn.lower().startswith(("ssend", "issend")))
+        return engine.send(data, rank, checked, keep, fn.lower().startswith(("ssend", "issend")))
 
     def _recv(self, buffer: np.ndarray | None, source: Any, tag: Any, fn: str) -> Receive:
-        rank = self._peer(source, "source", fn, True)
+        engine = self._engine()
+        rank = self._peer(source, "source", fn, True, engine.size)
         checked = check_tag(tag, fn, True)
         if rank == PROC_NULL:
             return Receive(None, PROC_NULL, ANY_TAG, buffer)
-        return self._engine().receive(buffer, rank, checked)
+        return engine.receive(buffer, rank, checked)
 
     def _send_buffer(self, buf: Any, dest: Any, tag: Any, fn: str) -> Pending:
         return self._send(message(buf, fn, False).array.view(_U8), dest, tag, fn, buf)
@@ -289,7 +294,8 @@ class PointToPoint:
     def send(self, obj: Any, dest: int, tag: int = 0) -> None:
         """Send the picklable ``obj`` to ``dest``."""
         data = _pickled(obj, "send")
-        _completed(self._send(data, dest, tag, "send"))
+        if not self._engine().post(data, dest, tag):
+            _completed(self._send(data, dest, tag, "send"))
 
     def ssend(self, obj: Any, dest: int, tag: int = 0) -> None:
         """Send ``obj``; return once a receive has matched it."""
@@ -314,7 +320,13 @@ class PointToPoint:
         if buf is not None:
             warnings.warn("recv: the buf argument is ignored (objects are received whole)",
                           UserWarning, stacklevel=2)
-        return _completed(self._recv(None, source, tag, "recv"), status)
+        taken = self._engine().receive_object(source, tag)
+        if taken is None:
+            return _completed(self._recv(None, source, tag, "recv"), status)
+        value, tag, nbytes = taken
+        if status is not None:
+            status._set(source, tag, nbytes)
+        return value
 
     def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """Start receiving an object; ``wait()`` returns it."""

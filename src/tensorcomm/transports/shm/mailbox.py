@@ -140,37 +140,52 @@ class Mailbox:
             MailboxCorrupt: the ring's counter or a record's length is impossible (the memory
                 was written by something that does not keep this layout).
         """
+        records = []
+        record = self.pull_one(sender)
+        while record is not None:
+            records.append(record)
+            record = self.pull_one(sender)
+        return records
+
+    def pull_one(self, sender: int) -> bytes | None:
+        """The oldest record from ``sender`` not pulled yet, or None.
+
+        Raises:
+            MailboxCorrupt: as ``pull``.
+        """
         base = self._in[sender]
-        written = self._words[base // _WORD]
+        words = self._words
+        written = words[base // _WORD]
         read = self._read[sender]
         if written == read:
-            return []
+            return None
         capacity = self.capacity
         if not 0 < written - read <= capacity:
             raise MailboxCorrupt(f"the ring from member {sender} claims {written - read} bytes "
                                  f"written unread; it holds {capacity}")
         data = base + HEADER
-        records = []
-        while read < written:
-            at = read % capacity
-            nbytes = self._words[(data + at) // _WORD]
-            if not 0 <= nbytes <= self.longest or read + _WORD + nbytes > written:
-                raise MailboxCorrupt(f"a record of {nbytes} bytes in the ring from member {sender}")
-            at = (at + _WORD) % capacity
-            first = min(nbytes, capacity - at)
-            if first == nbytes:
-                records.append(bytes(self._bytes[data + at:data + at + nbytes]))
-            else:
-                records.append(bytes(self._bytes[data + at:data + capacity])
-                               + bytes(self._bytes[data:data + nbytes - first]))
-            read += _WORD + ((nbytes + _WORD - 1) & -_WORD)
-        self._read[sender] = read
-        self._words[base // _WORD + 8] = read  # the space may be reused: after the copies
-        return records
+        at = read % capacity
+        nbytes = words[(data + at) // _WORD]
+        if not 0 <= nbytes <= self.longest or read + _WORD + nbytes > written:
+            raise MailboxCorrupt(f"a record of {nbytes} bytes in the ring from member {sender}")
+        at = (at + _WORD) % capacity
+        if at + nbytes <= capacity:
+            record = bytes(self._bytes[data + at:data + at + nbytes])
+        else:
+            record = (bytes(self._bytes[data + at:data + capacity])
+                      + bytes(self._bytes[data:data + nbytes - (capacity - at)]))
+        self._read[sender] = read = read + _WORD + ((nbytes + _WORD - 1) & -_WORD)
+        words[base // _WORD + 8] = read  # the space may be reused: after the copy
+        return record
 
     def pending(self, sender: int) -> bool:
         """Whether ``sender``'s ring holds records not yet pulled."""
         return self._words[self._written_word[sender]] != self._read[sender]
+
+    def waiting(self) -> bool:
+        """Whether any ring to this member holds records not yet pulled."""
+        words, read = self._words, self._read
+        return any(words[word] != read[sender] for sender, word in enumerate(self._written_word))
 
     def arrivals(self) -> list[tuple[int, bytes]]:
         """``(sender, record)`` for every record that came since the last look, each sender's
