@@ -5,6 +5,7 @@ Independent of any mpi4py checkout: these bodies use the module the way mpi4py p
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -155,6 +156,36 @@ def body_blocking_object_order() -> None:
 
 def test_blocking_object_receive_keeps_order():
     run_ranks(body_blocking_object_order, 2, timeout=60)
+
+
+AFTER_FINALIZE = """
+import numpy as np
+from tensorcomm import MPI
+comm = MPI.COMM_WORLD
+peer = 1 - comm.Get_rank()
+comm.send("before", dest=peer)
+assert comm.recv(source=peer) == "before"
+MPI.Finalize()
+for name, call in [("send", lambda: comm.send(1, dest=peer)), ("recv", lambda: comm.recv(source=peer)),
+                   ("Send", lambda: comm.Send(np.zeros(2), dest=peer)), ("Barrier", comm.Barrier)]:
+    try:
+        call()
+        print(name, "did not fail")
+    except RuntimeError as exc:
+        print(name, "failed:", exc)
+"""
+
+
+def test_calls_after_finalize_fail_clearly(tmp_path):
+    # point-to-point too, though its mailbox (in the unmapped segment) is gone
+    script = tmp_path / "rank.py"
+    script.write_text(AFTER_FINALIZE)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TENSORCOMM_")}
+    done = subprocess.run([sys.executable, "-m", "tensorcomm", "run", "-n", "2", str(script)],
+                          capture_output=True, text=True, timeout=60, env=environ)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line for line in done.stdout.splitlines() if "fail" in line]
+    assert len(lines) == 8 and all(" failed: " in line for line in lines), done.stdout
 
 
 def body_ring_overflow() -> None:

@@ -95,9 +95,10 @@ class Comm(PointToPoint, Collectives, ObjectCollectives):
     def _engine(self) -> Engine:
         handle = self._h
         engine = handle.engine
-        if engine is None or not engine.open():  # else its open domain says the group is alive
+        if engine is None or engine.shm is None or engine.shm.closed:  # an open domain: a live group
             group = handle.resolve()
-            if engine is None:
+            if engine is None or engine.shm is not None:  # none yet, or its group's domain closed
+                runtime.world()  # raises after Finalize
                 engine = handle.engine = Engine(group)
         return engine
 

@@ -197,7 +197,7 @@ def _either(first: Callable[[], bool], second: Callable[[], bool]) -> Callable[[
     return lambda: first() or second()
 
 
-def unpickle(data: np.ndarray | memoryview) -> Any:
+def unpickle(data: np.ndarray | bytes) -> Any:
     """The object a message carried. **Runs code the sender chose**, as every unpickling does:
     use object messages among trusted processes only (docs/security.md)."""
     return pickle.loads(data.data if isinstance(data, np.ndarray) else data)
@@ -229,7 +229,7 @@ class Engine:
         self.lock = threading.RLock()
         self.arrived: deque[Envelope] = deque()
         self.posted: list[Receive] = []
-        domain = self._shm = group._member_team().shm
+        domain = self.shm = group._member_team().shm
         self._mailbox = domain.mailbox if domain is not None else None
         # Payloads longer than a ring are lent: read by the receiver from the sender's memory
         # (cross-memory attach) where the domain may, and kept here until the receiver says so.
@@ -247,12 +247,6 @@ class Engine:
 
     def _tag(self, channel: int, sequence: int) -> int:
         return p2p_tag(self.group_id, sequence & 0xFFFFFFFF, channel)
-
-    def open(self) -> bool:
-        """Whether the communicator's shared-memory domain is open (None of its group was
-        destroyed): the engine can be used without asking the group."""
-        shm = self._shm
-        return shm is not None and shm.mailbox is not None
 
     # -- sending ----------------------------------------------------------------------------
 
@@ -420,6 +414,7 @@ class Engine:
         if (type(source) is not int or type(tag) is not int or not 0 <= source < self.size
                 or not (0 <= tag <= TAG_UB or tag == ANY_TAG) or mailbox is None):
             return None
+        pending = mailbox.pending
         spins = 0
         end = 0.0
         while True:
@@ -435,17 +430,21 @@ class Engine:
                         break
                     self._take(source, record)
                     return None
-                if self._request.done():
+                request = self._request
+                if request.done():
                     return None
+            for _ in range(_SPIN_POLLS):  # the cheapest looks, without the lock
+                if pending(source) or request.done():
+                    break
             spins += 1
-            if spins > _SPIN_POLLS:
+            if spins > 1:
                 now = time.monotonic()
                 if not end:
                     end = now + _SPIN_SECONDS
                 elif now > end:
                     return None
                 os.sched_yield()
-        value = unpickle(memoryview(record)[_FIELDS:]) if fields[1] else None
+        value = unpickle(record[_FIELDS:]) if fields[1] else None
         return value, fields[0], fields[1]
 
     def _arrive(self, envelope: Envelope) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import CommError
 from . import exceptions
 from .buffers import message
 from .constants import ANY_SOURCE, ANY_TAG, PROC_NULL
@@ -294,8 +295,13 @@ class PointToPoint:
     def send(self, obj: Any, dest: int, tag: int = 0) -> None:
         """Send the picklable ``obj`` to ``dest``."""
         data = _pickled(obj, "send")
-        if not self._engine().post(data, dest, tag):
-            _completed(self._send(data, dest, tag, "send"))
+        try:
+            if not self._engine().post(data, dest, tag):
+                _completed(self._send(data, dest, tag, "send"))
+        except CommError as exc:
+            raise exceptions.as_mpi(exc) from None
+
+    send._translates = True  # type: ignore[attr-defined]
 
     def ssend(self, obj: Any, dest: int, tag: int = 0) -> None:
         """Send ``obj``; return once a receive has matched it."""
@@ -320,13 +326,18 @@ class PointToPoint:
         if buf is not None:
             warnings.warn("recv: the buf argument is ignored (objects are received whole)",
                           UserWarning, stacklevel=2)
-        taken = self._engine().receive_object(source, tag)
-        if taken is None:
-            return _completed(self._recv(None, source, tag, "recv"), status)
+        try:
+            taken = self._engine().receive_object(source, tag)
+            if taken is None:
+                return _completed(self._recv(None, source, tag, "recv"), status)
+        except CommError as exc:
+            raise exceptions.as_mpi(exc) from None
         value, tag, nbytes = taken
         if status is not None:
             status._set(source, tag, nbytes)
         return value
+
+    recv._translates = True  # type: ignore[attr-defined]
 
     def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """Start receiving an object; ``wait()`` returns it."""

@@ -95,6 +95,7 @@ class ShmDomain:
         cma: the members read each other's memory directly (``settle_cma`` decided so).
         mailbox: this member's ends of the point-to-point rings (``mailbox.Mailbox``), or None
             for a domain of one.
+        closed: ``close`` ran (this member left; nothing of the segment may be used).
     """
 
     def __init__(self, arena: Arena, rank: int, size: int, global_ranks: Sequence[int],
@@ -137,7 +138,7 @@ class ShmDomain:
         self._arenas: list[Arena] = []  # the segments of the shared allocations
         self.allocations = 0  # shared allocations asked for so far, made or not (names their keys)
         self._before_close: list[Callable[[], None]] = []
-        self._closed = False
+        self.closed = False
 
     # -- per call --------------------------------------------------------------------------------
     # The call protocol lives in ``Slots``; these pass it on.
@@ -338,7 +339,7 @@ class ShmDomain:
         ``tell_peers`` the peers' pending and later calls fail too (``GroupAbortedError`` naming
         this rank); without it they learn only when this member leaves (``close``).
         """
-        if not self._closed:
+        if not self.closed:
             self.slots.abort(error, tell_peers)
 
     def before_close(self, hook: Callable[[], None]) -> None:
@@ -348,12 +349,12 @@ class ShmDomain:
 
     def close(self) -> None:
         """Leave the domain: peers waiting on this member get PeerLostError; unmap. Idempotent."""
-        if self._closed:
+        if self.closed:
             return
         for hook in self._before_close:
             hook()
         self._before_close = []
-        self._closed = True
+        self.closed = True
         self.slots.leave()
         self.inbox = self.outbox = ()
         if self.mailbox is not None:
