@@ -151,6 +151,16 @@ def body_blocking_object_order() -> None:
     else:
         comm.ssend("synchronous", dest=1, tag=4)
         comm.send(b"", dest=1, tag=5)
+    # objects longer than a ring are lent; the receiver's "read" answers come before the reply
+    rng = np.random.default_rng(5)
+    for nbytes in (2 << 20, 300 << 10):
+        payload = {"blob": rng.bytes(nbytes)}
+        if rank == 0:
+            comm.send(payload, dest=1, tag=6)
+            assert comm.recv(source=1, tag=7) == nbytes
+        else:
+            assert comm.recv(source=0, tag=6) == payload
+            comm.send(nbytes, dest=0, tag=7)
     comm.Barrier()
 
 

@@ -59,6 +59,7 @@ from .status import Status
 ENVELOPE = 512
 _HEAD = struct.Struct("<5q")  # tag, length, sequence, flags, order (per sender and receiver)
 _FIELDS = _HEAD.size
+_FLAGS = 24  # the byte of the head where the flags start (little-endian: all of them fit it)
 _SYNC, _LENT, _RETURNED = 1, 2, 4  # flags: synchronous; payload lent at an address; a lent one read
 _ADDRESS = struct.Struct("<q")  # after the head of a lent payload's envelope
 INLINE = ENVELOPE - _FIELDS
@@ -70,6 +71,7 @@ _SLICE = 0.05  # seconds between looks at lost peers while a receive waits for a
 _MAIL_SLICE = 0.005  # the same while a mailbox sleeps: transport envelopes (a full ring) wait that long
 _SPIN_SECONDS = 0.002  # a wait on a mailbox polls, then yields the core, this long before it sleeps
 _SPIN_POLLS = 32
+_SCRATCH_BYTES = 16 << 20  # lent objects up to this long are read into an engine's reused buffer
 _sequence = itertools.count(1)  # one counter for the process: payload tags never repeat per pair
 log = logging.getLogger("tensorcomm.mpi")
 
@@ -235,6 +237,7 @@ class Engine:
         # (cross-memory attach) where the domain may, and kept here until the receiver says so.
         self._domain = domain if domain is not None and domain.cma else None
         self._lent: dict[int, tuple[int, np.ndarray]] = {}  # sequence -> (receiver, payload) unread
+        self._scratch = np.empty(0, np.uint8)  # where lent objects are read (``_borrowed_object``)
         self._owed: list[tuple[int, bytes]] = []  # "read" answers a full ring did not take yet
         self._settled_at_close = False  # ``settle`` runs when the domain closes and at exit
         size = len(self.ranks)
@@ -422,12 +425,18 @@ class Engine:
                 if self.arrived or self.posted or self._early or self._owed:
                     return None
                 record = mailbox.pull_one(source)
+                while record is not None and record[_FLAGS] == _RETURNED:  # a lent payload was read
+                    self._lent.pop(_HEAD.unpack_from(record)[2], None)
+                    record = mailbox.pull_one(source)
                 if record is not None:
                     fields = _HEAD.unpack_from(record)
-                    if (fields[3] == 0 and fields[4] == self._expected[source]
-                            and (tag == ANY_TAG or tag == fields[0]) and len(record) == _FIELDS + fields[1]):
-                        self._expected[source] += 1
-                        break
+                    if fields[4] == self._expected[source] and (tag == ANY_TAG or tag == fields[0]):
+                        if fields[3] == 0 and len(record) == _FIELDS + fields[1]:
+                            self._expected[source] += 1
+                            break
+                        if fields[3] == _LENT and self._domain is not None and fields[1] <= _SCRATCH_BYTES:
+                            self._expected[source] += 1
+                            return self._borrowed_object(source, record, fields)
                     self._take(source, record)
                     return None
                 request = self._request
@@ -446,6 +455,20 @@ class Engine:
                 os.sched_yield()
         value = unpickle(record[_FIELDS:]) if fields[1] else None
         return value, fields[0], fields[1]
+
+    def _borrowed_object(self, source: int, record: bytes, fields: tuple[int, ...]) -> tuple[Any, int, int]:
+        """``receive_object``'s lent object: read into this engine's scratch buffer (memory that
+        is not new to the process, so the copy takes no page faults), answered, unpickled from
+        there (hold the lock: the scratch is the engine's)."""
+        nbytes = fields[1]
+        if self._scratch.size < nbytes:
+            self._scratch = np.empty(max(nbytes, 2 * self._scratch.size), np.uint8)
+        address = _ADDRESS.unpack_from(record, _FIELDS)[0]
+        envelope = Envelope(source, self.ranks[source], fields, None, address)
+        self._fetch(envelope, self._scratch)
+        if envelope.failure is not None:
+            raise envelope.failure
+        return unpickle(self._scratch[:nbytes]), fields[0], nbytes
 
     def _arrive(self, envelope: Envelope) -> None:
         """Take one envelope in, or keep it until the sender's earlier ones came (hold the lock)."""
