@@ -462,7 +462,7 @@ class Engine:
         there (hold the lock: the scratch is the engine's)."""
         nbytes = fields[1]
         if self._scratch.size < nbytes:
-            self._scratch = np.empty(max(nbytes, 2 * self._scratch.size), np.uint8)
+            self._scratch = np.empty(min(max(nbytes, 2 * self._scratch.size), _SCRATCH_BYTES), np.uint8)
         address = _ADDRESS.unpack_from(record, _FIELDS)[0]
         envelope = Envelope(source, self.ranks[source], fields, None, address)
         self._fetch(envelope, self._scratch)
