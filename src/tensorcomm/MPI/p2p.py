@@ -195,6 +195,35 @@ def _array(data: np.ndarray | bytes) -> np.ndarray:
     return np.frombuffer(data, np.uint8) if isinstance(data, bytes) else data
 
 
+def _came(look: Callable[[], bool], request: TransportRequest) -> bool:
+    """Whether ``look()`` or the transport's envelope ``request`` turned true within
+    ``_SPIN_POLLS`` looks (the cheapest a wait can make, without the engine's lock)."""
+    for _ in range(_SPIN_POLLS):  # noqa: SIM110 - a plain loop: no generator frame per look
+        if look() or request.done():
+            return True
+    return False
+
+
+class _Spin:
+    """A wait's spin: between rounds of looks that found nothing, the core is yielded, until
+    ``_SPIN_SECONDS`` after the first such round."""
+
+    __slots__ = ("end",)
+
+    def __init__(self) -> None:
+        self.end = 0.0
+
+    def idle(self) -> bool:
+        """Yield the core after a round that found nothing; False once the spin is over."""
+        now = time.monotonic()
+        if not self.end:
+            self.end = now + _SPIN_SECONDS
+        elif now > self.end:
+            return False
+        os.sched_yield()
+        return True
+
+
 def _either(first: Callable[[], bool], second: Callable[[], bool]) -> Callable[[], bool]:
     return lambda: first() or second()
 
@@ -418,8 +447,7 @@ class Engine:
                 or not (0 <= tag <= TAG_UB or tag == ANY_TAG) or mailbox is None):
             return None
         pending = mailbox.pending
-        spins = 0
-        end = 0.0
+        spin = _Spin()
         while True:
             with self.lock:
                 if self.arrived or self.posted or self._early or self._owed:
@@ -442,17 +470,8 @@ class Engine:
                 request = self._request
                 if request.done():
                     return None
-            for _ in range(_SPIN_POLLS):  # the cheapest looks, without the lock
-                if pending(source) or request.done():
-                    break
-            spins += 1
-            if spins > 1:
-                now = time.monotonic()
-                if not end:
-                    end = now + _SPIN_SECONDS
-                elif now > end:
-                    return None
-                os.sched_yield()
+            if not _came(lambda: pending(source), request) and not spin.idle():
+                return None
         value = unpickle(record[_FIELDS:]) if fields[1] else None
         return value, fields[0], fields[1]
 
@@ -610,32 +629,21 @@ class Engine:
             time.sleep(0.0005)
 
     def _spin(self, ready: Callable[[], bool], source: int) -> bool:
-        """Poll until ``ready()`` (True) or ``_SPIN_SECONDS`` passed (False), yielding the core
-        after the first ``_SPIN_POLLS`` polls. Between full polls it looks only at what can
-        bring ``source``'s message (its ring, or any ring for ``ANY_SOURCE``, and the
-        transport's next envelope), ``_SPIN_POLLS`` times at most."""
+        """Poll until ``ready()`` (True) or the spin is over (False, ``_Spin``). Between full
+        polls it looks only at what can bring ``source``'s message (its ring, or any ring for
+        ``ANY_SOURCE``, and the transport's next envelope), ``_SPIN_POLLS`` times at most."""
         mailbox = self._mailbox
         assert mailbox is not None
         look = mailbox.waiting if source == ANY_SOURCE else lambda: mailbox.pending(source)
-        spins = 0
-        end = 0.0
+        spin = _Spin()
         while True:
             with self.lock:
                 self._poll()
                 if ready():
                     return True
                 request = self._request
-            for _ in range(_SPIN_POLLS):
-                if look() or request.done():
-                    break
-            spins += 1
-            if spins > 1:
-                now = time.monotonic()
-                if not end:
-                    end = now + _SPIN_SECONDS
-                elif now > end:
-                    return False
-                os.sched_yield()
+            if not _came(look, request) and not spin.idle():
+                return False
 
     def _me(self) -> int:
         return self.index[self.transport.rank]
