@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -37,11 +37,8 @@ from ..signature import UNCHECKED, creation, signature
 from ..trace import recorder
 from ..types import PremulSum, ReduceOp, ReduceOpLike
 from .engine import Engine
-from .group import Group
+from .group import Group, World
 from .persistent import Binding, Prequest
-
-if TYPE_CHECKING:
-    from .world import World
 
 log = logging.getLogger("tensorcomm.plan")
 

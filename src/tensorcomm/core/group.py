@@ -10,7 +10,7 @@ one ``Ctx`` per call from them.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ..algorithms.base import Ctx, Hierarchy, Plan, Team
@@ -18,7 +18,7 @@ from ..config import MAX_TIMEOUT
 from ..errors import CommError, ConcurrentUseError, GroupAbortedError, PeerLostError
 from ..trace import recorder
 from ..types import TransportKind
-from .elastic import agree
+from .elastic import Registry, agree
 from .engine import Engine
 from .split import split as split_by_color
 from .work import Work
@@ -28,8 +28,10 @@ AT_START = -2  # the record index ``_call`` gets for a call the recorder learns 
 ABORT_GRACE = 0.25  # seconds a call that lost a peer waits for the abort that may explain it
 
 if TYPE_CHECKING:
+    from ..rendezvous.init_method import Rendezvous
+    from ..transports.mpi.transport import MpiTransport
     from ..transports.shm.domain import ShmDomain
-    from .world import World
+    from ..transports.tcp.transport import TcpTransport
 
 
 class CallInfo(NamedTuple):
@@ -40,6 +42,38 @@ class CallInfo(NamedTuple):
     collective: str
     algorithm: str
     transport: str
+
+
+class World(Registry, Protocol):
+    """The world a group belongs to, as its groups and their users see it (``core.world.World``
+    is the one; named here so that ``group.py`` need not import ``world.py``, which imports it)."""
+
+    size: int
+    timeout: float
+    keep_going: bool
+    algorithms: dict[str, str]  # collective -> algorithm (``TENSORCOMM_ALGORITHMS``)
+    forked: RuntimeError | None  # set in a child forked from a rank
+    world_group: Group
+
+    @property
+    def transport(self) -> TcpTransport | MpiTransport: ...
+
+    @property
+    def rendezvous(self) -> Rendezvous: ...
+
+    def hosts_of(self, ranks: Sequence[int]) -> tuple[str, ...]: ...
+
+    def new_group(self, ranks: Sequence[int], name: str | None = None) -> Group: ...
+
+    def named_group(self, name: str) -> Group: ...
+
+    def adopt(self, ranks: tuple[int, ...], group_id: int, label: str, shm: ShmDomain | None) -> Group: ...
+
+    def forget(self, group: Group) -> None: ...
+
+    def segment_exchange(self, prefix: str, ranks: Sequence[int],
+                         abandon: Callable[[], str | None] | None = None) -> tuple[
+            Callable[[str], None], Callable[[float], str | None], Callable[[], str | None]]: ...
 
 
 class Group:
@@ -285,7 +319,10 @@ class Group:
             ValueError: this process is not a member, or a value does not fit in 64 bits.
             CollectiveMismatchError: another member made a different call at this step.
         """
-        return split_by_color(Inside(self._target()), color, key)
+        target = self._target()
+        world = target._world
+        members = split_by_color(Inside(target), color, key, world.algorithms.get("all_gather"))
+        return None if members is None else world.new_group(members)
 
     def shrink(self, timeout: float | None = None) -> Group:
         """Agree with the other live members on who is left, and return a new group of them.
@@ -364,7 +401,7 @@ class Inside:
     """A group as the core's other modules use it (split, shared arrays, point-to-point, the
     world, persistent requests and their bound runs): the group's internal interface, so that
     they name what they use instead of reading and writing its private fields (``inside(group)``;
-    ``Group.split`` hands one to ``split.py``, which ``group.py`` imports). The collectives, on the
+    ``Group.split`` hands one to ``split.py`` as its ``Parent``). The collectives, on the
     per-call path, use the names ``collectives.Caller`` lists instead (no hop through this
     object), as do bound runs of persistent requests for what they touch on every run.
     """

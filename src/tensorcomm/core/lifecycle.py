@@ -252,7 +252,7 @@ class _WorldHandle(Group):
 
     @property
     def _world(self) -> World:  # type: ignore[override]
-        return self._target()._world
+        return current_world()  # the world group's world
 
     @property
     def _group_id(self) -> int:  # type: ignore[override]
