@@ -104,6 +104,7 @@ class Group:
         self._shrinks = 0  # calls of shrink() so far: the members match them by this count
         self._last_plan: Plan | None = None  # the plan of the latest call that ran (last_call)
         self._requests: weakref.WeakSet[Request] = weakref.WeakSet()  # persistent calls made on it
+        self._inside = Inside(self)  # what the core's modules use of it (``inside``)
 
     # The WORLD handle overrides this to follow whichever world is current.
     def _target(self) -> Group:
@@ -321,7 +322,7 @@ class Group:
         """
         target = self._target()
         world = target._world
-        members = split_by_color(Inside(target), color, key, world.algorithms.get("all_gather"))
+        members = split_by_color(target._inside, color, key, world.algorithms.get("all_gather"))
         return None if members is None else world.new_group(members)
 
     def shrink(self, timeout: float | None = None) -> Group:
@@ -394,22 +395,35 @@ class Request(Protocol):
 
 def inside(group: Group) -> Inside:
     """``group`` as tensorcomm's own core uses it (``Inside``)."""
-    return Inside(group._target())
+    return group._target()._inside
 
 
 class Inside:
-    """A group as the core's other modules use it (split, shared arrays, point-to-point, the
-    world, persistent requests and their bound runs): the group's internal interface, so that
-    they name what they use instead of reading and writing its private fields (``inside(group)``;
-    ``Group.split`` hands one to ``split.py`` as its ``Parent``). The collectives, on the
-    per-call path, use the names ``collectives.Caller`` lists instead (no hop through this
-    object), as do bound runs of persistent requests for what they touch on every run.
+    """A group as the core's other modules use it (the collectives' descriptions, split, shared
+    arrays, point-to-point, the world, persistent requests and their bound runs): the group's
+    internal interface, so that they name what they use instead of reading and writing its
+    private fields (``inside(group)``). Made once, with the group: ``plans`` is the group's own
+    dictionary and ``run`` its bound ``_run``, so a collective's call reads them as it would
+    the group's (``collectives.Caller``). Bound runs of persistent requests keep what they touch
+    on every run.
+
+    Attributes:
+        group: the group.
+        plans: the plans kept per call shape (``Group._keep_plan``).
+        run: ``run(plan, async_op, *args)``: run ``plan`` on ``args`` in the group's issue order,
+            returning a ``Work`` for ``async_op`` (``Group._run``).
     """
 
-    __slots__ = ("group",)
+    __slots__ = ("group", "plans", "run")
 
     def __init__(self, group: Group) -> None:
         self.group = group
+        self.plans: dict[Hashable, Plan] = group._plans  # never reassigned: cleared in place
+        self.run: Callable[..., Work | Any] = group._run
+
+    @property
+    def name(self) -> str:
+        return self.group._name
 
     @property
     def world(self) -> World:
@@ -433,11 +447,6 @@ class Inside:
         return self.group._shm
 
     @property
-    def plans(self) -> dict[Hashable, Plan]:
-        """The plans kept per call shape (``Group._keep_plan``)."""
-        return self.group._plans
-
-    @property
     def requests(self) -> weakref.WeakSet[Request]:
         """The persistent requests made on the group."""
         return self.group._requests
@@ -448,9 +457,6 @@ class Inside:
 
     def keep_plan(self, key: Hashable, plan: Plan) -> Plan:
         return self.group._keep_plan(key, plan)
-
-    def run(self, plan: Plan, async_op: bool, *args: Any) -> Work | Any:
-        return self.group._run(plan, async_op, *args)
 
     def now(self, plan: Plan, args: tuple[Any, ...]) -> Any:
         """Run ``plan`` blocking, in issue order (``Group._now``)."""
