@@ -221,7 +221,9 @@ class Group:
         return plan
 
     def _run(self, plan: Plan, async_op: bool, *args: Any) -> Work | Any:
-        """Run ``plan``'s algorithm on ``args`` in this group's issue order (``_execute`` runs it).
+        """Run ``plan``'s algorithm on ``args`` in this group's issue order (``_execute`` runs it):
+        a blocking call now, on this thread, unless a call runs or waits ahead of it (then it
+        queues, and this thread waits for it: ``_submit``); an ``async_op`` call queued.
 
         A call that fails ends the group on every member (see ``_failed``).
         """
@@ -230,23 +232,18 @@ class Group:
         if team is None:
             raise target._not_member(target._world.rank)
         if not async_op:
-            return target._now(plan, args)
+            engine = target._engine
+            seq = engine.enter()
+            if seq < 0:
+                return target._submit((target, plan, args, AT_START), False)
+            try:
+                return _execute(seq, target, plan, args, AT_START)
+            finally:
+                engine.leave()
         # a blocking call is recorded as it starts (``_execute``), a queued one now
         work = target._submit((target, plan, args, recorder.issue(team, plan)), True)
         work.algorithm, work.transport = plan.algorithm, recorder.transport_name(team)
         return work
-
-    def _now(self, plan: Plan, args: tuple[Any, ...]) -> Any:
-        """Run a blocking call of ``plan`` on ``args`` now, on this thread, unless a call runs
-        or waits ahead of it (then it queues, and this thread waits for it: ``_submit``)."""
-        engine = self._engine
-        seq = engine.enter()
-        if seq < 0:
-            return self._submit((self, plan, args, AT_START), False)
-        try:
-            return _execute(seq, self, plan, args, AT_START)
-        finally:
-            engine.leave()
 
     def _submit(self, job: Job, async_op: bool, defer: bool = False) -> Work | Any:
         """Hand ``job`` (``_call``'s) to the engine (``Engine.submit``); a call from a second
@@ -459,8 +456,8 @@ class Inside:
         return self.group._keep_plan(key, plan)
 
     def now(self, plan: Plan, args: tuple[Any, ...]) -> Any:
-        """Run ``plan`` blocking, in issue order (``Group._now``)."""
-        return self.group._now(plan, args)
+        """Run ``plan`` blocking, in issue order (``Group._run``)."""
+        return self.run(plan, False, *args)
 
     def queue(self, plan: Plan, args: tuple[Any, ...]) -> Work:
         """Issue ``plan`` deferred: queued now, run when this thread next waits or calls."""
