@@ -1,5 +1,5 @@
 """``core.bound``: a persistent call's bound round, made of its owners' steps, against the
-ordinary path (``Group._now``, ``_execute``, the algorithm): a run of each leaves the same traces
+ordinary path (``Group._run``, ``_execute``, the algorithm): a run of each leaves the same traces
 in the engine, the recorder, the domain and the control area, members on either path meet, the
 round checks what the algorithm checks, and ``start()`` posts this rank's part at once, its rest
 run by ``wait()`` or by the group's next call."""
@@ -64,7 +64,7 @@ def _traces(request: tc.Prequest) -> dict[str, Any]:
 
 def body_traces(name: str) -> list[str]:
     """The request's runs rotate between the bound round in one frame (``run_round``), the
-    ordinary path of a blocking call (``Group._now``) and the round in two halves (``start()``
+    ordinary path of a blocking call (``Group._run``) and the round in two halves (``start()``
     then ``wait()``); each run's traces must equal the one before's."""
     rank, size = tc.get_rank(), tc.get_world_size()
     x = np.full(4 * size, rank, np.float32)

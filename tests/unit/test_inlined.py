@@ -70,17 +70,19 @@ def test_functional_all_reduce_takes_its_fast_path_exactly_for_plain_arrays() ->
 
 
 class _Group:
-    """As much of a group as a collective's plan lookup touches: the plan under ``key``."""
+    """As much of a group as a collective's plan lookup touches: the plan under ``key`` (the
+    group is its own ``Caller``)."""
 
     def __init__(self, key: Any) -> None:
         self.plan = SimpleNamespace(op="parsed op")
-        self._plans = {key: self.plan}
+        self.plans = {key: self.plan}
+        self._inside = self
         self.ran: tuple[Any, ...] = ()
 
-    def _keep_plan(self, key: Any, plan: Any) -> Any:
+    def keep_plan(self, key: Any, plan: Any) -> Any:
         raise AssertionError(f"no plan under the original's key; the inline made {key!r}")
 
-    def _run(self, plan: Any, async_op: bool, *args: Any) -> None:
+    def run(self, plan: Any, async_op: bool, *args: Any) -> None:
         assert plan is self.plan
         self.ran = args
 

@@ -20,7 +20,7 @@ group's next call. A round whose algorithm may go on with more rounds (``OneRoun
 all_to_all, where a peer's block does not fit one slot) is not parked: its peers would wait for
 rounds nobody runs until then. Whatever cannot run so (a call queued or parked ahead, the group
 stopped, a plan not bound as one round, that all_to_all) goes the ordinary way:
-``run_ordinary`` (``Group._now``), or ``queue``: the engine's queue, deferred.
+``run_ordinary`` (``Group._run``), or ``queue``: the engine's queue, deferred.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class Bound:
         self.one = None
 
     def run_ordinary(self) -> None:
-        """Run the call now the ordinary way (``Group._now``), when ``run_round`` cannot."""
+        """Run the call now the ordinary way (``Group._run``), when ``run_round`` cannot."""
         inside(self._group).now(self._plan, self._args)
 
     def run_round(self) -> bool:

@@ -2,7 +2,8 @@
 ``MPIX_Comm_shrink``).
 
 Owns the protocol below. Imports ``errors`` only (the world and its store, transport and
-shared-memory set-up are handed in); ``core/group.py`` turns the agreement into a ``Group``.
+shared-memory set-up are handed in as a ``Registry``, which ``core.world.World`` is);
+``core/group.py`` turns the agreement into a ``Group``.
 
 The survivors agree through the world's store, which must outlive the ranks that fail (the
 launcher's, or one passed to ``init(store=...)``; a store rank 0 hosts dies with it, as does the
@@ -43,19 +44,37 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import ExcludedError, RendezvousError
 
 if TYPE_CHECKING:
+    from ..rendezvous.store import Store
     from ..transports.shm.domain import ShmDomain
-    from .world import World
 
 log = logging.getLogger("tensorcomm.elastic")
 
 POLL_FIRST, POLL_MAX = 0.001, 0.02  # seconds between looks at the store, doubling
+
+
+class Registry(Protocol):
+    """The world as a shrink uses it (``core.world.World``): its store and this rank, which
+    peers it knows lost, fresh group ids and new groups' shared memory."""
+
+    rank: int
+
+    @property
+    def store(self) -> Store: ...
+
+    def lost_peers(self, ranks: frozenset[int]) -> frozenset[int]: ...
+
+    def take_group_id(self) -> int: ...
+
+    def open_shared_memory(self, ranks: tuple[int, ...], group_id: int, name: str,
+                           abandon: Callable[[], str | None] | None = None,
+                           timeout: float | None = None) -> ShmDomain | None: ...
 
 
 @dataclass(frozen=True)
@@ -83,7 +102,7 @@ def choose(members: Sequence[int], arrived: Mapping[int, frozenset[int]], lost: 
     return tuple(kept)
 
 
-def agree(world: World, group_id: int, n: int, members: Sequence[int], name: str,
+def agree(world: Registry, group_id: int, n: int, members: Sequence[int], name: str,
           timeout: float) -> Agreement:
     """Run the n-th shrink of group ``group_id`` (of ``members``, named ``name``) on this rank.
 
@@ -112,7 +131,7 @@ def _rank_list(text: str) -> tuple[int, ...]:
 class _Shrink:
     """One member's side of one shrink (see the module docstring)."""
 
-    def __init__(self, world: World, group_id: int, n: int, members: tuple[int, ...], name: str,
+    def __init__(self, world: Registry, group_id: int, n: int, members: tuple[int, ...], name: str,
                  timeout: float) -> None:
         self.world = world
         self.store = world.store

@@ -10,7 +10,7 @@ one ``Ctx`` per call from them.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ..algorithms.base import Ctx, Hierarchy, Plan, Team
@@ -18,7 +18,7 @@ from ..config import MAX_TIMEOUT
 from ..errors import CommError, ConcurrentUseError, GroupAbortedError, PeerLostError
 from ..trace import recorder
 from ..types import TransportKind
-from .elastic import agree
+from .elastic import Registry, agree
 from .engine import Engine
 from .split import split as split_by_color
 from .work import Work
@@ -28,8 +28,10 @@ AT_START = -2  # the record index ``_call`` gets for a call the recorder learns 
 ABORT_GRACE = 0.25  # seconds a call that lost a peer waits for the abort that may explain it
 
 if TYPE_CHECKING:
+    from ..rendezvous.init_method import Rendezvous
+    from ..transports.mpi.transport import MpiTransport
     from ..transports.shm.domain import ShmDomain
-    from .world import World
+    from ..transports.tcp.transport import TcpTransport
 
 
 class CallInfo(NamedTuple):
@@ -40,6 +42,38 @@ class CallInfo(NamedTuple):
     collective: str
     algorithm: str
     transport: str
+
+
+class World(Registry, Protocol):
+    """The world a group belongs to, as its groups and their users see it (``core.world.World``
+    is the one; named here so that ``group.py`` need not import ``world.py``, which imports it)."""
+
+    size: int
+    timeout: float
+    keep_going: bool
+    algorithms: dict[str, str]  # collective -> algorithm (``TENSORCOMM_ALGORITHMS``)
+    forked: RuntimeError | None  # set in a child forked from a rank
+    world_group: Group
+
+    @property
+    def transport(self) -> TcpTransport | MpiTransport: ...
+
+    @property
+    def rendezvous(self) -> Rendezvous: ...
+
+    def hosts_of(self, ranks: Sequence[int]) -> tuple[str, ...]: ...
+
+    def new_group(self, ranks: Sequence[int], name: str | None = None) -> Group: ...
+
+    def named_group(self, name: str) -> Group: ...
+
+    def adopt(self, ranks: tuple[int, ...], group_id: int, label: str, shm: ShmDomain | None) -> Group: ...
+
+    def forget(self, group: Group) -> None: ...
+
+    def segment_exchange(self, prefix: str, ranks: Sequence[int],
+                         abandon: Callable[[], str | None] | None = None) -> tuple[
+            Callable[[str], None], Callable[[float], str | None], Callable[[], str | None]]: ...
 
 
 class Group:
@@ -70,6 +104,7 @@ class Group:
         self._shrinks = 0  # calls of shrink() so far: the members match them by this count
         self._last_plan: Plan | None = None  # the plan of the latest call that ran (last_call)
         self._requests: weakref.WeakSet[Request] = weakref.WeakSet()  # persistent calls made on it
+        self._inside = Inside(self)  # what the core's modules use of it (``inside``)
 
     # The WORLD handle overrides this to follow whichever world is current.
     def _target(self) -> Group:
@@ -186,7 +221,9 @@ class Group:
         return plan
 
     def _run(self, plan: Plan, async_op: bool, *args: Any) -> Work | Any:
-        """Run ``plan``'s algorithm on ``args`` in this group's issue order (``_execute`` runs it).
+        """Run ``plan``'s algorithm on ``args`` in this group's issue order (``_execute`` runs it):
+        a blocking call now, on this thread, unless a call runs or waits ahead of it (then it
+        queues, and this thread waits for it: ``_submit``); an ``async_op`` call queued.
 
         A call that fails ends the group on every member (see ``_failed``).
         """
@@ -195,23 +232,18 @@ class Group:
         if team is None:
             raise target._not_member(target._world.rank)
         if not async_op:
-            return target._now(plan, args)
+            engine = target._engine
+            seq = engine.enter()
+            if seq < 0:
+                return target._submit((target, plan, args, AT_START), False)
+            try:
+                return _execute(seq, target, plan, args, AT_START)
+            finally:
+                engine.leave()
         # a blocking call is recorded as it starts (``_execute``), a queued one now
         work = target._submit((target, plan, args, recorder.issue(team, plan)), True)
         work.algorithm, work.transport = plan.algorithm, recorder.transport_name(team)
         return work
-
-    def _now(self, plan: Plan, args: tuple[Any, ...]) -> Any:
-        """Run a blocking call of ``plan`` on ``args`` now, on this thread, unless a call runs
-        or waits ahead of it (then it queues, and this thread waits for it: ``_submit``)."""
-        engine = self._engine
-        seq = engine.enter()
-        if seq < 0:
-            return self._submit((self, plan, args, AT_START), False)
-        try:
-            return _execute(seq, self, plan, args, AT_START)
-        finally:
-            engine.leave()
 
     def _submit(self, job: Job, async_op: bool, defer: bool = False) -> Work | Any:
         """Hand ``job`` (``_call``'s) to the engine (``Engine.submit``); a call from a second
@@ -285,7 +317,10 @@ class Group:
             ValueError: this process is not a member, or a value does not fit in 64 bits.
             CollectiveMismatchError: another member made a different call at this step.
         """
-        return split_by_color(Inside(self._target()), color, key)
+        target = self._target()
+        world = target._world
+        members = split_by_color(target._inside, color, key, world.algorithms.get("all_gather"))
+        return None if members is None else world.new_group(members)
 
     def shrink(self, timeout: float | None = None) -> Group:
         """Agree with the other live members on who is left, and return a new group of them.
@@ -357,22 +392,35 @@ class Request(Protocol):
 
 def inside(group: Group) -> Inside:
     """``group`` as tensorcomm's own core uses it (``Inside``)."""
-    return Inside(group._target())
+    return group._target()._inside
 
 
 class Inside:
-    """A group as the core's other modules use it (split, shared arrays, point-to-point, the
-    world, persistent requests and their bound runs): the group's internal interface, so that
-    they name what they use instead of reading and writing its private fields (``inside(group)``;
-    ``Group.split`` hands one to ``split.py``, which ``group.py`` imports). The collectives, on the
-    per-call path, use the names ``collectives.Caller`` lists instead (no hop through this
-    object), as do bound runs of persistent requests for what they touch on every run.
+    """A group as the core's other modules use it (the collectives' descriptions, split, shared
+    arrays, point-to-point, the world, persistent requests and their bound runs): the group's
+    internal interface, so that they name what they use instead of reading and writing its
+    private fields (``inside(group)``). Made once, with the group: ``plans`` is the group's own
+    dictionary and ``run`` its bound ``_run``, so a collective's call reads them as it would
+    the group's (``collectives.Caller``). Bound runs of persistent requests keep what they touch
+    on every run.
+
+    Attributes:
+        group: the group.
+        plans: the plans kept per call shape (``Group._keep_plan``).
+        run: ``run(plan, async_op, *args)``: run ``plan`` on ``args`` in the group's issue order,
+            returning a ``Work`` for ``async_op`` (``Group._run``).
     """
 
-    __slots__ = ("group",)
+    __slots__ = ("group", "plans", "run")
 
     def __init__(self, group: Group) -> None:
         self.group = group
+        self.plans: dict[Hashable, Plan] = group._plans  # never reassigned: cleared in place
+        self.run: Callable[..., Work | Any] = group._run
+
+    @property
+    def name(self) -> str:
+        return self.group._name
 
     @property
     def world(self) -> World:
@@ -396,11 +444,6 @@ class Inside:
         return self.group._shm
 
     @property
-    def plans(self) -> dict[Hashable, Plan]:
-        """The plans kept per call shape (``Group._keep_plan``)."""
-        return self.group._plans
-
-    @property
     def requests(self) -> weakref.WeakSet[Request]:
         """The persistent requests made on the group."""
         return self.group._requests
@@ -412,12 +455,9 @@ class Inside:
     def keep_plan(self, key: Hashable, plan: Plan) -> Plan:
         return self.group._keep_plan(key, plan)
 
-    def run(self, plan: Plan, async_op: bool, *args: Any) -> Work | Any:
-        return self.group._run(plan, async_op, *args)
-
     def now(self, plan: Plan, args: tuple[Any, ...]) -> Any:
-        """Run ``plan`` blocking, in issue order (``Group._now``)."""
-        return self.group._now(plan, args)
+        """Run ``plan`` blocking, in issue order (``Group._run``)."""
+        return self.run(plan, False, *args)
 
     def queue(self, plan: Plan, args: tuple[Any, ...]) -> Work:
         """Issue ``plan`` deferred: queued now, run when this thread next waits or calls."""

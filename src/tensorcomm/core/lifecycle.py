@@ -33,7 +33,7 @@ from ..errors import AuthenticationError, RendezvousError
 from ..rendezvous.init_method import Rendezvous, from_store, meets_through_mpi, rendezvous
 from ..rendezvous.store import Store
 from .collectives import barrier
-from .group import Group
+from .group import Group, Inside
 from .world import World
 
 SERVER_KEY = "tensorcomm/server"  # on a store rank 0 hosts: the generation it was made for
@@ -252,7 +252,11 @@ class _WorldHandle(Group):
 
     @property
     def _world(self) -> World:  # type: ignore[override]
-        return self._target()._world
+        return current_world()  # the world group's world
+
+    @property
+    def _inside(self) -> Inside:  # type: ignore[override]
+        return self._target()._inside
 
     @property
     def _group_id(self) -> int:  # type: ignore[override]

@@ -66,12 +66,15 @@ class Driving:
             self._wanted += 1
             try:
                 while True:
-                    if done():
-                        return True
-                    if not self._driving:  # past the deadline too: drive (and poll) once more
+                    # Free to drive: ``_drive`` asks ``done()`` before it polls (the caller
+                    # asked it just now, before this call). Past the deadline too: drive (and
+                    # poll) once more.
+                    if not self._driving:
                         self._driving = True
                         self.driver = threading.get_ident()
                         break
+                    if done():
+                        return True
                     if self._background_driving and not self._yield:
                         self._yield = True
                         self.poke()
