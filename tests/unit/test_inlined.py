@@ -96,7 +96,8 @@ def _same_arrays(found: tuple[Any, ...], expected: tuple[Any, ...]) -> bool:
 
 @pytest.mark.parametrize("shape", [(8,), (2, 4), (2, 2, 2), (1,)])
 def test_core_collectives_find_their_plans_under_the_originals_keys(shape: tuple[int, ...]) -> None:
-    """``_flat`` and ``_op_key`` inlined in ``core.collectives``: the same key, the same flat arrays."""
+    """``_flat`` and ``_op_key`` inlined in ``core.collectives`` (all_reduce; reduce_scatter's key):
+    the same key, the same flat arrays."""
     flat, key_of = collectives._flat, collectives._op_key
     counts = (4, 4) if int(np.prod(shape)) == 8 else (1,)
     with mock.patch.object(collectives, "_reduction", side_effect=AssertionError("plan missed")), \
@@ -230,8 +231,8 @@ def test_a_data_frame_completes_its_request_as_finish_does() -> None:
                                _role=inline_role)
         Link._end(link)  # type: ignore[arg-type]
         original.finish(3)
-        assert (inline.source, inline._done, inline._error) == \
-            (original.source, original._done, original._error)
+        assert (inline.source, inline.finished, inline._error) == \
+            (original.source, original.finished, original._error)
         assert _woken(inline_role) == _woken(original_role), vars(original_role)
 
 
@@ -308,7 +309,7 @@ def test_slots_start_is_announce_then_meet(mismatch: bool) -> None:
 
 # Where the copies are (a comment naming the original, then "inline"), and how many each module
 # holds: a new copy, or one moved, must come with its test here.
-PINNED = {"algorithms/allreduce.py": 1, "algorithms/shm_allreduce.py": 1, "core/collectives.py": 5,
+PINNED = {"algorithms/allreduce.py": 1, "algorithms/shm_allreduce.py": 1, "core/collectives.py": 2,
           "transports/shm/slots.py": 1,
           "frontends/functional.py": 1, "transports/tcp/driving.py": 1, "transports/tcp/link.py": 2,
           "transports/tcp/transport.py": 2}

@@ -197,8 +197,7 @@ def reduce(group: Runs[R], x: np.ndarray, root: int, op: ReduceOpLike, async_op:
 def broadcast(group: Runs[R], x: np.ndarray, root: int, async_op: bool) -> R:
     """Copy group rank ``root``'s ``x`` into every member's."""
     its = group._inside
-    if x.ndim != 1:  # ``_flat`` inline: the small-call path
-        x = x.reshape(-1)
+    x = _flat(x)
     key = ("broadcast", x.dtype, x.size, root)
     plan = its.plans.get(key)
     if plan is None:
@@ -213,10 +212,7 @@ def all_gather(group: Runs[R], send: np.ndarray, out: np.ndarray, counts: Sequen
     ``q``, back to back) on every member."""
     its = group._inside
     counts = tuple(counts)
-    if send.ndim != 1:  # ``_flat`` inline: the small-call path
-        send = send.reshape(-1)
-    if out.ndim != 1:
-        out = out.reshape(-1)
+    send, out = _flat(send), _flat(out)
     key = ("all_gather", send.dtype, counts)
     plan = its.plans.get(key)
     if plan is None:
@@ -263,10 +259,8 @@ def reduce_scatter(group: Runs[R], send: np.ndarray, out: np.ndarray, counts: Se
     ``q``'s ``out``."""
     its = group._inside
     counts = tuple(counts)
-    if send.ndim != 1:  # ``_flat`` and ``_op_key`` inline: the small-call path
-        send = send.reshape(-1)
-    if out.ndim != 1:
-        out = out.reshape(-1)
+    send, out = _flat(send), _flat(out)
+    # ``_op_key`` inline: the small-call path
     key = ("reduce_scatter", send.dtype, counts, op._value_ if type(op) is ReduceOp else _op_key(op))
     plan = its.plans.get(key)
     if plan is None:
@@ -284,10 +278,7 @@ def all_to_all(group: Runs[R], send: np.ndarray, send_counts: Sequence[int], out
     """
     its = group._inside
     send_counts, recv_counts = tuple(send_counts), tuple(recv_counts)
-    if send.ndim != 1:  # ``_flat`` inline: the small-call path
-        send = send.reshape(-1)
-    if out.ndim != 1:
-        out = out.reshape(-1)
+    send, out = _flat(send), _flat(out)
     key = ("all_to_all", send.dtype, send_counts, recv_counts)
     plan = its.plans.get(key)
     if plan is None:

@@ -45,9 +45,14 @@ class MessageRequest:
 
     ``poll`` (MPI, where no thread moves messages on its own): what ``done`` calls to make
     progress before it answers. A request with no ``driver`` is made finished.
+
+    Attributes:
+        finished: its outcome is in (set by ``finish``, or by a TCP link that has just written
+            a received message into ``out``, which then calls its driver's ``completed``).
+        source: the rank the message came from (a receive from any rank learns it then).
     """
 
-    __slots__ = ("peer", "tag", "out", "signature", "source", "_done", "_error", "_driver", "_poll")
+    __slots__ = ("peer", "tag", "out", "signature", "source", "finished", "_error", "_driver", "_poll")
 
     def __init__(self, driver: Driver | None, peer: int, tag: int, out: memoryview | None = None,
                  signature: Signature | None = None, poll: Callable[[], None] | None = None) -> None:
@@ -56,27 +61,27 @@ class MessageRequest:
         self.out = out  # a receive's buffer; None for a send
         self.signature = signature
         self.source = peer
-        self._done = False
+        self.finished = False
         self._error: BaseException | None = None
         self._driver = driver
         self._poll = poll
 
     def finish(self, source: int, error: BaseException | None = None) -> None:
         """Finish the request (the first outcome stays) and wake its waiter."""
-        if not self._done:
+        if not self.finished:
             self.source = source
             self._error = error
-            self._done = True
+            self.finished = True
         if self._driver is not None:
             self._driver.completed()
 
     def done(self) -> bool:
-        if not self._done and self._poll is not None:
+        if not self.finished and self._poll is not None:
             self._poll()
-        return self._done
+        return self.finished
 
     def wait(self, timeout: float | None = None) -> int:
-        if not self._done and (self._driver is None or not self._driver.run_until(self.done, timeout)):
+        if not self.finished and (self._driver is None or not self._driver.run_until(self.done, timeout)):
             who = "any rank" if self.peer == ANY_SOURCE else f"rank {self.peer}"
             what = "no message from" if self.out is not None else "no receive posted by"
             raise CommTimeoutError(f"{what} {who} within {timeout:g} s")
@@ -104,7 +109,7 @@ def finished(peer: int, error: BaseException | None = None) -> MessageRequest:
     """A request that is over already (sent at once, refused, or to this rank itself)."""
     request = MessageRequest(None, peer, 0)
     request._error = error
-    request._done = True
+    request.finished = True
     return request
 
 

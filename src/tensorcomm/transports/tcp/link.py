@@ -327,7 +327,7 @@ class Link:
             self.target = None
             if request is not None:  # ``request.finish``, inline on the hot path
                 request.source = peer
-                request._done = True
+                request.finished = True
                 role = self._role
                 if role.sleepers or role.driver != _get_ident():  # ``role.completed``'s test, inline
                     role.completed()
