@@ -447,6 +447,7 @@ class Engine:
                 or not (0 <= tag <= TAG_UB or tag == ANY_TAG) or mailbox is None):
             return None
         pending = mailbox.pending
+        look = lambda: pending(source)  # noqa: E731 - the spin's look, made once
         spin = _Spin()
         while True:
             with self.lock:
@@ -470,7 +471,7 @@ class Engine:
                 request = self._request
                 if request.done():
                     return None
-            if not _came(lambda: pending(source), request) and not spin.idle():
+            if not _came(look, request) and not spin.idle():
                 return None
         value = unpickle(record[_FIELDS:]) if fields[1] else None
         return value, fields[0], fields[1]
