@@ -202,8 +202,9 @@ class Link:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def read(self) -> None:
-        """Read what the socket has (up to a budget), completing frames as they end (driver only).
+    def read(self) -> bool:
+        """Read what the socket has (up to a budget) until a data frame ends (driver only);
+        return whether one did (more may be waiting).
 
         Raises:
             OSError, framing.BadFrame: the link is broken; the driver fails it.
@@ -216,7 +217,7 @@ class Link:
                 try:
                     n = sock.recv_into(self.header[self.header_got:], 0, _MSG_DONTWAIT)
                 except BlockingIOError:
-                    return
+                    return False
                 if n == 0:
                     if self.header_got:
                         raise ConnectionError(f"connection closed after {self.header_got} bytes of a header")
@@ -228,10 +229,10 @@ class Link:
                 kind, tag, nbytes, signature, self.opened = self.sealer.open_header(self.header.tobytes())
                 self._begin(kind, tag, nbytes, signature)
                 if self.kind and self.got == self.nbytes:
-                    filled = self.request is not None
+                    data = self.kind == framing.KIND_DATA
                     self._end()
-                    if filled and not self._match.posted:  # see below
-                        return
+                    if data:  # see below
+                        return True
                 continue
             entry = self.entry
             if entry is not None and entry.request is not None and self.target is entry.data:
@@ -244,19 +245,22 @@ class Link:
                 else:
                     n = sock.recv_into(target[self.got:], min(want, budget), _MSG_DONTWAIT)
             except BlockingIOError:
-                return
+                return False
             if n == 0:
                 raise ConnectionError(f"connection closed after {self.got} of {self.nbytes} bytes")
             self.got += n
             budget -= n
             if self.got == self.nbytes:
-                filled = self.request is not None
+                data = self.kind == framing.KIND_DATA
                 self._end()
-                # The last posted receive is filled: its waiter goes on, and the peer's next
-                # frame (its next call's, often) waits in the socket for a receive to land in
-                # rather than being copied through the unexpected queue.
-                if filled and not self._match.posted:
-                    return
+                # A message is in: the driver looks at what it waited for before this socket
+                # again (the next poll says whether more came). The peer's next frame (its next
+                # call's, often) may so wait in the socket for a receive to land in rather than
+                # be copied through the unexpected queue, and no read of an empty socket is
+                # tried (a system call and an exception) after each message.
+                if data:
+                    return True
+        return False
 
     def _begin(self, kind: int, tag: int, nbytes: int, signature: Signature | None) -> None:
         """A header arrived: decide where its payload goes."""

@@ -66,7 +66,7 @@ from ..base import (
     group_of_tag,
 )
 from ..liveness import ProcessWatch
-from ..matching import Matching, MessageRequest, finished, misfit
+from ..matching import Batch, Matching, MessageRequest, finished, misfit
 from . import framing
 from .driving import NO_DEADLINE, Driving
 from .link import Link, Unexpected
@@ -207,8 +207,11 @@ class TcpTransport(Transport):
                 try:
                     if event & select.POLLOUT:
                         link.write()
-                    if event & _POLLIN:
-                        link.read()
+                    # One message per socket per poll (see ``Link.read``); all that came, on
+                    # the last look before the deadline.
+                    if event & _POLLIN and link.read() and last:
+                        while not link.closed and link.read():
+                            pass
                 except LinkAuthenticationError as exc:  # someone on the path: trust nothing more
                     if not self.role.closing:
                         self.link_failed(link, exc)
@@ -300,6 +303,54 @@ class TcpTransport(Transport):
         else:
             self.reject(request, source, error)  # type: ignore[arg-type]
         return request
+
+    def exchange(self, receives: Sequence[tuple[int, memoryview]], sends: Sequence[tuple[int, memoryview]],
+                 tag: int, signature: Signature | None = None) -> Batch:
+        """``Transport.exchange`` in one go: the call's signature noted once, the receives posted
+        under one hold of the lock, then each send sealed and written as ``isend`` does, then
+        the messages that came before their receive copied in. A receive whose message is still
+        arriving, one from this rank or any rank, and every request while a peer is lost or a
+        group aborted take ``irecv``'s or ``isend``'s own way."""
+        if tag >> STEP_BITS != self._noted and signature is not None:
+            mismatch = self._note_call(tag, signature)
+            if mismatch is not None:
+                return Batch(self.role, [finished(peer, mismatch) for peer, _ in (*receives, *sends)])
+        links, match, role, rank = self._links, self.match, self.role, self.rank
+        for peer, _ in receives:
+            if peer not in links and peer != rank and peer >= 0:
+                self._open(peer)  # the link that brings the message, and says if the peer dies
+        requests: list[MessageRequest] = []
+        slow, early = [], []
+        with self.lock:
+            plain = not (match.aborted or match.aborted_groups or match.lost)
+            queued = match.unexpected
+            for peer, out in receives:
+                if not plain or peer == rank or peer < 0:
+                    slow.append((peer, out))
+                    continue
+                request = MessageRequest(role, peer, tag, out.cast("B") if out.format != "B" else out,
+                                         signature)
+                if queued and (peer, tag) in queued:
+                    if not queued[(peer, tag)][0].complete:
+                        slow.append((peer, out))
+                        continue
+                    early.append((request, match.take_unexpected(peer, tag)[1]))
+                else:
+                    match.post(peer, tag, request)
+                requests.append(request)
+        fields = signature or NO_SIGNATURE
+        for peer, data in sends:
+            link = links.get(peer)
+            if link is None or not plain or peer == rank:
+                requests.append(self.isend(peer, data, tag, signature))
+                continue
+            payload = data.cast("B")
+            header = _pack_header(framing.MAGIC, framing.KIND_DATA, tag, len(payload), *fields)
+            requests.append(link.send(header, payload, tag))  # type: ignore[arg-type]
+        for request, entry in early:
+            self.fill(request, request.peer, entry)  # type: ignore[arg-type]
+        requests += [self.irecv(peer, out, tag, signature) for peer, out in slow]
+        return Batch(role, requests)
 
     def _deliver(self, source: int, tag: int, data: memoryview, signature: Signature | None) -> None:
         """Hand a whole message to its posted receive, or queue it (a message to oneself)."""
