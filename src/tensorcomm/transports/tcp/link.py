@@ -86,6 +86,7 @@ class Owner(Protocol):
     match: Matching[MessageRequest, Unexpected]
     lock: threading.Lock
     role: Driving
+    unsettled: set[Link]  # links the driver must look at before it polls (``TcpTransport._settle``)
 
     def link_failed(self, link: Link, error: PeerLostError) -> None: ...
     def cause(self, request: MessageRequest, error: BaseException) -> BaseException: ...
@@ -104,7 +105,7 @@ class Link:
 
     __slots__ = ("peer", "sock", "sealer", "fd", "send_lock", "queue", "header", "header_got", "kind",
                  "tag", "nbytes", "got", "signature", "target", "request", "entry", "closed", "polled",
-                 "opened", "sent", "_transport", "_match", "_lock", "_role", "_discard")
+                 "opened", "sent", "_transport", "_match", "_lock", "_role", "_unsettled", "_discard")
 
     def __init__(self, peer: int, sock: socket.socket, sealer: Sealer, transport: Owner) -> None:
         self.peer = peer
@@ -129,6 +130,7 @@ class Link:
         self.sent = finished(peer)  # what a send the socket took whole at once returns (never changes)
         self._transport = transport
         self._match, self._lock, self._role = transport.match, transport.lock, transport.role
+        self._unsettled = transport.unsettled
         self._discard = memoryview(bytearray(0))
 
     # -- sending -------------------------------------------------------------------------------
@@ -167,6 +169,7 @@ class Link:
                     failure = PeerLostError(self.peer, f"send failed: {exc}")
             if gone is None and failure is None:
                 self.queue.append(item)
+                self._unsettled.add(self)  # the driver polls it for room from its next turn
         if failure is not None:
             self._transport.link_failed(self, failure)
         if gone is not None or failure is not None:

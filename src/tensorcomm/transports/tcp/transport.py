@@ -113,6 +113,9 @@ class TcpTransport(Transport):
         self._on_peer_lost = on_peer_lost
         self._spares: dict[int, list[np.ndarray]] = {}  # reusable unexpected-message buffers
         self._spare_bytes = 0
+        # Links the driver must look at before it polls: those with frames queued (added by the
+        # send that queues one) and new ones; the others stay registered for reading as they are.
+        self.unsettled: set[Link] = set()
         # Each peer's link to send on; every link, read by the driver; links by descriptor. The
         # last two are replaced, never changed, when a link is added (the driver reads them
         # without a lock).
@@ -147,6 +150,7 @@ class TcpTransport(Transport):
             self._by_fd = {**self._by_fd, link.fd: link}
             self._every = (*self._every, link)
             self._links.setdefault(peer, link)
+            self.unsettled.add(link)
         self.role.poke()
         return link
 
@@ -175,22 +179,14 @@ class TcpTransport(Transport):
         Once the deadline has passed the links are polled one last time without waiting: what
         arrived before it (while this thread was descheduled, say) is read, not taken for a timeout.
         """
-        poller = self._poller
+        poller, unsettled = self._poller, self.unsettled
         while not done():
-            by_fd, links = self._by_fd, self._every
+            by_fd = self._by_fd
             now = time.monotonic()
             wait = deadline - now
             last = wait <= 0
-            for link in links:
-                want = 0 if link.closed else _POLLIN | (select.POLLOUT if link.queue else 0)
-                if link.queue:
-                    wait = min(wait, link.queue[0].deadline - now)
-                if want != link.polled:
-                    if want:
-                        poller.register(link.fd, want)
-                    else:
-                        poller.unregister(link.fd)
-                    link.polled = want
+            if unsettled:
+                wait = self._settle(now, wait)
             if wait <= 0 and not last:
                 self._overdue(now)
                 continue
@@ -202,7 +198,10 @@ class TcpTransport(Transport):
                         self.role.drain_wake_ups()
                     continue
                 link = found
-                if link.closed:
+                if link.closed:  # nothing more to read or write: poll it no more
+                    if link.polled:
+                        poller.unregister(fd)
+                        link.polled = 0
                     continue
                 try:
                     if event & select.POLLOUT:
@@ -230,9 +229,31 @@ class TcpTransport(Transport):
                 return done()
         return True
 
+    def _settle(self, now: float, wait: float) -> float:
+        """Poll the links with frames queued for room to write too (for reading only once their
+        queue is empty, when they leave ``unsettled``), and new ones for reading; return ``wait``
+        cut to their oldest frame's deadline (driver only). Only these links are looked at: a
+        poll costs no Python work per idle link."""
+        poller, unsettled = self._poller, self.unsettled
+        for link in tuple(unsettled):
+            with link.send_lock:  # a send that queues a frame adds its link back under this lock
+                queue = link.queue
+                if not queue:
+                    unsettled.discard(link)
+            want = 0 if link.closed else _POLLIN | (select.POLLOUT if queue else 0)
+            if queue:
+                wait = min(wait, queue[0].deadline - now)
+            if want != link.polled:
+                if want:
+                    poller.register(link.fd, want)
+                else:
+                    poller.unregister(link.fd)
+                link.polled = want
+        return wait
+
     def _overdue(self, now: float) -> None:
         """Fail links whose oldest queued frame missed its deadline (driver only)."""
-        for link in self._every:
+        for link in tuple(self.unsettled):
             late = link.take_overdue(now)
             if late is None or link.peer in self.match.lost:
                 continue
