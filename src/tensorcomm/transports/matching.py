@@ -90,8 +90,8 @@ class MessageRequest:
 
 class Batch:
     """Message requests of one driver waited for as one (``Transport.exchange``): done once each
-    is, or once the first not finished without error has failed; ``wait`` raises the first failure in their
-    order, as waiting for each in turn would, and returns ``ANY_SOURCE``.
+    is, or once the first that is not done well has failed; ``wait`` raises the first failure in
+    their order, as waiting for each in turn would, and returns ``ANY_SOURCE``.
 
     ``done`` resumes where it stopped (``_next``), so the driver's every look at it costs one
     attribute read per request that finished since, not one per request.
