@@ -176,6 +176,14 @@ class TcpTransport(Transport):
 
     # -- the driver ----------------------------------------------------------------------------
 
+    def _drive(self, done: Callable[[], bool], deadline: float) -> bool:
+        """``_turns``, then every link parked meanwhile polled for reading again."""
+        try:
+            return self._turns(done, deadline)
+        finally:
+            if self._parked:
+                self._unpark()
+
     def defers(self, tag: int) -> bool:
         """Whether a data frame with ``tag`` whose receive is not posted may wait in its socket
         (``Link.read`` parks its link) rather than be read now and copied later: yes while a
@@ -198,15 +206,14 @@ class TcpTransport(Transport):
             self.unsettled.add(link)
         self._parked.clear()
 
-    def _drive(self, done: Callable[[], bool], deadline: float) -> bool:
+    def _turns(self, done: Callable[[], bool], deadline: float) -> bool:
         """Read and write every link until ``done()`` or ``deadline`` (driver only); return ``done()``.
-        The links parked meanwhile (``defers``) are polled for reading again from the next drive.
 
         Once the deadline has passed the links are polled one last time without waiting: what
         arrived before it (while this thread was descheduled, say) is read, not taken for a timeout.
         """
         poller, unsettled = self._poller, self.unsettled
-        parked, ended = self._parked, True
+        parked = self._parked
         while not done():
             by_fd = self._by_fd
             now = time.monotonic()
@@ -263,11 +270,8 @@ class TcpTransport(Transport):
             if not events:
                 self._overdue(time.monotonic())
             if last:
-                ended = done()
-                break
-        if parked:
-            self._unpark()
-        return ended
+                return done()
+        return True
 
     def _settle(self, now: float, wait: float) -> float:
         """Poll the links with frames queued for room to write too (for reading only once their
