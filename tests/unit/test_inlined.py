@@ -203,7 +203,7 @@ def _roles() -> list[Driving]:
                 for background in (False, True) if driving else (False,):
                     role = object.__new__(Driving)
                     role.sleepers, role._driving, role.driver = sleepers, driving, driver
-                    role.background_driving = background
+                    role._background_driving = background
                     role._state_lock = threading.Lock()
                     role._cv = mock.Mock()
                     role.poke = mock.Mock()  # type: ignore[method-assign]
@@ -223,7 +223,7 @@ def test_driving_completed_pokes_a_driving_caller_as_poke_elsewhere_does() -> No
         poked = role.poke.call_count  # type: ignore[attr-defined]
         role.poke.reset_mock()  # type: ignore[attr-defined]
         role.poke_elsewhere()
-        expected = 0 if role.background_driving else role.poke.call_count  # type: ignore[attr-defined]
+        expected = 0 if role._background_driving else role.poke.call_count  # type: ignore[attr-defined]
         assert poked == expected, vars(role)
 
 

@@ -24,8 +24,8 @@ from tensorcomm.rendezvous import gate
 from tensorcomm.rendezvous.auth import recv_exact
 from tensorcomm.rendezvous.store import HashStore
 from tensorcomm.signature import signature
-from tensorcomm.transports.base import ANY_SOURCE, collective_tag, encode_abort, p2p_tag
-from tensorcomm.transports.tcp import driving, framing, sealing
+from tensorcomm.transports.base import ANY_SOURCE, collective_tag, encode_abort
+from tensorcomm.transports.tcp import framing, sealing
 from tensorcomm.transports.tcp import mesh as mesh_module
 from tensorcomm.transports.tcp.sealing import Sealer
 from tensorcomm.transports.tcp.transport import TcpTransport
@@ -106,27 +106,17 @@ def test_size_mismatch_is_an_error_not_an_overflow(pair):
     assert out == bytearray(4)
 
 
-def callers_drive(transport: TcpTransport, monkeypatch) -> None:
-    """Keep the background thread from driving (it reads every frame at once, parking none)."""
-    monkeypatch.setattr(driving, "LINGER", 60.0)
-    transport.role.run_until(lambda: False, 0.01)  # the role, taken from the background thread
-
-
-@pytest.mark.parametrize("first", ["message", "parked", "receive"])
-def test_exchange_receives_and_sends_in_one_request(pair, first, monkeypatch):
-    """``exchange``: a message that came whole before its receive (copied in), one that waits in
-    its socket (parked) or one that comes after (read straight into it) fills it; the send goes
-    out sealed; one request waits for both."""
+@pytest.mark.parametrize("first", ["message", "receive"])
+def test_exchange_receives_and_sends_in_one_request(pair, first):
+    """``exchange``: a message that came before its receive (copied in) or after it (read
+    straight into it) fills it; the send goes out sealed; one request waits for both."""
     transport, peer = pair
-    callers_drive(transport, monkeypatch)
-    # A point-to-point message is read whole at once; a collective one of a call not begun waits.
-    tag = p2p_tag(0, 3) if first == "message" else collective_tag(0, 3, 0)
+    tag = collective_tag(0, 3, 0)
     mine = signature("all_to_all", np.dtype(np.float32), 2)
     out = bytearray(8)
-    if first != "receive":
+    if first == "message":
         peer.sendall(peer.frame(tag, b"theirs!!", mine))
-        assert transport.role.run_until(lambda: bool(transport.match.unexpected), 5)
-        assert transport.match.unexpected[(1, tag)][0].complete == (first == "message")
+        assert transport.role.run_until(lambda: bool(transport.match.unexpected), 5)  # queued whole
     request = transport.exchange([(1, memoryview(out))], [(1, memoryview(b"ours!!!!"))], tag, mine)
     if first == "receive":
         assert not request.done()
@@ -137,12 +127,11 @@ def test_exchange_receives_and_sends_in_one_request(pair, first, monkeypatch):
     assert (kind, got_tag, nbytes, sig, peer.recv(8)) == (framing.KIND_DATA, tag, 8, mine, b"ours!!!!")
 
 
-@pytest.mark.parametrize("first", ["message", "parked", "receive"])
-def test_exchange_fails_on_a_message_that_does_not_fit(pair, first, monkeypatch):
+@pytest.mark.parametrize("first", ["message", "receive"])
+def test_exchange_fails_on_a_message_that_does_not_fit(pair, first):
     transport, peer = pair
-    callers_drive(transport, monkeypatch)
-    tag = p2p_tag(0, 4) if first == "message" else collective_tag(0, 4, 0)
-    if first != "receive":
+    tag = collective_tag(0, 4, 0)
+    if first == "message":
         peer.sendall(peer.frame(tag, b"12345678"))
         assert transport.role.run_until(lambda: bool(transport.match.unexpected), 5)
     request = transport.exchange([(1, memoryview(bytearray(4)))], [], tag)
@@ -150,20 +139,6 @@ def test_exchange_fails_on_a_message_that_does_not_fit(pair, first, monkeypatch)
         peer.sendall(peer.frame(tag, b"12345678"))
     with pytest.raises(CollectiveMismatchError, match="8-byte message where a 4-byte"):
         request.wait(5)
-
-
-def test_a_parked_frame_holds_back_its_peers_later_frames_briefly_not_for_good(pair, monkeypatch):
-    """A frame of a call this rank has not begun waits in its socket (no copy), but for
-    ``PARK_SECONDS`` at most while a caller drives: its peer's goodbye behind it is still read."""
-    transport, peer = pair
-    callers_drive(transport, monkeypatch)
-    later = collective_tag(0, 9, 0)
-    peer.sendall(peer.frame(later, b"12345678") + peer.frame(0, b"", kind=framing.KIND_BYE))
-    started = time.monotonic()
-    with pytest.raises(PeerLostError, match="left the job"):
-        transport.irecv(1, memoryview(bytearray(1)), p2p_tag(0, 1)).wait(5)
-    assert time.monotonic() - started < 2
-    assert transport.match.unexpected[(1, later)][0].complete  # read once the park ended
 
 
 def test_exchange_names_a_peer_that_leaves(pair):

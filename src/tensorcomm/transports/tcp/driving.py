@@ -40,7 +40,7 @@ class Driving:
         self.closing = False
         self._driving = False
         self.driver: int | None = None  # thread id of the driver
-        self.background_driving = False
+        self._background_driving = False
         self._yield = False  # a caller asked the background thread to stop driving
         self.sleepers = 0  # callers waiting in ``_cv``
         self._wanted = 0  # callers waiting for the driver role
@@ -75,7 +75,7 @@ class Driving:
                         break
                     if done():
                         return True
-                    if self.background_driving and not self._yield:
+                    if self._background_driving and not self._yield:
                         self._yield = True
                         self.poke()
                     remaining = deadline - time.monotonic()
@@ -114,7 +114,7 @@ class Driving:
                     if not self._driving and not self._wanted and idle >= LINGER:
                         break
                     self._idle.wait(LINGER - idle if 0 <= idle < LINGER else LINGER)
-                self._driving = self.background_driving = True
+                self._driving = self._background_driving = True
                 self.driver = threading.get_ident()
                 self._yield = False
             try:
@@ -123,7 +123,7 @@ class Driving:
                 log.exception("rank %d: the TCP progress thread failed", self._rank)
             finally:
                 with self._cv:
-                    self._driving = self.background_driving = False
+                    self._driving = self._background_driving = False
                     self.driver = None
                     self._yield = False
                     self._released_at = time.monotonic()
@@ -149,7 +149,7 @@ class Driving:
         if self.sleepers:
             with self._state_lock:
                 self._cv.notify_all()
-        if self._driving and not self.background_driving and self.driver != threading.get_ident():
+        if self._driving and not self._background_driving and self.driver != threading.get_ident():
             self.poke()
 
     def drain_wake_ups(self) -> None:

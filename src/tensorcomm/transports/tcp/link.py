@@ -93,7 +93,6 @@ class Owner(Protocol):
     def peer_gone(self, peer: int, error: PeerLostError) -> None: ...
     def take_spare(self, nbytes: int) -> np.ndarray: ...
     def give_back(self, entry: Unexpected) -> None: ...
-    def defers(self, tag: int) -> bool: ...
     def check_late(self, source: int, tag: int, signature: Signature | None) -> None: ...
     def reject(self, request: MessageRequest, source: int, error: BaseException) -> None: ...
     def fill(self, request: MessageRequest, source: int, entry: Unexpected) -> None: ...
@@ -106,8 +105,7 @@ class Link:
 
     __slots__ = ("peer", "sock", "sealer", "fd", "send_lock", "queue", "header", "header_got", "kind",
                  "tag", "nbytes", "got", "signature", "target", "request", "entry", "closed", "polled",
-                 "opened", "sent", "parked", "_transport", "_match", "_lock", "_role", "_unsettled",
-                 "_discard")
+                 "opened", "sent", "_transport", "_match", "_lock", "_role", "_unsettled", "_discard")
 
     def __init__(self, peer: int, sock: socket.socket, sealer: Sealer, transport: Owner) -> None:
         self.peer = peer
@@ -128,7 +126,6 @@ class Link:
         self.entry: Unexpected | None = None  # or the unexpected message it fills
         self.closed = False  # no more reading: the peer is gone or said goodbye
         self.polled = 0  # the poll events the driver registered for it
-        self.parked = False  # its frame waits in the socket for its receive (``TcpTransport.defers``)
         self.opened: tuple[bytes, int, bytes] = (b"", 0, b"")  # the frame's header, number, payload tag
         self.sent = finished(peer)  # what a send the socket took whole at once returns (never changes)
         self._transport = transport
@@ -210,8 +207,7 @@ class Link:
 
     def read(self) -> bool:
         """Read what the socket has (up to a budget) until a data frame ends (driver only);
-        return whether one did (more may be waiting). A data frame whose receive is not posted
-        may instead wait in the socket (``parked``: the transport ``defers`` it), its header read.
+        return whether one did (more may be waiting).
 
         Raises:
             OSError, framing.BadFrame: the link is broken; the driver fails it.
@@ -235,9 +231,6 @@ class Link:
                 self.header_got = 0
                 kind, tag, nbytes, signature, self.opened = self.sealer.open_header(self.header.tobytes())
                 self._begin(kind, tag, nbytes, signature)
-                if self.entry is not None and nbytes and self._transport.defers(tag):
-                    self.parked = True  # the driver polls it for reading no more, for now
-                    return False
                 if self.kind and self.got == self.nbytes:
                     data = self.kind == framing.KIND_DATA
                     self._end()

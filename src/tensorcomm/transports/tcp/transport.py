@@ -78,7 +78,6 @@ _CALL_SHIFT = SEQ_BITS + STEP_BITS  # a collective tag's group id, above its cal
 _SEQ_MASK = (1 << SEQ_BITS) - 1
 _CLOSE_LOOK = 0.01  # seconds between looks at whether what close() sent has reached its peers
 LIVENESS_SECONDS = 0.1  # the processes of peers without a link are looked at no more often
-PARK_SECONDS = 0.05  # the longest a link waits unread for a receive to be posted (``defers``)
 _pack_header = framing.HEADER.pack
 
 
@@ -117,8 +116,6 @@ class TcpTransport(Transport):
         # Links the driver must look at before it polls: those with frames queued (added by the
         # send that queues one) and new ones; the others stay registered for reading as they are.
         self.unsettled: set[Link] = set()
-        self._parked: list[Link] = []  # links not polled for reading until this drive ends
-        self._park_until = 0.0
         # Each peer's link to send on; every link, read by the driver; links by descriptor. The
         # last two are replaced, never changed, when a link is added (the driver reads them
         # without a lock).
@@ -177,53 +174,17 @@ class TcpTransport(Transport):
     # -- the driver ----------------------------------------------------------------------------
 
     def _drive(self, done: Callable[[], bool], deadline: float) -> bool:
-        """``_turns``, then every link parked meanwhile polled for reading again."""
-        try:
-            return self._turns(done, deadline)
-        finally:
-            if self._parked:
-                self._unpark()
-
-    def defers(self, tag: int) -> bool:
-        """Whether a data frame with ``tag`` whose receive is not posted may wait in its socket
-        (``Link.read`` parks its link) rather than be read now and copied later: yes while a
-        caller drives, no other waits, and ``tag`` is of a collective call this rank has not
-        begun. That call's messages are needed by nothing this rank waits for now (its sender
-        finished the calls before it), so leaving them unread delays nobody; the receive posted
-        when the call begins takes the payload straight from the socket. A link stays parked
-        until the drive ends, ``PARK_SECONDS`` at most: then its peer's later frames (an abort,
-        a probe, its closing) are read as before, and ranks that call collectives of two groups
-        in different orders wait that long at most, never for good."""
-        role = self.role
-        if tag & P2P_FLAG or role.background_driving or role.sleepers:
-            return False
-        return (tag >> STEP_BITS) & _SEQ_MASK > self.match.latest.get(tag >> _CALL_SHIFT, -1)
-
-    def _unpark(self) -> None:
-        """Poll the parked links for reading again (from the driver's next turn)."""
-        for link in self._parked:
-            link.parked = False
-            self.unsettled.add(link)
-        self._parked.clear()
-
-    def _turns(self, done: Callable[[], bool], deadline: float) -> bool:
         """Read and write every link until ``done()`` or ``deadline`` (driver only); return ``done()``.
 
         Once the deadline has passed the links are polled one last time without waiting: what
         arrived before it (while this thread was descheduled, say) is read, not taken for a timeout.
         """
         poller, unsettled = self._poller, self.unsettled
-        parked = self._parked
         while not done():
             by_fd = self._by_fd
             now = time.monotonic()
             wait = deadline - now
             last = wait <= 0
-            if parked:
-                if now >= self._park_until:
-                    self._unpark()
-                else:
-                    wait = min(wait, self._park_until - now)
             if unsettled:
                 wait = self._settle(now, wait)
             if wait <= 0 and not last:
@@ -250,11 +211,6 @@ class TcpTransport(Transport):
                     if event & _POLLIN and link.read() and last:
                         while not link.closed and link.read():
                             pass
-                    if link.parked:  # its frame waits for its receive (``defers``)
-                        if not parked:
-                            self._park_until = now + PARK_SECONDS
-                        parked.append(link)
-                        unsettled.add(link)
                 except LinkAuthenticationError as exc:  # someone on the path: trust nothing more
                     if not self.role.closing:
                         self.link_failed(link, exc)
@@ -284,7 +240,7 @@ class TcpTransport(Transport):
                 queue = link.queue
                 if not queue:
                     unsettled.discard(link)
-            want = 0 if link.closed else (0 if link.parked else _POLLIN) | (select.POLLOUT if queue else 0)
+            want = 0 if link.closed else _POLLIN | (select.POLLOUT if queue else 0)
             if queue:
                 wait = min(wait, queue[0].deadline - now)
             if want != link.polled:
@@ -373,10 +329,9 @@ class TcpTransport(Transport):
                  tag: int, signature: Signature | None = None) -> Batch:
         """``Transport.exchange`` in one go: the call's signature noted once, the receives posted
         under one hold of the lock, then each send sealed and written as ``isend`` does, then
-        the messages that came whole before their receive copied in (one that is arriving, or
-        waits in its socket, goes straight into its receive). A receive from this rank or any
-        rank, and every request while a peer is lost or a group aborted, take ``irecv``'s or
-        ``isend``'s own way."""
+        the messages that came before their receive copied in. A receive whose message is still
+        arriving, one from this rank or any rank, and every request while a peer is lost or a
+        group aborted take ``irecv``'s or ``isend``'s own way."""
         if tag >> STEP_BITS != self._noted and signature is not None:
             mismatch = self._note_call(tag, signature)
             if mismatch is not None:
@@ -386,7 +341,7 @@ class TcpTransport(Transport):
             if peer not in links and peer != rank and peer >= 0:
                 self._open(peer)  # the link that brings the message, and says if the peer dies
         requests: list[MessageRequest] = []
-        slow, early, misfits = [], [], []
+        slow, early = [], []
         with self.lock:
             plain = not (match.aborted or match.aborted_groups or match.lost)
             queued = match.unexpected
@@ -396,20 +351,14 @@ class TcpTransport(Transport):
                     continue
                 request = MessageRequest(role, peer, tag, out.cast("B") if out.format != "B" else out,
                                          signature)
-                requests.append(request)
-                if not queued or (peer, tag) not in queued:
-                    match.post(peer, tag, request)
-                    continue
-                entry = match.take_unexpected(peer, tag)[1]
-                assert entry is not None
-                if entry.complete:
-                    early.append((request, entry))
-                    continue
-                error = misfit(request, peer, len(entry.data), entry.signature, rank)
-                if error is None:
-                    entry.request = request  # the link moves it into ``out`` as it arrives
+                if queued and (peer, tag) in queued:
+                    if not queued[(peer, tag)][0].complete:
+                        slow.append((peer, out))
+                        continue
+                    early.append((request, match.take_unexpected(peer, tag)[1]))
                 else:
-                    misfits.append((request, error))
+                    match.post(peer, tag, request)
+                requests.append(request)
         fields = signature or NO_SIGNATURE
         for peer, data in sends:
             link = links.get(peer)
@@ -420,9 +369,7 @@ class TcpTransport(Transport):
             header = _pack_header(framing.MAGIC, framing.KIND_DATA, tag, len(payload), *fields)
             requests.append(link.send(header, payload, tag))  # type: ignore[arg-type]
         for request, entry in early:
-            self.fill(request, request.peer, entry)
-        for request, error in misfits:
-            self.reject(request, request.peer, error)
+            self.fill(request, request.peer, entry)  # type: ignore[arg-type]
         requests += [self.irecv(peer, out, tag, signature) for peer, out in slow]
         return Batch(role, requests)
 
