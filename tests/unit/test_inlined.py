@@ -312,10 +312,38 @@ def test_slots_start_is_announce_then_meet(mismatch: bool) -> None:
         assert got[0] == got[1] and len(got[0]) == 3
 
 
+@pytest.mark.parametrize("differ", [False, True])
+def test_slots_start_checks_extents_as_extents_differ_does(differ: bool) -> None:
+    """``Slots.start``'s inlined ``extents_differ``: each of two thread-ranks starts calls with
+    extents expected per member (one of them announcing another extent when ``differ``);
+    ``start``'s answer is ``extents_differ``'s on the same call, and False without ``expected``."""
+    domains = open_domains(2)
+    sig = signature("all_gather", np.dtype(np.float32), 8, None, -1)
+
+    def rank(r: int) -> list[Any]:
+        d = domains[r]
+        seen: list[Any] = []
+        for seq in range(4):
+            ctx = ctx_for(d, seq, sig)
+            extent = 16 + (8 if differ and r == 1 and seq % 2 else 0)
+            expected = [16, 16] if seq < 3 else None
+            seen.append((d.slots.start(ctx, extent, expected),
+                         expected is not None and d.slots.extents_differ(ctx, expected)))
+        return seen
+
+    try:
+        got = run_each_rank(2, rank)
+    finally:
+        close_all(domains)
+    for seen in got:
+        assert all(a == b for a, b in seen) and seen[3] == (False, False)
+        assert [a for a, _ in seen[:3]] == ([False, True, False] if differ else [False] * 3)
+
+
 # Where the copies are (a comment naming the original, then "inline"), and how many each module
 # holds: a new copy, or one moved, must come with its test here.
 PINNED = {"algorithms/allreduce.py": 1, "algorithms/shm_allreduce.py": 1, "core/collectives.py": 2,
-          "transports/shm/slots.py": 1,
+          "transports/shm/slots.py": 2,
           "frontends/functional.py": 1, "transports/tcp/link.py": 2,
           "transports/tcp/transport.py": 2}
 _COPY = re.compile(r"#.*(``[^`]+``|does)[^#]*\binline\b")

@@ -101,9 +101,7 @@ class Bound:
                 in_slot = d.next_round()
                 for step in one.put[in_slot]:
                     step()
-                d.slots.start(ctx, one.extent)
-                expected = self._expected
-                if expected is not None and d.slots.extents_differ(ctx, expected):
+                if d.slots.start(ctx, one.extent, self._expected):  # an extent not as bound
                     one.verify(ctx)  # type: ignore[misc]  # given with extents
                 if one.finish is not None:
                     self._go_on(one, in_slot)

@@ -146,6 +146,7 @@ class Slots:
         self._entry = tuple(tuple(b + e for e in R_ENTRY) for b in base)  # word of each entry
         self._peer_counters = tuple(self.counter_word[q] for q in self.peers)
         self._peer_tokens = tuple(tuple(self._entry[q][p] + 1 for q in self.peers) for p in (0, 1))
+        self._extents = tuple(tuple(self._entry[q][p] + 2 for q in range(size)) for p in (0, 1))
         self._my_counter = base[rank] + R_COUNTER
         self._my_sleepers = base[rank] + R_SLEEPERS
         self._my_entry = self._entry[rank]
@@ -157,10 +158,11 @@ class Slots:
 
     # -- the per-call protocol -----------------------------------------------------------------
 
-    def start(self, ctx: CallInfo, extent: int | None = None) -> None:
+    def start(self, ctx: CallInfo, extent: int | None = None, expected: Sequence[int] | None = None) -> bool:
         """Begin a call, as every algorithm does first: announce it with this rank's first post
         (``announce``), wait for every peer's first post of it and check that they announced the
-        same call (``meet``).
+        same call (``meet``). Returns whether a member announced an extent other than
+        ``expected``'s (``extents_differ``; False without ``expected``).
 
         Raises:
             CollectiveMismatchError: a peer announced a different call; names both.
@@ -192,6 +194,11 @@ class Slots:
         for word in self._peer_tokens[step_parity]:
             if words[word] != token:
                 raise self._mismatch(word, ctx)
+        if expected is not None:  # ``extents_differ``, inline: a bound round's check, every run
+            for word, want in zip(self._extents[step_parity], expected):  # noqa: B905 - see extents_differ
+                if words[word] != want:
+                    return True
+        return False
 
     def announce(self, ctx: CallInfo, extent: int | None = None) -> None:
         """Announce a call with this rank's first post of it, without waiting for the peers'.
@@ -283,10 +290,12 @@ class Slots:
         return [words[entry[step_parity] + 2] for entry in self._entry]
 
     def extents_differ(self, ctx: CallInfo, expected: Sequence[int]) -> bool:
-        """Whether any member's announced extent for this call is not ``expected[member]``."""
-        words, step_parity = self.words, ctx.seq & 1
-        for entry, extent in zip(self._entry, expected, strict=True):  # not any(): a generator
-            if words[entry[step_parity] + 2] != extent:  # costs a frame on every run
+        """Whether any member's announced extent for this call is not ``expected[member]``
+        (one per member; zip without ``strict``: any keyword argument sends zip down a path
+        that costs more than the check)."""
+        words = self.words
+        for word, extent in zip(self._extents[ctx.seq & 1], expected):  # noqa: B905, SIM110 - any():
+            if words[word] != extent:  # a generator, a frame on every run
                 return True
         return False
 
