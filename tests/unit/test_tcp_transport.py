@@ -106,6 +106,57 @@ def test_size_mismatch_is_an_error_not_an_overflow(pair):
     assert out == bytearray(4)
 
 
+@pytest.mark.parametrize("first", ["message", "receive"])
+def test_exchange_receives_and_sends_in_one_request(pair, first):
+    """``exchange``: a message that came before its receive (copied in) or after it (read
+    straight into it) fills it; the send goes out sealed; one request waits for both."""
+    transport, peer = pair
+    tag = collective_tag(0, 3, 0)
+    mine = signature("all_to_all", np.dtype(np.float32), 2)
+    out = bytearray(8)
+    if first == "message":
+        peer.sendall(peer.frame(tag, b"theirs!!", mine))
+        assert transport.role.run_until(lambda: bool(transport.match.unexpected), 5)  # queued whole
+    request = transport.exchange([(1, memoryview(out))], [(1, memoryview(b"ours!!!!"))], tag, mine)
+    if first == "receive":
+        assert not request.done()
+        peer.sendall(peer.frame(tag, b"theirs!!", mine))
+    assert request.wait(5) == ANY_SOURCE and request.done()
+    assert out == b"theirs!!"
+    kind, got_tag, nbytes, sig = peer.read_header()
+    assert (kind, got_tag, nbytes, sig, peer.recv(8)) == (framing.KIND_DATA, tag, 8, mine, b"ours!!!!")
+
+
+@pytest.mark.parametrize("first", ["message", "receive"])
+def test_exchange_fails_on_a_message_that_does_not_fit(pair, first):
+    transport, peer = pair
+    tag = collective_tag(0, 4, 0)
+    if first == "message":
+        peer.sendall(peer.frame(tag, b"12345678"))
+        assert transport.role.run_until(lambda: bool(transport.match.unexpected), 5)
+    request = transport.exchange([(1, memoryview(bytearray(4)))], [], tag)
+    if first == "receive":
+        peer.sendall(peer.frame(tag, b"12345678"))
+    with pytest.raises(CollectiveMismatchError, match="8-byte message where a 4-byte"):
+        request.wait(5)
+
+
+def test_exchange_names_a_peer_that_leaves(pair):
+    transport, peer = pair
+    request = transport.exchange([(1, memoryview(bytearray(4)))], [(1, memoryview(b"data"))], 11)
+    peer.shutdown(socket.SHUT_RDWR)
+    with pytest.raises(PeerLostError, match="rank 1"):
+        request.wait(5)
+    with pytest.raises(PeerLostError, match="rank 1"):  # and later exchanges are refused at once
+        transport.exchange([(1, memoryview(bytearray(4)))], [], 12).wait(5)
+
+
+def test_exchange_times_out_naming_the_silent_peer(pair):
+    transport, _ = pair
+    with pytest.raises(CommTimeoutError, match="no message from rank 1"):
+        transport.exchange([(1, memoryview(bytearray(4)))], [], 13).wait(0.05)
+
+
 def test_abort_frame_fails_only_that_group(pair):
     transport, peer = pair
     doomed = transport.irecv(1, memoryview(bytearray(1)), collective_tag(3, 0, 0))

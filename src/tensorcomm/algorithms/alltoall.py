@@ -18,8 +18,10 @@ def pairwise_exchange(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], ou
                       recv_counts: Sequence[int]) -> None:
     """Send block i of ``send`` to rank i and receive rank i's block for us into block i of ``out``.
 
-    Rank r posts every receive (from r - k, mod size, at step k = 1 .. size-1), then every send
-    (to r + k at step k), then waits for them in that order; the own block is copied. As Gloo's
+    Rank r posts every receive (from r - k, mod size, k = 1 .. size-1), then every send (to
+    r + k), in one transport call (``Ctx.exchange``: one lock, one request for them all; one tag,
+    since each pair exchanges one block each way), then waits for them; the own block is
+    copied. As Gloo's
     all-to-all, nothing waits for one peer before the next is served: a blocking step per peer
     (send to one, receive from one, wait) made the call grow with n times the slowest
     turn-around. The transport moves the queued sends and the arriving blocks together, straight
@@ -37,12 +39,7 @@ def pairwise_exchange(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], ou
     n, r = ctx.size, ctx.rank
     sent, received = bounds(send_counts), bounds(recv_counts)
     out[received[r]:received[r + 1]] = send[sent[r]:sent[r + 1]]
-    pending = []
-    for k in range(1, n):
-        src = (r - k) % n
-        pending.append(ctx.irecv(src, out[received[src]:received[src + 1]], k))
-    for k in range(1, n):
-        dst = (r + k) % n
-        pending.append(ctx.isend(dst, send[sent[dst]:sent[dst + 1]], k))
-    for request in pending:
-        ctx.wait(request)
+    sources = [(r - k) % n for k in range(1, n)]
+    targets = [(r + k) % n for k in range(1, n)]
+    ctx.wait(ctx.exchange([(q, out[received[q]:received[q + 1]]) for q in sources],
+                          [(q, send[sent[q]:sent[q + 1]]) for q in targets]))

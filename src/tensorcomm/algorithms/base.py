@@ -337,6 +337,18 @@ class Ctx:
         tag = collective_tag(team.group_id, self.seq, step)  # raises ValueError for a bad step
         return team.transport.irecv(team.ranks[peer], buf.view(_BYTE).data, tag, self.signature)
 
+    def exchange(self, receives: Sequence[tuple[int, np.ndarray]], sends: Sequence[tuple[int, np.ndarray]],
+                 step: int = 0) -> Request:
+        """Post a receive into each ``(peer, buf)`` of ``receives``, then start sending each of
+        ``sends`` (group ranks, each at most once per list; 1-D, C-contiguous buffers), all in one
+        transport call (``Transport.exchange``): one request, waited for with ``wait``."""
+        team = self.team
+        tag = collective_tag(team.group_id, self.seq, step)  # raises ValueError for a bad step
+        ranks = team.ranks
+        return team.transport.exchange([(ranks[peer], buf.view(_BYTE).data) for peer, buf in receives],
+                                       [(ranks[peer], buf.view(_BYTE).data) for peer, buf in sends],
+                                       tag, self.signature)
+
     def wait(self, request: Request) -> None:
         """Wait for ``request`` within the call's deadline.
 

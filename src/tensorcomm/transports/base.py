@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import struct
+import time
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -78,6 +79,24 @@ class Request(Protocol):
         ...
 
 
+class Together:
+    """Requests waited for as one, in their order (``Transport.exchange``'s default)."""
+
+    __slots__ = ("requests",)
+
+    def __init__(self, requests: list[Request]) -> None:
+        self.requests = requests
+
+    def done(self) -> bool:
+        return all(request.done() for request in self.requests)
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for request in self.requests:
+            request.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return ANY_SOURCE
+
+
 class Transport(abc.ABC):
     """Tagged, FIFO-per-tag, point-to-point byte messages between the ranks of one job."""
 
@@ -107,6 +126,16 @@ class Transport(abc.ABC):
     def recv(self, peer: int, out: memoryview, tag: int, timeout: float | None = None) -> int:
         """Receive into ``out``; return the sender's global rank."""
         return self.irecv(peer, out, tag).wait(timeout)
+
+    def exchange(self, receives: Sequence[tuple[int, memoryview]], sends: Sequence[tuple[int, memoryview]],
+                 tag: int, signature: Signature | None = None) -> Request:
+        """Post every receive ``(peer, out)``, then start every send ``(peer, data)``, all with
+        ``tag``; one request for them all, done when every one is. Each peer appears at most once
+        in each list (so their order does not matter). Its ``wait`` raises the first failure in
+        that order and returns ``ANY_SOURCE``. A transport may do it in one go (TCP: one lock,
+        one look at the call's signature); this one posts them one by one."""
+        return Together([*(self.irecv(peer, out, tag, signature) for peer, out in receives),
+                         *(self.isend(peer, data, tag, signature) for peer, data in sends)])
 
     def progress(self, group_id: int, peers: Sequence[int],
                  timeout: float) -> dict[int, tuple[int, Signature | None] | None]:

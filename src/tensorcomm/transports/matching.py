@@ -82,12 +82,54 @@ class MessageRequest:
 
     def wait(self, timeout: float | None = None) -> int:
         if not self.finished and (self._driver is None or not self._driver.run_until(self.done, timeout)):
-            who = "any rank" if self.peer == ANY_SOURCE else f"rank {self.peer}"
-            what = "no message from" if self.out is not None else "no receive posted by"
-            raise CommTimeoutError(f"{what} {who} within {timeout:g} s")
+            raise _timed_out(self, timeout)
         if self._error is not None:
             raise self._error
         return self.source
+
+
+class Batch:
+    """Message requests of one driver waited for as one (``Transport.exchange``): done once each
+    is, or once the first that is not done well has failed; ``wait`` raises the first failure in
+    their order, as waiting for each in turn would, and returns ``ANY_SOURCE``.
+
+    ``done`` resumes where it stopped (``_next``), so the driver's every look at it costs one
+    attribute read per request that finished since, not one per request.
+    """
+
+    __slots__ = ("requests", "_next", "_driver")
+
+    def __init__(self, driver: Driver, requests: list[MessageRequest]) -> None:
+        self.requests = requests
+        self._next = 0  # the requests before it are finished without error
+        self._driver = driver
+
+    def done(self) -> bool:
+        requests, i = self.requests, self._next
+        end = len(requests)
+        while i < end:
+            request = requests[i]
+            if not request.finished:
+                self._next = i
+                return False
+            if request._error is not None:
+                break
+            i += 1
+        self._next = i
+        return True
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self.done() and not self._driver.run_until(self.done, timeout):
+            raise _timed_out(self.requests[self._next], timeout)
+        if self._next < len(self.requests):
+            raise self.requests[self._next]._error  # type: ignore[misc]
+        return ANY_SOURCE
+
+
+def _timed_out(request: MessageRequest, timeout: float | None) -> CommTimeoutError:
+    who = "any rank" if request.peer == ANY_SOURCE else f"rank {request.peer}"
+    what = "no message from" if request.out is not None else "no receive posted by"
+    return CommTimeoutError(f"{what} {who} within {timeout:g} s")
 
 
 def misfit(request: MessageRequest, source: int, nbytes: int, signature: Signature | None,

@@ -144,12 +144,12 @@ class Driving:
             self.poke()
 
     def completed(self) -> None:
-        """A request finished: wake the callers waiting for theirs and, from another thread, the
-        driver."""
+        """A request finished: wake the callers waiting for theirs and, from another thread, a
+        caller that drives (the background thread waits for no request: no wake-up for it)."""
         if self.sleepers:
             with self._state_lock:
                 self._cv.notify_all()
-        if self._driving and self.driver != threading.get_ident():  # ``poke_elsewhere``, inline
+        if self._driving and not self._background_driving and self.driver != threading.get_ident():
             self.poke()
 
     def drain_wake_ups(self) -> None:

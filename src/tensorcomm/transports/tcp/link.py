@@ -86,6 +86,7 @@ class Owner(Protocol):
     match: Matching[MessageRequest, Unexpected]
     lock: threading.Lock
     role: Driving
+    unsettled: set[Link]  # links the driver must look at before it polls (``TcpTransport._settle``)
 
     def link_failed(self, link: Link, error: PeerLostError) -> None: ...
     def cause(self, request: MessageRequest, error: BaseException) -> BaseException: ...
@@ -104,7 +105,7 @@ class Link:
 
     __slots__ = ("peer", "sock", "sealer", "fd", "send_lock", "queue", "header", "header_got", "kind",
                  "tag", "nbytes", "got", "signature", "target", "request", "entry", "closed", "polled",
-                 "opened", "sent", "_transport", "_match", "_lock", "_role", "_discard")
+                 "opened", "sent", "_transport", "_match", "_lock", "_role", "_unsettled", "_discard")
 
     def __init__(self, peer: int, sock: socket.socket, sealer: Sealer, transport: Owner) -> None:
         self.peer = peer
@@ -129,6 +130,7 @@ class Link:
         self.sent = finished(peer)  # what a send the socket took whole at once returns (never changes)
         self._transport = transport
         self._match, self._lock, self._role = transport.match, transport.lock, transport.role
+        self._unsettled = transport.unsettled
         self._discard = memoryview(bytearray(0))
 
     # -- sending -------------------------------------------------------------------------------
@@ -167,6 +169,7 @@ class Link:
                     failure = PeerLostError(self.peer, f"send failed: {exc}")
             if gone is None and failure is None:
                 self.queue.append(item)
+                self._unsettled.add(self)  # the driver polls it for room from its next turn
         if failure is not None:
             self._transport.link_failed(self, failure)
         if gone is not None or failure is not None:
@@ -202,8 +205,9 @@ class Link:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def read(self) -> None:
-        """Read what the socket has (up to a budget), completing frames as they end (driver only).
+    def read(self) -> bool:
+        """Read what the socket has (up to a budget) until a data frame ends (driver only);
+        return whether one did (more may be waiting).
 
         Raises:
             OSError, framing.BadFrame: the link is broken; the driver fails it.
@@ -216,7 +220,7 @@ class Link:
                 try:
                     n = sock.recv_into(self.header[self.header_got:], 0, _MSG_DONTWAIT)
                 except BlockingIOError:
-                    return
+                    return False
                 if n == 0:
                     if self.header_got:
                         raise ConnectionError(f"connection closed after {self.header_got} bytes of a header")
@@ -228,10 +232,10 @@ class Link:
                 kind, tag, nbytes, signature, self.opened = self.sealer.open_header(self.header.tobytes())
                 self._begin(kind, tag, nbytes, signature)
                 if self.kind and self.got == self.nbytes:
-                    filled = self.request is not None
+                    data = self.kind == framing.KIND_DATA
                     self._end()
-                    if filled and not self._match.posted:  # see below
-                        return
+                    if data:  # see below
+                        return True
                 continue
             entry = self.entry
             if entry is not None and entry.request is not None and self.target is entry.data:
@@ -244,19 +248,22 @@ class Link:
                 else:
                     n = sock.recv_into(target[self.got:], min(want, budget), _MSG_DONTWAIT)
             except BlockingIOError:
-                return
+                return False
             if n == 0:
                 raise ConnectionError(f"connection closed after {self.got} of {self.nbytes} bytes")
             self.got += n
             budget -= n
             if self.got == self.nbytes:
-                filled = self.request is not None
+                data = self.kind == framing.KIND_DATA
                 self._end()
-                # The last posted receive is filled: its waiter goes on, and the peer's next
-                # frame (its next call's, often) waits in the socket for a receive to land in
-                # rather than being copied through the unexpected queue.
-                if filled and not self._match.posted:
-                    return
+                # A message is in: the driver looks at what it waited for before this socket
+                # again (the next poll says whether more came). The peer's next frame (its next
+                # call's, often) may so wait in the socket for a receive to land in rather than
+                # be copied through the unexpected queue, and no read of an empty socket is
+                # tried (a system call and an exception) after each message.
+                if data:
+                    return True
+        return False
 
     def _begin(self, kind: int, tag: int, nbytes: int, signature: Signature | None) -> None:
         """A header arrived: decide where its payload goes."""

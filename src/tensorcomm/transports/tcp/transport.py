@@ -66,7 +66,7 @@ from ..base import (
     group_of_tag,
 )
 from ..liveness import ProcessWatch
-from ..matching import Matching, MessageRequest, finished, misfit
+from ..matching import Batch, Matching, MessageRequest, finished, misfit
 from . import framing
 from .driving import NO_DEADLINE, Driving
 from .link import Link, Unexpected
@@ -113,6 +113,9 @@ class TcpTransport(Transport):
         self._on_peer_lost = on_peer_lost
         self._spares: dict[int, list[np.ndarray]] = {}  # reusable unexpected-message buffers
         self._spare_bytes = 0
+        # Links the driver must look at before it polls: those with frames queued (added by the
+        # send that queues one) and new ones; the others stay registered for reading as they are.
+        self.unsettled: set[Link] = set()
         # Each peer's link to send on; every link, read by the driver; links by descriptor. The
         # last two are replaced, never changed, when a link is added (the driver reads them
         # without a lock).
@@ -147,6 +150,7 @@ class TcpTransport(Transport):
             self._by_fd = {**self._by_fd, link.fd: link}
             self._every = (*self._every, link)
             self._links.setdefault(peer, link)
+            self.unsettled.add(link)
         self.role.poke()
         return link
 
@@ -175,22 +179,14 @@ class TcpTransport(Transport):
         Once the deadline has passed the links are polled one last time without waiting: what
         arrived before it (while this thread was descheduled, say) is read, not taken for a timeout.
         """
-        poller = self._poller
+        poller, unsettled = self._poller, self.unsettled
         while not done():
-            by_fd, links = self._by_fd, self._every
+            by_fd = self._by_fd
             now = time.monotonic()
             wait = deadline - now
             last = wait <= 0
-            for link in links:
-                want = 0 if link.closed else _POLLIN | (select.POLLOUT if link.queue else 0)
-                if link.queue:
-                    wait = min(wait, link.queue[0].deadline - now)
-                if want != link.polled:
-                    if want:
-                        poller.register(link.fd, want)
-                    else:
-                        poller.unregister(link.fd)
-                    link.polled = want
+            if unsettled:
+                wait = self._settle(now, wait)
             if wait <= 0 and not last:
                 self._overdue(now)
                 continue
@@ -202,13 +198,19 @@ class TcpTransport(Transport):
                         self.role.drain_wake_ups()
                     continue
                 link = found
-                if link.closed:
+                if link.closed:  # nothing more to read or write: poll it no more
+                    if link.polled:
+                        poller.unregister(fd)
+                        link.polled = 0
                     continue
                 try:
                     if event & select.POLLOUT:
                         link.write()
-                    if event & _POLLIN:
-                        link.read()
+                    # One message per socket per poll (see ``Link.read``); all that came, on
+                    # the last look before the deadline.
+                    if event & _POLLIN and link.read() and last:
+                        while not link.closed and link.read():
+                            pass
                 except LinkAuthenticationError as exc:  # someone on the path: trust nothing more
                     if not self.role.closing:
                         self.link_failed(link, exc)
@@ -227,9 +229,31 @@ class TcpTransport(Transport):
                 return done()
         return True
 
+    def _settle(self, now: float, wait: float) -> float:
+        """Poll the links with frames queued for room to write too (for reading only once their
+        queue is empty, when they leave ``unsettled``), and new ones for reading; return ``wait``
+        cut to their oldest frame's deadline (driver only). Only these links are looked at: a
+        poll costs no Python work per idle link."""
+        poller, unsettled = self._poller, self.unsettled
+        for link in tuple(unsettled):
+            with link.send_lock:  # a send that queues a frame adds its link back under this lock
+                queue = link.queue
+                if not queue:
+                    unsettled.discard(link)
+            want = 0 if link.closed else _POLLIN | (select.POLLOUT if queue else 0)
+            if queue:
+                wait = min(wait, queue[0].deadline - now)
+            if want != link.polled:
+                if want:
+                    poller.register(link.fd, want)
+                else:
+                    poller.unregister(link.fd)
+                link.polled = want
+        return wait
+
     def _overdue(self, now: float) -> None:
         """Fail links whose oldest queued frame missed its deadline (driver only)."""
-        for link in self._every:
+        for link in tuple(self.unsettled):
             late = link.take_overdue(now)
             if late is None or link.peer in self.match.lost:
                 continue
@@ -300,6 +324,54 @@ class TcpTransport(Transport):
         else:
             self.reject(request, source, error)  # type: ignore[arg-type]
         return request
+
+    def exchange(self, receives: Sequence[tuple[int, memoryview]], sends: Sequence[tuple[int, memoryview]],
+                 tag: int, signature: Signature | None = None) -> Batch:
+        """``Transport.exchange`` in one go: the call's signature noted once, the receives posted
+        under one hold of the lock, then each send sealed and written as ``isend`` does, then
+        the messages that came before their receive copied in. A receive whose message is still
+        arriving, one from this rank or any rank, and every request while a peer is lost or a
+        group aborted take ``irecv``'s or ``isend``'s own way."""
+        if tag >> STEP_BITS != self._noted and signature is not None:
+            mismatch = self._note_call(tag, signature)
+            if mismatch is not None:
+                return Batch(self.role, [finished(peer, mismatch) for peer, _ in (*receives, *sends)])
+        links, match, role, rank = self._links, self.match, self.role, self.rank
+        for peer, _ in receives:
+            if peer not in links and peer != rank and peer >= 0:
+                self._open(peer)  # the link that brings the message, and says if the peer dies
+        requests: list[MessageRequest] = []
+        slow, early = [], []
+        with self.lock:
+            plain = not (match.aborted or match.aborted_groups or match.lost)
+            queued = match.unexpected
+            for peer, out in receives:
+                if not plain or peer == rank or peer < 0:
+                    slow.append((peer, out))
+                    continue
+                request = MessageRequest(role, peer, tag, out.cast("B") if out.format != "B" else out,
+                                         signature)
+                if queued and (peer, tag) in queued:
+                    if not queued[(peer, tag)][0].complete:
+                        slow.append((peer, out))
+                        continue
+                    early.append((request, match.take_unexpected(peer, tag)[1]))
+                else:
+                    match.post(peer, tag, request)
+                requests.append(request)
+        fields = signature or NO_SIGNATURE
+        for peer, data in sends:
+            link = links.get(peer)
+            if link is None or not plain or peer == rank:
+                requests.append(self.isend(peer, data, tag, signature))
+                continue
+            payload = data.cast("B")
+            header = _pack_header(framing.MAGIC, framing.KIND_DATA, tag, len(payload), *fields)
+            requests.append(link.send(header, payload, tag))  # type: ignore[arg-type]
+        for request, entry in early:
+            self.fill(request, request.peer, entry)  # type: ignore[arg-type]
+        requests += [self.irecv(peer, out, tag, signature) for peer, out in slow]
+        return Batch(role, requests)
 
     def _deliver(self, source: int, tag: int, data: memoryview, signature: Signature | None) -> None:
         """Hand a whole message to its posted receive, or queue it (a message to oneself)."""
