@@ -15,7 +15,8 @@ from ..errors import CommError
 from . import exceptions
 from .buffers import message
 from .constants import ANY_SOURCE, ANY_TAG, PROC_NULL
-from .p2p import Engine, Envelope, Receive, Send, check_tag
+from .messages import Envelope, Receive, Send, check_tag
+from .p2p import Engine
 from .request import Pending, Prequest, Request, finish_pending
 from .status import Status
 
