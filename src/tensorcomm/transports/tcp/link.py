@@ -272,8 +272,9 @@ class Link:
         if kind == framing.KIND_BYE:
             self.kind = 0
             self.closed = True
-            self._transport.peer_gone(self.peer, PeerLostError(
-                self.peer, "it left the job (destroy() was called)", left=True))
+            if tag == framing.BYE_SENT:  # every message it sent on any link has been read
+                self._transport.peer_gone(self.peer, PeerLostError(
+                    self.peer, "it left the job (destroy() was called)", left=True))
             return
         if kind != framing.KIND_DATA:
             self.target = memoryview(bytearray(nbytes))  # small, bounded by MAX_ABORT_BYTES

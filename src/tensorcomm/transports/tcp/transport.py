@@ -30,7 +30,8 @@ members waiting on someone else learn of a failure at once instead of at their t
 Links: those set-up made (``mesh.Mesh.connect``), and, with a ``mesh``, one made the first time a
 send, a receive or a probe names a peer without one (``_open``), or dialled in by that peer
 (``adopt``). A pair may so hold two links; each end sends on the first it had, and reads both,
-so the messages of one sender stay in order.
+so the messages of one sender stay in order. Its goodbye on the other link may be read before
+them: only the one on the link it sent on says it is gone (``framing.BYE_SENT``).
 """
 
 from __future__ import annotations
@@ -579,10 +580,10 @@ class TcpTransport(Transport):
         with self._adding:
             self._adopting = False
             links = list(self._every)
-        bye = framing.pack_header(framing.KIND_BYE, 0, 0, None)
-        for link in links:
+        for link in links:  # the goodbye on the link this end sends on says it sends no more
             if link.peer not in self.match.lost:
-                link.send(bye, memoryview(b""), None)
+                which = framing.BYE_SENT if self._links.get(link.peer) is link else framing.BYE_SPARE
+                link.send(framing.pack_header(framing.KIND_BYE, which, 0, None), memoryview(b""), None)
         self.role.run_until(lambda: all(link.closed or not link.queue for link in links), linger)
         for link in links:
             try:
