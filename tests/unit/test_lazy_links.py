@@ -126,3 +126,32 @@ def test_messages_sent_before_leaving_arrive_though_a_goodbye_comes_first_on_the
     finally:
         leaving.join(15.0)
         zero.close(linger=0.1)
+
+
+def test_a_link_its_peer_closed_unused_is_dropped_while_another_stays() -> None:
+    # Rank 1 refused a link rank 0 dialled (it was leaving) and closed it before sending a frame
+    # on it; the link it sends on stays. Rank 0 loses only that link, and sends on the other.
+    spare, first = socket.socketpair(), socket.socketpair()
+    keys = (b"0" * 32, b"1" * 32)
+    zero = TcpTransport(0, 2, {1: (spare[0], Sealer(1, HEADERS, *keys))}, send_timeout=10.0)
+    one = TcpTransport(1, 2, {0: (first[1], Sealer(0, HEADERS, *keys[::-1]))}, send_timeout=10.0)
+    zero.adopt(1, first[0], Sealer(1, HEADERS, *keys))
+    got, back = np.zeros(4), np.zeros(4)
+    receiving = zero.irecv(1, memoryview(got).cast("B"), TAG)
+    spare[1].close()
+    deadline = time.monotonic() + 10.0
+    while not zero._every[0].closed and time.monotonic() < deadline:  # its end was read
+        time.sleep(0.001)
+    try:
+        answer = one.irecv(0, memoryview(back).cast("B"), TAG)
+        zero.isend(1, memoryview(np.full(4, 3.0)).cast("B"), TAG).wait(10.0)
+        answer.wait(10.0)
+        one.isend(0, memoryview(np.full(4, 7.0)).cast("B"), TAG).wait(10.0)
+        one.close(linger=10.0)
+        receiving.wait(10.0)
+        assert got.tolist() == [7.0] * 4 and back.tolist() == [3.0] * 4
+        with pytest.raises(PeerLostError, match="left the job"):
+            zero.irecv(1, memoryview(got).cast("B"), TAG).wait(10.0)
+    finally:
+        one.close(linger=0.1)
+        zero.close(linger=0.1)
