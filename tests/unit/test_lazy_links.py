@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tensorcomm.errors import PeerLostError
+from tensorcomm.transports.tcp import mesh as mesh_module
 from tensorcomm.transports.tcp.mesh import Mesh
 from tensorcomm.transports.tcp.sealing import HEADERS, Sealer
 from tensorcomm.transports.tcp.transport import TcpTransport
@@ -155,3 +156,33 @@ def test_a_link_its_peer_closed_unused_is_dropped_while_another_stays() -> None:
     finally:
         one.close(linger=0.1)
         zero.close(linger=0.1)
+
+
+def test_a_rank_that_leaves_while_checking_a_dial_says_goodbye_on_it(unlinked, monkeypatch) -> None:
+    # Rank 0's dial passes its side of the handshake; rank 1 begins to close before its side
+    # is done. Rank 1 takes the link all the same and says goodbye on it: rank 0 learns that it
+    # left, not that a link broke.
+    zero, one, _ = unlinked
+    checking, leaving = threading.Event(), threading.Event()
+    handshake = mesh_module.auth.handshake_server
+
+    def slow_handshake(*args, **kwargs):
+        checking.set()
+        leaving.wait(10.0)
+        deadline = time.monotonic() + 10.0
+        while not one._mesh._closed and time.monotonic() < deadline:  # rank 1 stopped listening
+            time.sleep(0.001)
+        return handshake(*args, **kwargs)
+
+    monkeypatch.setattr(mesh_module.auth, "handshake_server", slow_handshake)
+    dial = threading.Thread(target=zero._open, args=(1,))
+    dial.start()
+    assert checking.wait(10.0)
+    closing = threading.Thread(target=one.close, args=(5.0,))
+    closing.start()
+    leaving.set()
+    dial.join(10.0)
+    closing.join(10.0)
+    with pytest.raises(PeerLostError) as info:
+        zero.irecv(1, memoryview(np.zeros(2)).cast("B"), TAG).wait(10.0)
+    assert info.value.left, info.value

@@ -592,8 +592,8 @@ class TcpTransport(Transport):
         if self.role.closing:
             return
         deadline = time.monotonic() + linger
-        if self._mesh is not None:
-            self._mesh.close()
+        if self._mesh is not None:  # links it is still checking are taken, and told goodbye below
+            self._mesh.close(wait=linger)
         with self._adding:
             self._adopting = False
             links = list(self._every)
