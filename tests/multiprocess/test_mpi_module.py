@@ -365,6 +365,39 @@ def test_peer_lost_is_an_mpi_error():
     assert outcomes[1].exitcode == 3
 
 
+def body_sent_while_looking_who_left() -> str:
+    """Rank 1 sends and leaves while rank 0, waiting for it, has looked at what arrived and not
+    yet at who left (held there until rank 1 is gone): the message counts, not the leaving."""
+    import time
+
+    from tensorcomm.core.lifecycle import current_world
+
+    comm = MPI.COMM_WORLD
+    comm.Barrier()
+    if comm.rank == 1:
+        time.sleep(0.3)  # rank 0 is waiting by then
+        comm.send("last words", dest=0, tag=3)
+        return "sent"
+    transport = current_world().transport
+    look = transport.lost_peers
+
+    def late_look() -> frozenset[int]:
+        deadline = time.monotonic() + 20
+        while 1 not in look() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return look()
+
+    transport.lost_peers = late_look  # type: ignore[method-assign]
+    return comm.recv(source=1, tag=3)
+
+
+@pytest.mark.parametrize("env", [{}, {"TENSORCOMM_TRANSPORT": "tcp"}], ids=["shm", "tcp"])
+def test_a_message_sent_before_leaving_counts_though_the_leaving_is_seen_first(env):
+    outcomes = spawn_ranks(body_sent_while_looking_who_left, 2, timeout=60,
+                           env={"TENSORCOMM_TIMEOUT": "20", **env})
+    assert [o.result for o in outcomes] == ["last words", "sent"], outcomes[0].output
+
+
 def body_lent_then_lost() -> str:
     """Rank 1 starts sending an object longer than a mailbox ring (read from its memory where the
     domain allows) and leaves before rank 0 looks: rank 0's receive fails naming rank 1, or gets

@@ -1,17 +1,21 @@
 """TCP links made when first needed (``mesh.Mesh`` + ``TcpTransport._open``): either end may dial,
-both may at once, the messages of each sender stay in order, and a peer that is gone is named
-instead of waited for."""
+both may at once, the messages of each sender stay in order (up to its goodbye, which may come
+first on the other link), and a peer that is gone is named instead of waited for."""
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
 from tensorcomm.errors import PeerLostError
+from tensorcomm.transports.tcp import mesh as mesh_module
 from tensorcomm.transports.tcp.mesh import Mesh
+from tensorcomm.transports.tcp.sealing import HEADERS, Sealer
 from tensorcomm.transports.tcp.transport import TcpTransport
 
 from helpers import SECRET, close_at_once
@@ -78,3 +82,107 @@ def test_a_peer_that_is_gone_is_named_at_the_first_receive(unlinked) -> None:
     assert info.value.rank == 2
     with pytest.raises(PeerLostError, match="rank 2"):  # and at once from then on
         zero.isend(2, memoryview(np.zeros(2)).cast("B"), TAG).wait(1.0)
+
+
+def _two_links() -> tuple[TcpTransport, TcpTransport]:
+    """Ranks 0 and 1 joined by two links, as when both dialled at once: rank 0 sends on the
+    first, rank 1 on the second."""
+    first, second = socket.socketpair(), socket.socketpair()
+
+    def sealer(me: int) -> Sealer:
+        keys = (b"0" * 32, b"1" * 32)
+        return Sealer(1 - me, HEADERS, keys[me], keys[1 - me])
+
+    zero = TcpTransport(0, 2, {1: (first[0], sealer(0))}, send_timeout=10.0)
+    one = TcpTransport(1, 2, {0: (second[1], sealer(1))}, send_timeout=10.0)
+    zero.adopt(1, second[0], sealer(0))
+    one.adopt(0, first[1], sealer(1))
+    return zero, one
+
+
+@pytest.mark.parametrize("posted", ["before", "after the first goodbye"])
+def test_messages_sent_before_leaving_arrive_though_a_goodbye_comes_first_on_the_other_link(posted) -> None:
+    # Rank 1 sends a large message, then a small one, then leaves: its goodbye on the link it
+    # did not send on is read long before the small message, queued behind the large one.
+    zero, one = _two_links()
+    large, small = np.ones(1 << 20), np.full(4, 7.0)
+    got_large, got_small = np.zeros_like(large), np.zeros_like(small)
+    receiving = zero.irecv(1, memoryview(got_small).cast("B"), TAG + 1) if posted == "before" else None
+    one.isend(0, memoryview(large).cast("B"), TAG)
+    one.isend(0, memoryview(small).cast("B"), TAG + 1)
+    leaving = threading.Thread(target=one.close, args=(10.0,))
+    leaving.start()
+    try:
+        if receiving is None:
+            deadline = time.monotonic() + 10.0
+            while not zero._links[1].closed and time.monotonic() < deadline:  # its goodbye is read
+                time.sleep(0.001)
+            receiving = zero.irecv(1, memoryview(got_small).cast("B"), TAG + 1)
+        zero.irecv(1, memoryview(got_large).cast("B"), TAG).wait(10.0)
+        receiving.wait(10.0)
+        assert (got_large == 1).all() and got_small.tolist() == small.tolist()
+        with pytest.raises(PeerLostError, match="left the job") as info:  # nothing more comes
+            zero.irecv(1, memoryview(got_small).cast("B"), TAG).wait(10.0)
+        assert info.value.rank == 1 and info.value.left
+    finally:
+        leaving.join(15.0)
+        zero.close(linger=0.1)
+
+
+def test_a_link_its_peer_closed_unused_is_dropped_while_another_stays() -> None:
+    # Rank 1 refused a link rank 0 dialled (it was leaving) and closed it before sending a frame
+    # on it; the link it sends on stays. Rank 0 loses only that link, and sends on the other.
+    spare, first = socket.socketpair(), socket.socketpair()
+    keys = (b"0" * 32, b"1" * 32)
+    zero = TcpTransport(0, 2, {1: (spare[0], Sealer(1, HEADERS, *keys))}, send_timeout=10.0)
+    one = TcpTransport(1, 2, {0: (first[1], Sealer(0, HEADERS, *keys[::-1]))}, send_timeout=10.0)
+    zero.adopt(1, first[0], Sealer(1, HEADERS, *keys))
+    got, back = np.zeros(4), np.zeros(4)
+    receiving = zero.irecv(1, memoryview(got).cast("B"), TAG)
+    spare[1].close()
+    deadline = time.monotonic() + 10.0
+    while not zero._every[0].closed and time.monotonic() < deadline:  # its end was read
+        time.sleep(0.001)
+    try:
+        answer = one.irecv(0, memoryview(back).cast("B"), TAG)
+        zero.isend(1, memoryview(np.full(4, 3.0)).cast("B"), TAG).wait(10.0)
+        answer.wait(10.0)
+        one.isend(0, memoryview(np.full(4, 7.0)).cast("B"), TAG).wait(10.0)
+        one.close(linger=10.0)
+        receiving.wait(10.0)
+        assert got.tolist() == [7.0] * 4 and back.tolist() == [3.0] * 4
+        with pytest.raises(PeerLostError, match="left the job"):
+            zero.irecv(1, memoryview(got).cast("B"), TAG).wait(10.0)
+    finally:
+        one.close(linger=0.1)
+        zero.close(linger=0.1)
+
+
+def test_a_rank_that_leaves_while_checking_a_dial_says_goodbye_on_it(unlinked, monkeypatch) -> None:
+    # Rank 0's dial passes its side of the handshake; rank 1 begins to close before its side
+    # is done. Rank 1 takes the link all the same and says goodbye on it: rank 0 learns that it
+    # left, not that a link broke.
+    zero, one, _ = unlinked
+    checking, leaving = threading.Event(), threading.Event()
+    handshake = mesh_module.auth.handshake_server
+
+    def slow_handshake(*args, **kwargs):
+        checking.set()
+        leaving.wait(10.0)
+        deadline = time.monotonic() + 10.0
+        while not one._mesh._closed and time.monotonic() < deadline:  # rank 1 stopped listening
+            time.sleep(0.001)
+        return handshake(*args, **kwargs)
+
+    monkeypatch.setattr(mesh_module.auth, "handshake_server", slow_handshake)
+    dial = threading.Thread(target=zero._open, args=(1,))
+    dial.start()
+    assert checking.wait(10.0)
+    closing = threading.Thread(target=one.close, args=(5.0,))
+    closing.start()
+    leaving.set()
+    dial.join(10.0)
+    closing.join(10.0)
+    with pytest.raises(PeerLostError) as info:
+        zero.irecv(1, memoryview(np.zeros(2)).cast("B"), TAG).wait(10.0)
+    assert info.value.left, info.value

@@ -448,11 +448,12 @@ class Engine:
                     woke = False
                 if woke:
                     continue
-                with self.lock:  # what came before a peer left still counts
+                # Who left, then what came: all a peer sent before it was seen gone still counts.
+                lost = self.transport.lost_peers()
+                with self.lock:
                     self._poll()
                     if ready():
                         return
-                lost = self.transport.lost_peers()
                 if peer is not None and peer in lost:
                     raise PeerLostError(peer, "it left before sending the message received")
                 if peer is None and lost >= set(self.ranks) - {self.ranks[self._me()]}:

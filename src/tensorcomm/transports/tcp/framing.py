@@ -19,11 +19,15 @@ from ...signature import NO_SIGNATURE, Signature
 HEADER = struct.Struct("<IIQQ5q")
 MAGIC = 0x31434D54  # b"TMC1" read little-endian
 KIND_DATA = 1
-KIND_BYE = 2  # the peer is closing on purpose (destroy), not dying
+KIND_BYE = 2  # the peer is closing on purpose (destroy), not dying; tag: BYE_SENT or BYE_SPARE
 KIND_ABORT = 3  # the peer aborted a group: tag is the group id, payload says why
 KIND_PROBE = 4  # "which call of group <tag> have you reached?" (sent when a wait stalls)
 KIND_PROBE_REPLY = 5  # the answer: payload is PROBE_REPLY, the header carries that call's signature
 KINDS = (KIND_DATA, KIND_BYE, KIND_ABORT, KIND_PROBE, KIND_PROBE_REPLY)
+# A pair may hold two links (both dialled at once); each end sends on one and says goodbye on
+# both. Only the goodbye on the link it sent on comes after all it sent: the other may come first.
+BYE_SENT = 0  # the last frame on the link the peer sent its messages on: it sends no more
+BYE_SPARE = 1  # a link the peer sent no message on: this link closes, the peer may not be done
 PROBE_REPLY = struct.Struct("<q")  # the latest call sequence number started, -1 for none
 MAX_ABORT_BYTES = 64 << 10  # an abort payload (transports.base.encode_abort)
 

@@ -36,6 +36,11 @@ _get_ident = threading.get_ident
 _OUTQ = termios.TIOCOUTQ  # SIOCOUTQ on a socket: the bytes of its send queue the peer has not taken
 
 
+class Untaken(ConnectionError):
+    """The peer closed the link before sending a single frame on it: it never took it (it refused
+    it while leaving, say) or it died."""
+
+
 class Unexpected:
     """A message that arrived before its receive was posted (``complete`` once all is in).
 
@@ -224,7 +229,8 @@ class Link:
                 if n == 0:
                     if self.header_got:
                         raise ConnectionError(f"connection closed after {self.header_got} bytes of a header")
-                    raise ConnectionError("connection closed without a goodbye")
+                    raise (ConnectionError if self.sealer.received else Untaken)(
+                        "connection closed without a goodbye")
                 self.header_got += n
                 if self.header_got < sealing.HEADER_BYTES:
                     continue
@@ -272,8 +278,9 @@ class Link:
         if kind == framing.KIND_BYE:
             self.kind = 0
             self.closed = True
-            self._transport.peer_gone(self.peer, PeerLostError(
-                self.peer, "it left the job (destroy() was called)", left=True))
+            if tag == framing.BYE_SENT:  # every message it sent on any link has been read
+                self._transport.peer_gone(self.peer, PeerLostError(
+                    self.peer, "it left the job (destroy() was called)", left=True))
             return
         if kind != framing.KIND_DATA:
             self.target = memoryview(bytearray(nbytes))  # small, bounded by MAX_ABORT_BYTES

@@ -215,8 +215,11 @@ class Mesh:
         for peer, (sock, sealer) in early.items():
             deliver(peer, sock, sealer)
 
-    def close(self) -> None:
-        """Stop accepting; close the links dialled in that nobody took."""
+    def close(self, wait: float = 0.0) -> None:
+        """Stop accepting; close the links dialled in that nobody took. Handshakes under way get
+        up to ``wait`` seconds to end: their links still go to ``attach``'s taker (a transport
+        that closes says goodbye on them), so a rank whose dial this one was checking does not
+        see it closed without a word (and take this rank for dead)."""
         with self._lock:
             if self._closed:
                 return
@@ -230,6 +233,8 @@ class Mesh:
         self._thread.join(5.0)
         self._listener.close()
         self._gate.close()
+        if wait > 0:
+            self._gate.join(wait)
         for sock, _ in left:
             sock.close()
 
@@ -294,7 +299,7 @@ class Mesh:
             return None
         with self._lock:
             deliver = self._deliver
-            if self._closed:
+            if self._closed and deliver is None:  # set-up is over, and nobody takes links
                 sock.close()
                 return None
             if not 0 <= rank < self.size or rank == self.rank or rank in self._seen:

@@ -109,6 +109,11 @@ class Sealer:
         return cls(session.peer_rank, level, session.direction_key(b"frames", True),
                    session.direction_key(b"frames", False))
 
+    @property
+    def received(self) -> int:
+        """The frames opened so far (``open_header``)."""
+        return self._received
+
     def seal(self, header: bytes, payload: memoryview, data: bool) -> list[memoryview]:
         """The wire parts of one frame: the header with its trailer, then the payload (if any)."""
         number = self._sent.to_bytes(8, "little")

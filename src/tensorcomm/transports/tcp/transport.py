@@ -30,7 +30,8 @@ members waiting on someone else learn of a failure at once instead of at their t
 Links: those set-up made (``mesh.Mesh.connect``), and, with a ``mesh``, one made the first time a
 send, a receive or a probe names a peer without one (``_open``), or dialled in by that peer
 (``adopt``). A pair may so hold two links; each end sends on the first it had, and reads both,
-so the messages of one sender stay in order.
+so the messages of one sender stay in order. Its goodbye on the other link may be read before
+them: only the one on the link it sent on says it is gone (``framing.BYE_SENT``).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ from ..liveness import ProcessWatch
 from ..matching import Batch, Matching, MessageRequest, finished, misfit
 from . import framing
 from .driving import NO_DEADLINE, Driving
-from .link import Link, Unexpected
+from .link import Link, Unexpected, Untaken
 from .mesh import Mesh
 from .sealing import Sealer
 
@@ -220,7 +221,7 @@ class TcpTransport(Transport):
                     except OSError:
                         pass
                 except (OSError, framing.BadFrame) as exc:
-                    if not self.role.closing:
+                    if not self.role.closing and not (isinstance(exc, Untaken) and self._drop_untaken(link)):
                         self.link_failed(link, PeerLostError(link.peer, str(exc)))
                     link.closed = True
             if not events:
@@ -262,6 +263,23 @@ class TcpTransport(Transport):
             if late.request is not None:
                 late.request.finish(link.peer, error)  # names the stall itself
             self._break_link(link, error)
+
+    def _drop_untaken(self, link: Link) -> bool:
+        """``link``'s peer closed it unused (``Untaken``) while another link to it is open: the
+        peer never took this one (both ranks dialled at once and it refused it as it left), so
+        the peer is not lost. Close only this link, send on the other from now on and return
+        True; False where no other is open (the peer is gone). Driver only."""
+        with self._adding:
+            other = next((each for each in self._every
+                          if each.peer == link.peer and each is not link and not each.closed), None)
+            if other is None:
+                return False
+            if self._links.get(link.peer) is link:
+                self._links[link.peer] = other
+        error = PeerLostError(link.peer, "it closed the link this send was on without reading it")
+        for request in link.take_pending():
+            request.finish(link.peer, error)
+        return True
 
     def _break_link(self, link: Link, error: CommError) -> None:
         """A frame went out half-sent: nothing more can travel on this link. Fail it for good."""
@@ -574,15 +592,15 @@ class TcpTransport(Transport):
         if self.role.closing:
             return
         deadline = time.monotonic() + linger
-        if self._mesh is not None:
-            self._mesh.close()
+        if self._mesh is not None:  # links it is still checking are taken, and told goodbye below
+            self._mesh.close(wait=linger)
         with self._adding:
             self._adopting = False
             links = list(self._every)
-        bye = framing.pack_header(framing.KIND_BYE, 0, 0, None)
-        for link in links:
-            if link.peer not in self.match.lost:
-                link.send(bye, memoryview(b""), None)
+        for link in links:  # the goodbye on the link this end sends on says it sends no more
+            if link.peer not in self.match.lost and not link.closed:  # closed: it left, or never took it
+                which = framing.BYE_SENT if self._links.get(link.peer) is link else framing.BYE_SPARE
+                link.send(framing.pack_header(framing.KIND_BYE, which, 0, None), memoryview(b""), None)
         self.role.run_until(lambda: all(link.closed or not link.queue for link in links), linger)
         for link in links:
             try:
