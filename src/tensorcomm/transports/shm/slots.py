@@ -99,7 +99,7 @@ _KIND_OF = {CollectiveMismatchError: FAULT_MISMATCH, GroupAbortedError: FAULT_AB
             PeerLostError: FAULT_PEER_LOST, CommTimeoutError: FAULT_TIMEOUT}
 
 SIGNATURE = struct.Struct("5q")
-# Per step parity, (word, extent) of every member: what a bound call expects announced.
+# Per step parity, (word, extent) of every peer: what a bound call expects announced.
 ExtentChecks = tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]
 
 
@@ -163,7 +163,7 @@ class Slots:
     def start(self, ctx: CallInfo, extent: int | None = None, expected: ExtentChecks | None = None) -> bool:
         """Begin a call, as every algorithm does first: announce it with this rank's first post
         (``announce``), wait for every peer's first post of it and check that they announced the
-        same call (``meet``). Returns whether a member announced an extent other than
+        same call (``meet``). Returns whether a peer announced an extent other than
         ``expected`` says (``extents_differ``; False without ``expected``).
 
         Raises:
@@ -292,13 +292,15 @@ class Slots:
         return [words[entry[step_parity] + 2] for entry in self._entry]
 
     def extent_checks(self, expected: Sequence[int]) -> ExtentChecks:
-        """What ``start`` and ``extents_differ`` compare to find a member that announced an
-        extent other than ``expected[member]`` (one per member), made once for a bound call."""
-        checks = [tuple(zip(self._extents[p], expected, strict=True)) for p in (0, 1)]
+        """What ``start`` and ``extents_differ`` compare to find a peer that announced an
+        extent other than ``expected[peer]`` (one per member), made once for a bound call."""
+        if len(expected) != self.size:
+            raise ValueError(f"expected: one extent per member ({self.size}), got {len(expected)}")
+        checks = [tuple((self._extents[p][q], expected[q]) for q in self.peers) for p in (0, 1)]
         return checks[0], checks[1]
 
     def extents_differ(self, ctx: CallInfo, expected: ExtentChecks) -> bool:
-        """Whether any member's announced extent for this call is not what ``expected`` (made
+        """Whether any peer's announced extent for this call is not what ``expected`` (made
         by ``extent_checks``) says."""
         words = self.words
         for word, extent in expected[ctx.seq & 1]:  # noqa: SIM110 - any(): a generator, a frame on every run
