@@ -64,7 +64,8 @@ class Bound:
         # A round's waits start their clock when they must wait (``Slots._block``); a round that
         # finds its peers there reads no clock for it. Rounds that go on set it (``_go_on``).
         ctx.deadline = math.inf
-        self._expected = None if one is None or one.extents is None else list(one.extents)
+        self._expected = (None if one is None or one.extents is None  # what its members must announce
+                          else one.domain.slots.extent_checks(one.extents))
         self._index = -1  # the running call's flight record
         self._in_slot = 0  # the running call's IN slot
         self.parked = False

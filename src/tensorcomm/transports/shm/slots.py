@@ -99,6 +99,8 @@ _KIND_OF = {CollectiveMismatchError: FAULT_MISMATCH, GroupAbortedError: FAULT_AB
             PeerLostError: FAULT_PEER_LOST, CommTimeoutError: FAULT_TIMEOUT}
 
 SIGNATURE = struct.Struct("5q")
+# Per step parity, (word, extent) of every peer: what a bound call expects announced.
+ExtentChecks = tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]
 
 
 def control_bytes(size: int) -> int:
@@ -158,11 +160,11 @@ class Slots:
 
     # -- the per-call protocol -----------------------------------------------------------------
 
-    def start(self, ctx: CallInfo, extent: int | None = None, expected: Sequence[int] | None = None) -> bool:
+    def start(self, ctx: CallInfo, extent: int | None = None, expected: ExtentChecks | None = None) -> bool:
         """Begin a call, as every algorithm does first: announce it with this rank's first post
         (``announce``), wait for every peer's first post of it and check that they announced the
-        same call (``meet``). Returns whether a member announced an extent other than
-        ``expected``'s (``extents_differ``; False without ``expected``).
+        same call (``meet``). Returns whether a peer announced an extent other than
+        ``expected`` says (``extents_differ``; False without ``expected``).
 
         Raises:
             CollectiveMismatchError: a peer announced a different call; names both.
@@ -195,7 +197,7 @@ class Slots:
             if words[word] != token:
                 raise self._mismatch(word, ctx)
         if expected is not None:  # ``extents_differ``, inline: a bound round's check, every run
-            for word, want in zip(self._extents[step_parity], expected):  # noqa: B905 - see extents_differ
+            for word, want in expected[step_parity]:
                 if words[word] != want:
                     return True
         return False
@@ -289,13 +291,20 @@ class Slots:
         words, step_parity = self.words, ctx.seq & 1
         return [words[entry[step_parity] + 2] for entry in self._entry]
 
-    def extents_differ(self, ctx: CallInfo, expected: Sequence[int]) -> bool:
-        """Whether any member's announced extent for this call is not ``expected[member]``
-        (one per member; zip without ``strict``: any keyword argument sends zip down a path
-        that costs more than the check)."""
+    def extent_checks(self, expected: Sequence[int]) -> ExtentChecks:
+        """What ``start`` and ``extents_differ`` compare to find a peer that announced an
+        extent other than ``expected[peer]`` (one per member), made once for a bound call."""
+        if len(expected) != self.size:
+            raise ValueError(f"expected: one extent per member ({self.size}), got {len(expected)}")
+        checks = [tuple((self._extents[p][q], expected[q]) for q in self.peers) for p in (0, 1)]
+        return checks[0], checks[1]
+
+    def extents_differ(self, ctx: CallInfo, expected: ExtentChecks) -> bool:
+        """Whether any peer's announced extent for this call is not what ``expected`` (made
+        by ``extent_checks``) says."""
         words = self.words
-        for word, extent in zip(self._extents[ctx.seq & 1], expected):  # noqa: B905, SIM110 - any():
-            if words[word] != extent:  # a generator, a frame on every run
+        for word, extent in expected[ctx.seq & 1]:  # noqa: SIM110 - any(): a generator, a frame on every run
+            if words[word] != extent:
                 return True
         return False
 
