@@ -61,7 +61,6 @@ from ..base import (
     SEQ_BITS,
     STEP_BITS,
     Transport,
-    call_of_tag,
     decode_abort,
     encode_abort,
     group_of_tag,
@@ -70,8 +69,9 @@ from ..liveness import ProcessWatch
 from ..matching import Batch, Matching, MessageRequest, finished, misfit
 from . import framing
 from .driving import NO_DEADLINE, Driving
-from .link import Link, Unexpected, Untaken
+from .link import Link, Untaken
 from .mesh import Mesh
+from .pool import Pool, Unexpected
 from .sealing import Sealer
 
 _POLLIN = select.POLLIN | select.POLLERR | select.POLLHUP
@@ -103,8 +103,9 @@ class TcpTransport(Transport):
         wire = discovery.wire_dtype()
         self.wire_dtype = None if wire is None else bfloat16() if wire == "bfloat16" else np.dtype(np.float16)
         # Shared with the links: the matching state and its lock, and the driver role.
-        self.lock = threading.Lock()  # guards ``match``, ``_progress`` and the spares
+        self.lock = threading.Lock()  # guards ``match``, ``_progress`` and the pool's spares
         self.match: Matching[MessageRequest, Unexpected] = Matching(rank, size)
+        self.pool = Pool(rank, self.match, self.lock, self.abort_group)  # messages before their receive
         self.role = Driving(self._drive, rank)  # who drives (see the module docstring)
         self._noted = -1  # the call (tag >> STEP_BITS) whose signature was noted last
         # (group, peer) -> their latest call and its signature, from probe replies
@@ -112,8 +113,6 @@ class TcpTransport(Transport):
         # group id -> the first failure of its own a peer reported (not a lost peer it passed on)
         self._peer_failures: dict[int, BaseException] = {}
         self._on_peer_lost = on_peer_lost
-        self._spares: dict[int, list[np.ndarray]] = {}  # reusable unexpected-message buffers
-        self._spare_bytes = 0
         # Links the driver must look at before it polls: those with frames queued (added by the
         # send that queues one) and new ones; the others stay registered for reading as they are.
         self.unsettled: set[Link] = set()
@@ -294,7 +293,7 @@ class TcpTransport(Transport):
     def isend(self, peer: int, data: memoryview, tag: int,
               signature: Signature | None = None) -> MessageRequest:
         if peer == self.rank:
-            self._deliver(self.rank, tag, memoryview(bytearray(data)), signature)
+            self.pool.deliver(self.rank, tag, memoryview(bytearray(data)), signature)
             return finished(self.rank)
         match = self.match
         error = match.refusal(peer, tag) if match.aborted or match.aborted_groups or match.lost else None
@@ -338,9 +337,9 @@ class TcpTransport(Transport):
         if entry is None:
             request.finish(peer, error)
         elif entry.complete:
-            self.fill(request, source, entry)
+            self.pool.fill(request, source, entry)
         else:
-            self.reject(request, source, error)  # type: ignore[arg-type]
+            self.pool.reject(request, source, error)  # type: ignore[arg-type]
         return request
 
     def exchange(self, receives: Sequence[tuple[int, memoryview]], sends: Sequence[tuple[int, memoryview]],
@@ -387,20 +386,9 @@ class TcpTransport(Transport):
             header = _pack_header(framing.MAGIC, framing.KIND_DATA, tag, len(payload), *fields)
             requests.append(link.send(header, payload, tag))  # type: ignore[arg-type]
         for request, entry in early:
-            self.fill(request, request.peer, entry)  # type: ignore[arg-type]
+            self.pool.fill(request, request.peer, entry)  # type: ignore[arg-type]
         requests += [self.irecv(peer, out, tag, signature) for peer, out in slow]
         return Batch(role, requests)
-
-    def _deliver(self, source: int, tag: int, data: memoryview, signature: Signature | None) -> None:
-        """Hand a whole message to its posted receive, or queue it (a message to oneself)."""
-        with self.lock:
-            request = self.match.pop_posted(source, tag)
-            if request is None:
-                self.match.queue(source, tag, Unexpected(data, signature, True))
-        if request is None:
-            self.check_late(source, tag, signature)
-        else:
-            self.fill(request, source, Unexpected(data, signature, True))
 
     def _note_call(self, tag: int, signature: Signature | None) -> BaseException | None:
         """Remember this rank's signature for the tag's call; check messages already queued for it.
@@ -420,50 +408,7 @@ class TcpTransport(Transport):
         self._noted = tag >> STEP_BITS
         return None
 
-    # -- what the links call back: a message's fit, its buffer, control frames, failures ----------
-
-    def check_late(self, source: int, tag: int, signature: Signature | None) -> None:
-        """Abort the group if an unmatched message contradicts the call this rank made."""
-        late = self.match.late_mismatch(source, tag, signature)
-        if late is not None:
-            self.abort_group(*late)
-
-    def reject(self, request: MessageRequest, source: int, error: BaseException) -> None:
-        """Fail ``request`` for a message that does not fit it, and abort its group everywhere."""
-        call = call_of_tag(request.tag)
-        if call is not None:
-            self.abort_group(call[0], error)
-        request.finish(source, error)
-
-    def fill(self, request: MessageRequest, source: int, entry: Unexpected) -> None:
-        """Copy a whole unexpected message into ``request`` (or fail it if they disagree)."""
-        error = misfit(request, source, len(entry.data), entry.signature, self.rank)
-        if error is None:
-            request.out[:] = entry.data  # type: ignore[index]
-        self.give_back(entry)
-        if error is None:
-            request.finish(source)
-        else:
-            self.reject(request, source, error)
-
-    def take_spare(self, nbytes: int) -> np.ndarray:
-        """A buffer for an unexpected message: a reused one of that size if there is one
-        (fresh memory costs a page fault per page; see ``algorithms.base.Scratch``). Hold ``lock``."""
-        kept = self._spares.get(nbytes)
-        if kept:
-            self._spare_bytes -= nbytes
-            return kept.pop()
-        return np.empty(nbytes, np.uint8)
-
-    def give_back(self, entry: Unexpected) -> None:
-        """Keep ``entry``'s buffer for the next unexpected message of its size, within bounds."""
-        spare, entry.spare = entry.spare, None
-        if spare is None or spare.size == 0:
-            return
-        with self.lock:
-            if self._spare_bytes + spare.size <= config.SCRATCH_KEEP_BYTES:
-                self._spares.setdefault(spare.size, []).append(spare)
-                self._spare_bytes += spare.size
+    # -- what the links call back: control frames, failures --------------------------------------
 
     def on_control(self, peer: int, kind: int, tag: int, payload: memoryview,
                    signature: Signature | None) -> None:
