@@ -66,8 +66,9 @@ class Send:
 class Owner(Protocol):
     """What a link needs of the transport that owns it (``TcpTransport``): its matching, lock,
     driving role and unexpected-message ``pool`` (``pool.Pool``: where a message that comes
-    before its receive goes), and what it does when a control frame or a failure comes in. A
-    Protocol, so that this module need not import the transport's (which imports this one)."""
+    before its receive goes), and what it does when a control frame or a failure comes in
+    (``links.Links`` calls the last too). A Protocol, so that this module need not import the
+    transport's or ``links.py`` (which import this one)."""
 
     rank: int
     send_timeout: float
@@ -75,7 +76,7 @@ class Owner(Protocol):
     lock: threading.Lock
     role: Driving
     pool: Pool
-    unsettled: set[Link]  # links the driver must look at before it polls (``TcpTransport._settle``)
+    unsettled: set[Link]  # links the driver must look at before it polls (``links.Links._settle``)
 
     def link_failed(self, link: Link, error: PeerLostError) -> None: ...
     def cause(self, request: MessageRequest, error: BaseException) -> BaseException: ...
