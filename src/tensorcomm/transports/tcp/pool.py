@@ -6,8 +6,9 @@ buffer of the ``Pool``); a receive posted later takes it from the transport's ``
 The pool keeps the buffers for reuse (fresh memory costs a page fault per page; see
 ``algorithms.base.Scratch``), checks a message against the receive it meets and against the call
 this rank made (a disagreement aborts the group everywhere), and delivers the messages a rank
-sends to itself. Imports ``transports.matching`` and ``signature``; the aborting is the
-caller's (``abort_group``), so that this module needs nothing of the transport's.
+sends to itself. Imports ``config``, ``signature``, ``transports.base`` and
+``transports.matching``; the aborting is the owner's (``abort_group``), so that this module needs
+nothing of the transport's.
 """
 
 from __future__ import annotations
