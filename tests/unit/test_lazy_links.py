@@ -1,4 +1,4 @@
-"""TCP links made when first needed (``mesh.Mesh`` + ``TcpTransport._open``): either end may dial,
+"""TCP links made when first needed (``mesh.Mesh`` + ``links.Links.open``): either end may dial,
 both may at once, the messages of each sender stay in order (up to its goodbye, which may come
 first on the other link), and a peer that is gone is named instead of waited for."""
 
@@ -95,8 +95,8 @@ def _two_links() -> tuple[TcpTransport, TcpTransport]:
 
     zero = TcpTransport(0, 2, {1: (first[0], sealer(0))}, send_timeout=10.0)
     one = TcpTransport(1, 2, {0: (second[1], sealer(1))}, send_timeout=10.0)
-    zero.adopt(1, second[0], sealer(0))
-    one.adopt(0, first[1], sealer(1))
+    zero.links.adopt(1, second[0], sealer(0))
+    one.links.adopt(0, first[1], sealer(1))
     return zero, one
 
 
@@ -136,12 +136,12 @@ def test_a_link_its_peer_closed_unused_is_dropped_while_another_stays() -> None:
     keys = (b"0" * 32, b"1" * 32)
     zero = TcpTransport(0, 2, {1: (spare[0], Sealer(1, HEADERS, *keys))}, send_timeout=10.0)
     one = TcpTransport(1, 2, {0: (first[1], Sealer(0, HEADERS, *keys[::-1]))}, send_timeout=10.0)
-    zero.adopt(1, first[0], Sealer(1, HEADERS, *keys))
+    zero.links.adopt(1, first[0], Sealer(1, HEADERS, *keys))
     got, back = np.zeros(4), np.zeros(4)
     receiving = zero.irecv(1, memoryview(got).cast("B"), TAG)
     spare[1].close()
     deadline = time.monotonic() + 10.0
-    while not zero._every[0].closed and time.monotonic() < deadline:  # its end was read
+    while not zero.links._every[0].closed and time.monotonic() < deadline:  # its end was read
         time.sleep(0.001)
     try:
         answer = one.irecv(0, memoryview(back).cast("B"), TAG)
@@ -170,12 +170,12 @@ def test_a_rank_that_leaves_while_checking_a_dial_says_goodbye_on_it(unlinked, m
         checking.set()
         leaving.wait(10.0)
         deadline = time.monotonic() + 10.0
-        while not one._mesh._closed and time.monotonic() < deadline:  # rank 1 stopped listening
+        while not one.links._mesh._closed and time.monotonic() < deadline:  # rank 1 stopped listening
             time.sleep(0.001)
         return handshake(*args, **kwargs)
 
     monkeypatch.setattr(mesh_module.auth, "handshake_server", slow_handshake)
-    dial = threading.Thread(target=zero._open, args=(1,))
+    dial = threading.Thread(target=zero.links.open, args=(1,))
     dial.start()
     assert checking.wait(10.0)
     closing = threading.Thread(target=one.close, args=(5.0,))

@@ -18,9 +18,9 @@ Joining costs one store write and one store read per rank: each rank's ``join/``
 where it runs, whether it may use shared memory, its TCP address and its process. Ranks that
 share a host, may all use shared memory and see each other's processes (*partners*) get no TCP
 link at init: their groups run on shared memory, and a link is made when something first needs
-one (``TcpTransport._open``); every other pair is linked at init, concurrently. A partner's death
-is seen from its process (``transports/liveness.py``), a linked peer's from its link
-(``lost_peers``). Joining waits up to the join timeout (``TENSORCOMM_JOIN_TIMEOUT``), not the
+one (``transports/tcp/links.Links.open``); every other pair is linked at init, concurrently. A
+partner's death is seen from its process (``transports/liveness.py``), a linked peer's from its
+link (``lost_peers``). Joining waits up to the join timeout (``TENSORCOMM_JOIN_TIMEOUT``), not the
 collective timeout: ranks of a large job on a busy host may start minutes apart.
 """
 

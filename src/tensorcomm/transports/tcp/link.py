@@ -4,9 +4,10 @@ Sending: ``send`` seals a frame, writes what the socket takes at once and queues
 driver writes the queue as the socket makes room (``write``). Reading: the driver calls ``read``
 when the socket has data; it reads headers and payloads with non-blocking calls only, a data
 payload straight into its posted receive (``recv_into``, zero-copy) or into the unexpected queue
-(in the transport's reused buffers) and from there into the receive posted later. Which receive
-a message goes to is the transport's ``Matching``; what control frames (abort, probe, goodbye)
-do is the transport's too. Everything here but ``send`` runs in the driver only.
+(an ``Unexpected`` in a buffer of the transport's ``pool.Pool``) and from there into the receive
+posted later. Which receive a message goes to is the transport's ``Matching``; what control
+frames (abort, probe, goodbye) do is the transport's too. Everything here but ``send`` runs in
+the driver only.
 """
 
 from __future__ import annotations
@@ -20,13 +21,12 @@ import time
 from collections import deque
 from typing import Protocol
 
-import numpy as np
-
 from ...errors import PeerLostError
 from ...signature import Signature
 from ..matching import Matching, MessageRequest, finished, misfit
 from . import framing, sealing
 from .driving import Driving
+from .pool import Pool, Unexpected
 from .sealing import Sealer
 
 _READ_BUDGET = 4 << 20  # bytes read from one link per turn, so a busy link starves no other
@@ -39,24 +39,6 @@ _OUTQ = termios.TIOCOUTQ  # SIOCOUTQ on a socket: the bytes of its send queue th
 class Untaken(ConnectionError):
     """The peer closed the link before sending a single frame on it: it never took it (it refused
     it while leaving, say) or it died."""
-
-
-class Unexpected:
-    """A message that arrived before its receive was posted (``complete`` once all is in).
-
-    A receive posted while it is still arriving attaches itself (``request``); the link then
-    copies what came so far and reads the rest straight into the request's buffer.
-    """
-
-    __slots__ = ("data", "signature", "complete", "request", "spare")
-
-    def __init__(self, data: memoryview, signature: Signature | None, complete: bool,
-                 spare: np.ndarray | None = None) -> None:
-        self.data = data
-        self.spare = spare  # the transport's reusable buffer behind ``data``, if it is one
-        self.signature = signature
-        self.complete = complete
-        self.request: MessageRequest | None = None
 
 
 class Send:
@@ -82,25 +64,23 @@ class Send:
 
 
 class Owner(Protocol):
-    """What a link needs of the transport that owns it (``TcpTransport``): its matching, lock
-    and driving role, and what it does when a frame or a failure comes in. A Protocol, so that
-    this module need not import the transport's (which imports this one)."""
+    """What a link needs of the transport that owns it (``TcpTransport``): its matching, lock,
+    driving role and unexpected-message ``pool`` (``pool.Pool``: where a message that comes
+    before its receive goes), and what it does when a control frame or a failure comes in
+    (``links.Links`` calls the last too). A Protocol, so that this module need not import the
+    transport's or ``links.py`` (which import this one)."""
 
     rank: int
     send_timeout: float
     match: Matching[MessageRequest, Unexpected]
     lock: threading.Lock
     role: Driving
-    unsettled: set[Link]  # links the driver must look at before it polls (``TcpTransport._settle``)
+    pool: Pool
+    unsettled: set[Link]  # links the driver must look at before it polls (``links.Links._settle``)
 
     def link_failed(self, link: Link, error: PeerLostError) -> None: ...
     def cause(self, request: MessageRequest, error: BaseException) -> BaseException: ...
     def peer_gone(self, peer: int, error: PeerLostError) -> None: ...
-    def take_spare(self, nbytes: int) -> np.ndarray: ...
-    def give_back(self, entry: Unexpected) -> None: ...
-    def check_late(self, source: int, tag: int, signature: Signature | None) -> None: ...
-    def reject(self, request: MessageRequest, source: int, error: BaseException) -> None: ...
-    def fill(self, request: MessageRequest, source: int, entry: Unexpected) -> None: ...
     def on_control(self, peer: int, kind: int, tag: int, payload: memoryview,
                    signature: Signature | None) -> None: ...
 
@@ -110,7 +90,8 @@ class Link:
 
     __slots__ = ("peer", "sock", "sealer", "fd", "send_lock", "queue", "header", "header_got", "kind",
                  "tag", "nbytes", "got", "signature", "target", "request", "entry", "closed", "polled",
-                 "opened", "sent", "_transport", "_match", "_lock", "_role", "_unsettled", "_discard")
+                 "opened", "sent", "_transport", "_match", "_lock", "_role", "_pool", "_unsettled",
+                 "_discard")
 
     def __init__(self, peer: int, sock: socket.socket, sealer: Sealer, transport: Owner) -> None:
         self.peer = peer
@@ -135,6 +116,7 @@ class Link:
         self.sent = finished(peer)  # what a send the socket took whole at once returns (never changes)
         self._transport = transport
         self._match, self._lock, self._role = transport.match, transport.lock, transport.role
+        self._pool = transport.pool
         self._unsettled = transport.unsettled
         self._discard = memoryview(bytearray(0))
 
@@ -285,12 +267,12 @@ class Link:
         if kind != framing.KIND_DATA:
             self.target = memoryview(bytearray(nbytes))  # small, bounded by MAX_ABORT_BYTES
             return
-        transport = self._transport
+        pool = self._pool
         with self._lock:
             request = self._match.pop_posted(self.peer, tag)
             if request is None:
                 try:
-                    spare = transport.take_spare(nbytes)
+                    spare = pool.take_spare(nbytes)
                 except MemoryError:  # the link fails, with why
                     raise framing.BadFrame(
                         f"cannot allocate {nbytes} bytes for a message it sent before its receive was "
@@ -299,14 +281,14 @@ class Link:
                 self._match.queue(self.peer, tag, entry)
         if request is None:
             self.entry, self.target = entry, entry.data
-            transport.check_late(self.peer, tag, signature)
+            pool.check_late(self.peer, tag, signature)
             return
         out = request.out
         assert out is not None
         error = None if nbytes == len(out) and signature == request.signature else \
-            misfit(request, self.peer, nbytes, signature, transport.rank)
+            misfit(request, self.peer, nbytes, signature, self._transport.rank)
         if error is not None:
-            transport.reject(request, self.peer, error)
+            pool.reject(request, self.peer, error)
             self._drain()
             return
         self.request, self.target = request, out
@@ -322,7 +304,7 @@ class Link:
         assert request.out is not None
         request.out[:self.got] = entry.data[:self.got]
         self.entry, self.request, self.target = None, request, request.out
-        self._transport.give_back(entry)
+        self._pool.give_back(entry)
 
     def _end(self) -> None:
         """The payload of the current frame is complete: check it, then act on it.
@@ -350,7 +332,7 @@ class Link:
                     entry.complete = True
                     attached = entry.request
                 if attached is not None:
-                    self._transport.fill(attached, peer, entry)
+                    self._pool.fill(attached, peer, entry)
             return
         payload, self.target = self.target, None
         assert payload is not None

@@ -14,7 +14,7 @@ connections authenticate concurrently through a ``rendezvous.gate.Gate``, each w
 ``config.HANDSHAKE_TIMEOUT``: a silent or slow stranger delays no rank, and a flood of them
 costs a bounded number of threads (the excess is closed at once; a refused rank retries).
 A rank dials a peer at most once: two links between a pair (both dialled at once) are both
-kept, and each end sends on the first it had (``transport.py``).
+kept, and each end sends on the first it had (``links.py``).
 """
 
 from __future__ import annotations

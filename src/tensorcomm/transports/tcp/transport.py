@@ -3,21 +3,16 @@
 A message, in order: ``isend`` hands its frame to the peer's ``link.Link``, which seals it and
 writes it; on the other rank the driver (below) finds the link's socket readable and the link's
 reader (``Link.read``) reads the frame into the receive ``irecv`` posted, matched by
-``transports/matching.py``, or into the unexpected queue until one is posted.
+``transports/matching.py``, or into the unexpected queue (``pool.py``) until one is posted.
 
-Progress: one thread at a time *drives* the transport. It polls every peer socket and, with
-non-blocking calls only, has the links read frames and write queued sends. The driver is
-whichever caller waits (``Request.wait``, ``progress``, ``close``), so on the hot path a message
-lands in the caller's buffer without waking another thread (a hand-off per message doubled the
-round trip). A background thread drives only once no caller has for a moment (``driving.py``):
-peers' data is then still drained, probes answered and failures noticed while the caller
-computes. A message whose receive is posted while it is arriving switches to the posted buffer at
-once: only the bytes read before the post are copied.
-
-Sends write what the socket takes at once and queue the rest for the driver, which writes and
-reads in one loop, so a ring of simultaneous large sends never deadlocks and a link carries data
-both ways at once. A send still unwritten at its deadline (the peer stopped reading) fails with
-``CommTimeoutError`` and closes that link for good, since part of a frame may have gone out.
+Progress: one thread at a time *drives* the transport, running ``links.Links.drive``: it polls
+every peer socket and, with non-blocking calls only, has the links read frames and write queued
+sends. The driver is whichever caller waits (``Request.wait``, ``progress``, ``close``), so on the
+hot path a message lands in the caller's buffer without waking another thread (a hand-off per
+message doubled the round trip). A background thread drives only once no caller has for a moment
+(``driving.py``): peers' data is then still drained, probes answered and failures noticed while
+the caller computes. A message whose receive is posted while it is arriving switches to the
+posted buffer at once: only the bytes read before the post are copied.
 
 Every frame is sealed on the way out and checked on the way in (``sealing.py``, keyed by the
 link's handshake): a header that fails its check fails the link at once, a payload that fails
@@ -25,18 +20,13 @@ link's handshake): a header that fails its check fails the link at once, a paylo
 
 Failures spread: a peer's connection closing without a goodbye fails everything pending on it
 (``PeerLostError``), and ``abort_group`` tells every linked peer that a group is finished, so
-members waiting on someone else learn of a failure at once instead of at their timeout.
-
-Links: those set-up made (``mesh.Mesh.connect``), and, with a ``mesh``, one made the first time a
-send, a receive or a probe names a peer without one (``_open``), or dialled in by that peer
-(``adopt``). A pair may so hold two links; each end sends on the first it had, and reads both,
-so the messages of one sender stay in order. Its goodbye on the other link may be read before
-them: only the one on the link it sent on says it is gone (``framing.BYE_SENT``).
+members waiting on someone else learn of a failure at once instead of at their timeout. This
+module owns the ``Transport`` API, control frames (aborts, probes) and lost peers; the links and
+the driver's loop are ``links.py``'s, the messages that come before their receive ``pool.py``'s.
 """
 
 from __future__ import annotations
 
-import select
 import socket
 import threading
 import time
@@ -46,13 +36,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ... import config
-from ...errors import (
-    CommError,
-    CommTimeoutError,
-    GroupAbortedError,
-    LinkAuthenticationError,
-    PeerLostError,
-)
+from ...errors import GroupAbortedError, PeerLostError
 from ...rendezvous import discovery
 from ...signature import NO_SIGNATURE, Signature
 from ...types import bfloat16
@@ -61,7 +45,6 @@ from ..base import (
     SEQ_BITS,
     STEP_BITS,
     Transport,
-    call_of_tag,
     decode_abort,
     encode_abort,
     group_of_tag,
@@ -69,12 +52,13 @@ from ..base import (
 from ..liveness import ProcessWatch
 from ..matching import Batch, Matching, MessageRequest, finished, misfit
 from . import framing
-from .driving import NO_DEADLINE, Driving
-from .link import Link, Unexpected, Untaken
+from .driving import Driving
+from .link import Link
+from .links import Links
 from .mesh import Mesh
+from .pool import Pool, Unexpected
 from .sealing import Sealer
 
-_POLLIN = select.POLLIN | select.POLLERR | select.POLLHUP
 _CALL_SHIFT = SEQ_BITS + STEP_BITS  # a collective tag's group id, above its call's sequence number
 _SEQ_MASK = (1 << SEQ_BITS) - 1
 _CLOSE_LOOK = 0.01  # seconds between looks at whether what close() sent has reached its peers
@@ -103,198 +87,32 @@ class TcpTransport(Transport):
         wire = discovery.wire_dtype()
         self.wire_dtype = None if wire is None else bfloat16() if wire == "bfloat16" else np.dtype(np.float16)
         # Shared with the links: the matching state and its lock, and the driver role.
-        self.lock = threading.Lock()  # guards ``match``, ``_progress`` and the spares
+        self.lock = threading.Lock()  # guards ``match``, ``_progress`` and the pool's spares
         self.match: Matching[MessageRequest, Unexpected] = Matching(rank, size)
-        self.role = Driving(self._drive, rank)  # who drives (see the module docstring)
+        self.pool = Pool(rank, self.match, self.lock, self.abort_group)  # messages before their receive
+        self.links = Links(self, mesh)  # every link, and the driver's loop over them (``links.py``)
+        self.unsettled = self.links.unsettled  # (for the links) those the driver must look at
+        self._links = self.links.by_peer  # each peer's link to send on, read by every send
+        self.role = Driving(self.links.drive, rank)  # who drives (see the module docstring)
         self._noted = -1  # the call (tag >> STEP_BITS) whose signature was noted last
         # (group, peer) -> their latest call and its signature, from probe replies
         self._progress: dict[tuple[int, int], tuple[int, Signature | None]] = {}
         # group id -> the first failure of its own a peer reported (not a lost peer it passed on)
         self._peer_failures: dict[int, BaseException] = {}
         self._on_peer_lost = on_peer_lost
-        self._spares: dict[int, list[np.ndarray]] = {}  # reusable unexpected-message buffers
-        self._spare_bytes = 0
-        # Links the driver must look at before it polls: those with frames queued (added by the
-        # send that queues one) and new ones; the others stay registered for reading as they are.
-        self.unsettled: set[Link] = set()
-        # Each peer's link to send on; every link, read by the driver; links by descriptor. The
-        # last two are replaced, never changed, when a link is added (the driver reads them
-        # without a lock).
-        self._links = {peer: Link(peer, sock, sealer, self) for peer, (sock, sealer) in links.items()}
-        self._every: tuple[Link, ...] = tuple(self._links.values())
-        self._by_fd = {link.fd: link for link in self._every}
-        self._mesh = mesh
-        self._adding = threading.Lock()  # one link added at a time
-        self._dialling = threading.Lock()  # one dial at a time: a rank dials a peer at most once
-        self._adopting = True  # until close() begins
         self._watch = watch
         self._looked = (0.0, 0)  # when the watched processes were last looked at, and the losses then
-        self._poller = select.poll()
-        self._poller.register(self.role.wake_fd, select.POLLIN)
-        for link in self._every:
-            self._poller.register(link.fd, _POLLIN)
-            link.polled = _POLLIN
+        self.links.start(links)
         self.role.start()
         if mesh is not None:
-            mesh.attach(self.adopt)
-
-    # -- links made after set-up ---------------------------------------------------------------
-
-    def adopt(self, peer: int, sock: socket.socket, sealer: Sealer) -> Link | None:
-        """Add a link to ``peer`` (dialled by either end); the driver polls it from its next turn.
-        Returns the link (None: the transport is closing, and the socket was closed)."""
-        with self._adding:
-            if not self._adopting:
-                sock.close()
-                return None
-            link = Link(peer, sock, sealer, self)
-            self._by_fd = {**self._by_fd, link.fd: link}
-            self._every = (*self._every, link)
-            self._links.setdefault(peer, link)
-            self.unsettled.add(link)
-        self.role.poke()
-        return link
-
-    def _open(self, peer: int) -> Link | None:
-        """The link to send to ``peer`` on, dialled now if it has none (None: it cannot have one;
-        the peer is then lost, and the reason is ``match.lost[peer]``)."""
-        with self._dialling:
-            link = self._links.get(peer)
-            if link is not None or self._mesh is None or peer in self.match.lost or not self._adopting:
-                return link
-            try:
-                sock, sealer = self._mesh.dial(peer, self.send_timeout)
-            except (CommError, OSError) as exc:
-                self.peer_gone(peer, exc if isinstance(exc, PeerLostError) else
-                               PeerLostError(peer, f"could not connect to it: {exc}"))
-                return None
-            if self.adopt(peer, sock, sealer) is None:
-                return None
-            return self._links[peer]  # this one, or one the peer dialled meanwhile
-
-    # -- the driver ----------------------------------------------------------------------------
-
-    def _drive(self, done: Callable[[], bool], deadline: float) -> bool:
-        """Read and write every link until ``done()`` or ``deadline`` (driver only); return ``done()``.
-
-        Once the deadline has passed the links are polled one last time without waiting: what
-        arrived before it (while this thread was descheduled, say) is read, not taken for a timeout.
-        """
-        poller, unsettled = self._poller, self.unsettled
-        while not done():
-            by_fd = self._by_fd
-            now = time.monotonic()
-            wait = deadline - now
-            last = wait <= 0
-            if unsettled:
-                wait = self._settle(now, wait)
-            if wait <= 0 and not last:
-                self._overdue(now)
-                continue
-            events = poller.poll(0 if last else None if wait == NO_DEADLINE else max(1, int(wait * 1000 + 1)))
-            for fd, event in events:
-                found = by_fd.get(fd)
-                if found is None:
-                    if fd == self.role.wake_fd:
-                        self.role.drain_wake_ups()
-                    continue
-                link = found
-                if link.closed:  # nothing more to read or write: poll it no more
-                    if link.polled:
-                        poller.unregister(fd)
-                        link.polled = 0
-                    continue
-                try:
-                    if event & select.POLLOUT:
-                        link.write()
-                    # One message per socket per poll (see ``Link.read``); all that came, on
-                    # the last look before the deadline.
-                    if event & _POLLIN and link.read() and last:
-                        while not link.closed and link.read():
-                            pass
-                except LinkAuthenticationError as exc:  # someone on the path: trust nothing more
-                    if not self.role.closing:
-                        self.link_failed(link, exc)
-                    link.closed = True
-                    try:
-                        link.sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-                except (OSError, framing.BadFrame) as exc:
-                    if not self.role.closing and not (isinstance(exc, Untaken) and self._drop_untaken(link)):
-                        self.link_failed(link, PeerLostError(link.peer, str(exc)))
-                    link.closed = True
-            if not events:
-                self._overdue(time.monotonic())
-            if last:
-                return done()
-        return True
-
-    def _settle(self, now: float, wait: float) -> float:
-        """Poll the links with frames queued for room to write too (for reading only once their
-        queue is empty, when they leave ``unsettled``), and new ones for reading; return ``wait``
-        cut to their oldest frame's deadline (driver only). Only these links are looked at: a
-        poll costs no Python work per idle link."""
-        poller, unsettled = self._poller, self.unsettled
-        for link in tuple(unsettled):
-            with link.send_lock:  # a send that queues a frame adds its link back under this lock
-                queue = link.queue
-                if not queue:
-                    unsettled.discard(link)
-            want = 0 if link.closed else _POLLIN | (select.POLLOUT if queue else 0)
-            if queue:
-                wait = min(wait, queue[0].deadline - now)
-            if want != link.polled:
-                if want:
-                    poller.register(link.fd, want)
-                else:
-                    poller.unregister(link.fd)
-                link.polled = want
-        return wait
-
-    def _overdue(self, now: float) -> None:
-        """Fail links whose oldest queued frame missed its deadline (driver only)."""
-        for link in tuple(self.unsettled):
-            late = link.take_overdue(now)
-            if late is None or link.peer in self.match.lost:
-                continue
-            error = CommTimeoutError(f"rank {link.peer} took no data for {self.send_timeout:g} s "
-                                     "(stopped or unreachable)")
-            if late.request is not None:
-                late.request.finish(link.peer, error)  # names the stall itself
-            self._break_link(link, error)
-
-    def _drop_untaken(self, link: Link) -> bool:
-        """``link``'s peer closed it unused (``Untaken``) while another link to it is open: the
-        peer never took this one (both ranks dialled at once and it refused it as it left), so
-        the peer is not lost. Close only this link, send on the other from now on and return
-        True; False where no other is open (the peer is gone). Driver only."""
-        with self._adding:
-            other = next((each for each in self._every
-                          if each.peer == link.peer and each is not link and not each.closed), None)
-            if other is None:
-                return False
-            if self._links.get(link.peer) is link:
-                self._links[link.peer] = other
-        error = PeerLostError(link.peer, "it closed the link this send was on without reading it")
-        for request in link.take_pending():
-            request.finish(link.peer, error)
-        return True
-
-    def _break_link(self, link: Link, error: CommError) -> None:
-        """A frame went out half-sent: nothing more can travel on this link. Fail it for good."""
-        self.link_failed(link, PeerLostError(link.peer, f"link closed after a stalled send: {error}"))
-        try:
-            link.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+            mesh.attach(self.links.adopt)
 
     # -- sending and receiving -----------------------------------------------------------------
 
     def isend(self, peer: int, data: memoryview, tag: int,
               signature: Signature | None = None) -> MessageRequest:
         if peer == self.rank:
-            self._deliver(self.rank, tag, memoryview(bytearray(data)), signature)
+            self.pool.deliver(self.rank, tag, memoryview(bytearray(data)), signature)
             return finished(self.rank)
         match = self.match
         error = match.refusal(peer, tag) if match.aborted or match.aborted_groups or match.lost else None
@@ -304,7 +122,7 @@ class TcpTransport(Transport):
             return finished(peer, error)
         # ``framing.pack_header``, inline on the hot path
         header = _pack_header(framing.MAGIC, framing.KIND_DATA, tag, len(data), *(signature or NO_SIGNATURE))
-        link = self._links.get(peer) or self._open(peer)
+        link = self._links.get(peer) or self.links.open(peer)
         if link is None:
             return finished(peer, match.refusal(peer, tag) or GroupAbortedError(
                 f"rank {self.rank}'s transport is closed"))
@@ -313,7 +131,7 @@ class TcpTransport(Transport):
     def irecv(self, peer: int, out: memoryview, tag: int,
               signature: Signature | None = None) -> MessageRequest:
         if peer not in self._links and peer != self.rank and peer >= 0:  # not from any source
-            self._open(peer)  # the link that brings the message, and says if the peer dies
+            self.links.open(peer)  # the link that brings the message, and says if the peer dies
         buffer = out.cast("B") if out.format != "B" else out
         request = MessageRequest(self.role, peer, tag, buffer, signature)
         if tag >> STEP_BITS != self._noted and signature is not None:
@@ -338,9 +156,9 @@ class TcpTransport(Transport):
         if entry is None:
             request.finish(peer, error)
         elif entry.complete:
-            self.fill(request, source, entry)
+            self.pool.fill(request, source, entry)
         else:
-            self.reject(request, source, error)  # type: ignore[arg-type]
+            self.pool.reject(request, source, error)  # type: ignore[arg-type]
         return request
 
     def exchange(self, receives: Sequence[tuple[int, memoryview]], sends: Sequence[tuple[int, memoryview]],
@@ -357,7 +175,7 @@ class TcpTransport(Transport):
         links, match, role, rank = self._links, self.match, self.role, self.rank
         for peer, _ in receives:
             if peer not in links and peer != rank and peer >= 0:
-                self._open(peer)  # the link that brings the message, and says if the peer dies
+                self.links.open(peer)  # the link that brings the message, and says if the peer dies
         requests: list[MessageRequest] = []
         slow, early = [], []
         with self.lock:
@@ -387,20 +205,9 @@ class TcpTransport(Transport):
             header = _pack_header(framing.MAGIC, framing.KIND_DATA, tag, len(payload), *fields)
             requests.append(link.send(header, payload, tag))  # type: ignore[arg-type]
         for request, entry in early:
-            self.fill(request, request.peer, entry)  # type: ignore[arg-type]
+            self.pool.fill(request, request.peer, entry)  # type: ignore[arg-type]
         requests += [self.irecv(peer, out, tag, signature) for peer, out in slow]
         return Batch(role, requests)
-
-    def _deliver(self, source: int, tag: int, data: memoryview, signature: Signature | None) -> None:
-        """Hand a whole message to its posted receive, or queue it (a message to oneself)."""
-        with self.lock:
-            request = self.match.pop_posted(source, tag)
-            if request is None:
-                self.match.queue(source, tag, Unexpected(data, signature, True))
-        if request is None:
-            self.check_late(source, tag, signature)
-        else:
-            self.fill(request, source, Unexpected(data, signature, True))
 
     def _note_call(self, tag: int, signature: Signature | None) -> BaseException | None:
         """Remember this rank's signature for the tag's call; check messages already queued for it.
@@ -420,50 +227,7 @@ class TcpTransport(Transport):
         self._noted = tag >> STEP_BITS
         return None
 
-    # -- what the links call back: a message's fit, its buffer, control frames, failures ----------
-
-    def check_late(self, source: int, tag: int, signature: Signature | None) -> None:
-        """Abort the group if an unmatched message contradicts the call this rank made."""
-        late = self.match.late_mismatch(source, tag, signature)
-        if late is not None:
-            self.abort_group(*late)
-
-    def reject(self, request: MessageRequest, source: int, error: BaseException) -> None:
-        """Fail ``request`` for a message that does not fit it, and abort its group everywhere."""
-        call = call_of_tag(request.tag)
-        if call is not None:
-            self.abort_group(call[0], error)
-        request.finish(source, error)
-
-    def fill(self, request: MessageRequest, source: int, entry: Unexpected) -> None:
-        """Copy a whole unexpected message into ``request`` (or fail it if they disagree)."""
-        error = misfit(request, source, len(entry.data), entry.signature, self.rank)
-        if error is None:
-            request.out[:] = entry.data  # type: ignore[index]
-        self.give_back(entry)
-        if error is None:
-            request.finish(source)
-        else:
-            self.reject(request, source, error)
-
-    def take_spare(self, nbytes: int) -> np.ndarray:
-        """A buffer for an unexpected message: a reused one of that size if there is one
-        (fresh memory costs a page fault per page; see ``algorithms.base.Scratch``). Hold ``lock``."""
-        kept = self._spares.get(nbytes)
-        if kept:
-            self._spare_bytes -= nbytes
-            return kept.pop()
-        return np.empty(nbytes, np.uint8)
-
-    def give_back(self, entry: Unexpected) -> None:
-        """Keep ``entry``'s buffer for the next unexpected message of its size, within bounds."""
-        spare, entry.spare = entry.spare, None
-        if spare is None or spare.size == 0:
-            return
-        with self.lock:
-            if self._spare_bytes + spare.size <= config.SCRATCH_KEEP_BYTES:
-                self._spares.setdefault(spare.size, []).append(spare)
-                self._spare_bytes += spare.size
+    # -- what the links call back: control frames, failures --------------------------------------
 
     def on_control(self, peer: int, kind: int, tag: int, payload: memoryview,
                    signature: Signature | None) -> None:
@@ -540,7 +304,7 @@ class TcpTransport(Transport):
                 self._progress.pop((group_id, peer), None)
         for peer in peers:
             if peer not in self._links:
-                self._open(peer)
+                self.links.open(peer)
             self._send_control(peer, framing.KIND_PROBE, group_id, b"")
         self.role.run_until(lambda: all((group_id, p) in self._progress for p in peers), timeout)
         with self.lock:
@@ -592,11 +356,7 @@ class TcpTransport(Transport):
         if self.role.closing:
             return
         deadline = time.monotonic() + linger
-        if self._mesh is not None:  # links it is still checking are taken, and told goodbye below
-            self._mesh.close(wait=linger)
-        with self._adding:
-            self._adopting = False
-            links = list(self._every)
+        links = self.links.stop(linger)  # those the mesh was still checking included
         for link in links:  # the goodbye on the link this end sends on says it sends no more
             if link.peer not in self.match.lost and not link.closed:  # closed: it left, or never took it
                 which = framing.BYE_SENT if self._links.get(link.peer) is link else framing.BYE_SPARE
