@@ -186,3 +186,28 @@ def test_a_rank_that_leaves_while_checking_a_dial_says_goodbye_on_it(unlinked, m
     with pytest.raises(PeerLostError) as info:
         zero.irecv(1, memoryview(np.zeros(2)).cast("B"), TAG).wait(10.0)
     assert info.value.left, info.value
+
+
+def test_a_message_from_a_peer_that_left_while_its_dial_was_checked_is_received(unlinked, monkeypatch) -> None:
+    # Rank 1 dials rank 0, sends and leaves while rank 0 is still taking that link in (its check
+    # of the dial is held after the handshake); rank 0's own dial is then refused. Rank 0 lets
+    # the check end and receives the message on rank 1's link instead of taking rank 1 for lost.
+    zero, one, _ = unlinked
+    held, go = threading.Event(), threading.Event()
+    for_session = mesh_module.Sealer.for_session
+
+    def held_for_session(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():  # a dial's server side
+            held.set()
+            go.wait(10.0)
+        return for_session(*args, **kwargs)
+
+    monkeypatch.setattr(mesh_module.Sealer, "for_session", held_for_session)
+    payload = np.arange(4.0)
+    one.isend(0, memoryview(payload).cast("B"), TAG).wait(10.0)
+    assert held.wait(10.0)
+    one.close(2.0)
+    threading.Timer(0.3, go.set).start()  # rank 0's dial below is refused before the check ends
+    got = np.zeros(4)
+    zero.irecv(1, memoryview(got).cast("B"), TAG).wait(10.0)
+    assert (got == payload).all()

@@ -189,6 +189,16 @@ class Gate:
             if thread.ident is not None:  # one registered but not yet started has no work to wait for
                 thread.join(max(0.0, deadline - time.monotonic()))
 
+    def settle(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds in all for the handshakes under way (and the work they
+        return) to end; connections still silent are not waited for."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            if thread.ident is not None:
+                thread.join(max(0.0, deadline - time.monotonic()))
+
     def _forget(self, conn: socket.socket) -> None:
         """Stop watching ``conn`` (under the lock)."""
         try:

@@ -4,14 +4,16 @@ The links set-up made (``mesh.Mesh.connect``), and, with a ``mesh``, one made th
 send, a receive or a probe names a peer without one (``open``), or dialled in by that peer
 (``adopt``). A pair may so hold two links; each end sends on the first it had, and reads both,
 so the messages of one sender stay in order. Its goodbye on the other link may be read before
-them: only the one on the link it sent on says it is gone (``framing.BYE_SENT``).
+them: only the one on the link it sent on says it is gone (``framing.BYE_SENT``). A dial the
+peer refuses (it left) first lets the handshakes under way end: the peer may have dialled this
+end, sent and left before this end took that link.
 
 The driver (whichever thread holds the transport's ``driving.Driving`` role) runs ``drive``: it
 polls every link's socket and, with non-blocking calls only, has the links read frames and write
 queued sends, in one loop, so a ring of simultaneous large sends never deadlocks and a link
 carries data both ways at once. A send still unwritten at its deadline (the peer stopped reading)
 fails with ``CommTimeoutError`` and closes that link for good, since part of a frame may have gone
-out. Imports ``link``, ``mesh``, ``driving``, ``framing`` and ``sealing`` of this package; what a
+out. Imports ``config`` and ``link``, ``mesh``, ``driving``, ``framing``, ``sealing`` of this package; what a
 failed link or a lost peer does is the owner's (``link.Owner``), so that this module need not
 import the transport's (which imports this one).
 """
@@ -24,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from ...config import HANDSHAKE_TIMEOUT
 from ...errors import CommError, CommTimeoutError, LinkAuthenticationError, PeerLostError
 from . import framing
 from .driving import NO_DEADLINE
@@ -103,6 +106,12 @@ class Links:
             try:
                 sock, sealer = self._mesh.dial(peer, self._owner.send_timeout)
             except (CommError, OSError) as exc:
+                # It may have dialled this end, sent, and left while this end was still checking
+                # its dial: that link, with what came on it, is this end's once the check ends.
+                self._mesh.settle(HANDSHAKE_TIMEOUT)
+                link = self.by_peer.get(peer)
+                if link is not None:
+                    return link
                 self._owner.peer_gone(peer, exc if isinstance(exc, PeerLostError) else
                                       PeerLostError(peer, f"could not connect to it: {exc}"))
                 return None

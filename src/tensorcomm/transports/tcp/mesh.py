@@ -207,6 +207,11 @@ class Mesh:
         return _connect(self._addresses[peer], self.rank, peer, self._secret, self._scope, self.level,
                         time.monotonic() + timeout, listening=True)
 
+    def settle(self, wait: float) -> None:
+        """Wait up to ``wait`` seconds for the handshakes under way: a link a peer finished
+        dialling is then with ``attach``'s taker."""
+        self._gate.settle(wait)
+
     def attach(self, deliver: Deliver) -> None:
         """Hand every link dialled in from now on (and any taken by none so far) to ``deliver``."""
         with self._lock:
