@@ -180,24 +180,18 @@ class Gate:
 
     def join(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds in all for the gate's threads (and their work)."""
-        deadline = time.monotonic() + timeout
         with self._lock:
             threads = list(self._threads)
             if self._watcher is not None:
                 threads.append(self._watcher)
-        for thread in threads:
-            if thread.ident is not None:  # one registered but not yet started has no work to wait for
-                thread.join(max(0.0, deadline - time.monotonic()))
+        _join(threads, timeout)
 
     def settle(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds in all for the handshakes under way (and the work they
         return) to end; connections still silent are not waited for."""
-        deadline = time.monotonic() + timeout
         with self._lock:
             threads = list(self._threads)
-        for thread in threads:
-            if thread.ident is not None:
-                thread.join(max(0.0, deadline - time.monotonic()))
+        _join(threads, timeout)
 
     def _forget(self, conn: socket.socket) -> None:
         """Stop watching ``conn`` (under the lock)."""
@@ -318,3 +312,11 @@ def _has_spoken(conn: socket.socket) -> bool:
         return bool(conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
     except (OSError, ValueError):  # the connection failed, or was closed
         return False
+
+
+def _join(threads: list[threading.Thread], timeout: float) -> None:
+    """Join ``threads`` within ``timeout`` seconds in all."""
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        if thread.ident is not None:  # one registered but not yet started has no work to wait for
+            thread.join(max(0.0, deadline - time.monotonic()))
