@@ -188,7 +188,7 @@ def test_a_rank_that_leaves_while_checking_a_dial_says_goodbye_on_it(unlinked, m
     assert info.value.left, info.value
 
 
-def test_a_message_from_a_peer_that_left_while_its_dial_was_checked_is_received(unlinked, monkeypatch) -> None:
+def test_a_message_sent_by_a_peer_that_left_while_its_dial_was_checked_arrives(unlinked, monkeypatch) -> None:
     # Rank 1 dials rank 0, sends and leaves while rank 0 is still taking that link in (its check
     # of the dial is held after the handshake); rank 0's own dial is then refused. Rank 0 lets
     # the check end and receives the message on rank 1's link instead of taking rank 1 for lost.
