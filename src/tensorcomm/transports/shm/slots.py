@@ -148,7 +148,6 @@ class Slots:
         self._entry = tuple(tuple(b + e for e in R_ENTRY) for b in base)  # word of each entry
         self._peer_counters = tuple(self.counter_word[q] for q in self.peers)
         self._peer_tokens = tuple(tuple(self._entry[q][p] + 1 for q in self.peers) for p in (0, 1))
-        self._extents = tuple(tuple(self._entry[q][p] + 2 for q in range(size)) for p in (0, 1))
         self._my_counter = base[rank] + R_COUNTER
         self._my_sleepers = base[rank] + R_SLEEPERS
         self._my_entry = self._entry[rank]
@@ -296,7 +295,7 @@ class Slots:
         extent other than ``expected[peer]`` (one per member), made once for a bound call."""
         if len(expected) != self.size:
             raise ValueError(f"expected: one extent per member ({self.size}), got {len(expected)}")
-        checks = [tuple((self._extents[p][q], expected[q]) for q in self.peers) for p in (0, 1)]
+        checks = [tuple((self._entry[q][p] + 2, expected[q]) for q in self.peers) for p in (0, 1)]
         return checks[0], checks[1]
 
     def extents_differ(self, ctx: CallInfo, expected: ExtentChecks) -> bool:
