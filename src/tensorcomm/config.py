@@ -33,6 +33,7 @@ ENV_FLIGHT_CALLS = "TENSORCOMM_FLIGHT_CALLS"  # calls the flight recorder keeps;
 ENV_FLIGHT_DIR = "TENSORCOMM_FLIGHT_DIR"  # where the flight recorder dumps
 ENV_KEEP_GOING = "TENSORCOMM_KEEP_GOING"  # "1": failed calls leave in-place arrays untouched or complete
 ENV_CMA = "TENSORCOMM_CMA"  # "off": ranks on one host never read each other's memory directly
+ENV_LEARN = "TENSORCOMM_LEARN"  # "off": selection does not learn from the job's calls (learning.py)
 
 # Every TENSORCOMM_* variable tensorcomm reads or writes, the launcher's and the benchmark's too;
 # docs/env.md documents the same names (a test checks). Any other is taken for a misspelling and
@@ -40,7 +41,7 @@ ENV_CMA = "TENSORCOMM_CMA"  # "off": ranks on one host never read each other's m
 KNOWN_ENV_VARS = (
     ENV_SECRET, ENV_SECRET_DIR, ENV_STORE_HOSTED, ENV_HOST_ID, ENV_TIMEOUT, ENV_JOIN_TIMEOUT, ENV_TRANSPORT,
     ENV_BACKEND, ENV_WIRE_DTYPE, ENV_HIERARCHY, ENV_ALGORITHMS, ENV_TUNING_FILE, ENV_TRACE,
-    ENV_FLIGHT_CALLS, ENV_FLIGHT_DIR, ENV_KEEP_GOING, ENV_CMA,
+    ENV_FLIGHT_CALLS, ENV_FLIGHT_DIR, ENV_KEEP_GOING, ENV_CMA, ENV_LEARN,
     "TENSORCOMM_LINK_PROTECTION",  # transports/tcp: what a link's frames are sealed with
     "TENSORCOMM_NPROCS", "TENSORCOMM_NNODES", "TENSORCOMM_NODE_RANK", "TENSORCOMM_MASTER",
     "TENSORCOMM_JOB_TIMEOUT",  # read by the launcher only (launch/env.py)

@@ -100,7 +100,7 @@ def test_a_queued_call_goes_from_issued_to_started() -> None:
     index = recorder.issue(TEAM, PLAN)
     assert recorder.calls()[-1].to_json()["state"] == "issued"
     assert recorder.calls()[-1].to_json()["started_ns"] is None
-    recorder.started(index, 7)
+    recorder.started(index, 7, PLAN)
     entry = recorder.calls()[-1].to_json()
     assert entry["state"] == "started" and entry["seq"] == 7 and entry["ended_ns"] is None
 

@@ -197,6 +197,8 @@ class Team:
         keep_going: a failed call must leave the caller's in-place arrays untouched or complete
             (the job goes on after failures: ``init(keep_going=True)``); else they are
             unspecified.
+        learning: the group's learners (``learning.Board``) when its members learn which
+            algorithms run (a shared-memory group whose members all allow it); else None.
         size: the number of members (``len(ranks)``; derived, not passed).
         scratch: the group's reused working memory (``Scratch``), freed with the group.
     """
@@ -212,6 +214,7 @@ class Team:
     hier: Hierarchy | None = None
     whole: Sequence[int] = ()
     keep_going: bool = False
+    learning: Any = None
     size: int = field(init=False)
     scratch: Scratch = field(init=False, default_factory=Scratch)
 
@@ -235,9 +238,12 @@ class Plan:
             row's ``prepare`` made when the plan was made (``make_plan``), else None; gone with
             the group.
         bind: the row's ``bind`` (for persistent calls), else None.
+        choices: for a shape whose algorithm is learned (``learning.Choices``), the plan of
+            each candidate and what picks one per call: the core runs ``choices.choose()``'s
+            plan instead of this one; else None.
     """
 
-    __slots__ = ("label", "signature", "algorithm", "run", "op", "reduction", "state", "bind")
+    __slots__ = ("label", "signature", "algorithm", "run", "op", "reduction", "state", "bind", "choices")
 
     def __init__(self, label: str, signature: Signature, algorithm: str,
                  run: Callable[..., Any], op: Any = None, reduction: Reduction | None = None) -> None:
@@ -249,6 +255,7 @@ class Plan:
         self.reduction = reduction
         self.state: Any = None
         self.bind: Bind | None = None
+        self.choices: Any = None
 
 
 def make_plan(row: Row, label: str, signature: Signature, team: Team, args: Sequence[Any],

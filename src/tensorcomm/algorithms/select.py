@@ -40,6 +40,7 @@ from . import (
     broadcast,
     gather_scatter,
     hier,
+    learning,
     reduce,
     reduce_scatter,
     scan,
@@ -372,6 +373,12 @@ def pick(collective: str, team: Team, nbytes: int, override: str | None = None) 
 def tuned() -> tuning.Table | None:
     """This process's tuning table, read on first use (``tuning.read``); None: built-in rules."""
     return tuning.read({collective: names(collective) for collective in _BY_COLLECTIVE})
+
+
+def learnable(collective: str, team: Team, nbytes: int, chosen: Row) -> list[Row]:
+    """The rows a learning group chooses among for this call, ``chosen`` (``pick``'s) one of
+    them, or none: the call keeps ``chosen`` (``learning.candidates``)."""
+    return learning.candidates(collective, team, nbytes, chosen, fits, _rows(collective))
 
 
 def choose(collective: str, team: Team, nbytes: int, tuned: str | None) -> Row:

@@ -180,8 +180,8 @@ def _measure(args: argparse.Namespace, transport: str, collective: str, members:
     env[config.ENV_TUNING_FILE] = tuning.OFF
     env.pop(config.ENV_ALGORITHMS, None)
     envs = {name: {**env, config.ENV_ALGORITHMS: f"{collective}={name}"} for name in names}
-    if path is not None:
-        envs[AUTO] = {**env, config.ENV_TUNING_FILE: path}
+    if path is not None:  # the file's choice, as a job makes it before it learns from its calls
+        envs[AUTO] = {**env, config.ENV_TUNING_FILE: path, config.ENV_LEARN: "off"}
     options = _options(args, collective, members)
     team = model_team(members, transport)
     jobs = {name: runner.PeerJob("tensorcomm", members, job_env, args.timeout)

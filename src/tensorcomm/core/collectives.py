@@ -32,7 +32,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from ..algorithms import kernels, select
+from ..algorithms import kernels, learning, select
 from ..algorithms.base import Plan, Team, make_plan
 from ..signature import UNCHECKED, creation, signature
 from ..trace import recorder
@@ -51,7 +51,10 @@ class Caller(Protocol[R]):
     call, ``_Making`` for the persistent one): the plans kept per call shape and keeping a new
     one, the group's team, issue order, world and name (to make a plan), and ``run``, what
     becomes of the plan and the call's arguments (``R``: a ``Work`` or None for the group, a
-    ``Prequest`` for ``_Making``)."""
+    ``Prequest`` for ``_Making``); ``learns``: whether its plans may learn their algorithm
+    (``algorithms/learning.py``: the group's, not a persistent request's)."""
+
+    learns: bool
 
     @property
     def plans(self) -> dict[Hashable, Plan]: ...
@@ -79,6 +82,7 @@ class _Making:
     is its own, made for it), and the run makes the request (``_persistent``)."""
 
     __slots__ = ("_group", "_binding", "_its", "plans")
+    learns = False
 
     def __init__(self, group: Group, binding: Binding | None) -> None:
         self._group, self._binding = group, binding
@@ -127,10 +131,15 @@ def _make(its: Caller[Any], key: Hashable, collective: str, nbytes: int, sig: An
     stopped = its.engine.stopped
     if stopped is not None:  # destroyed or aborted: its memory may be gone, plan nothing
         raise stopped
-    row = select.pick(collective, team, nbytes, its.world.algorithms.get(collective))
+    override = its.world.algorithms.get(collective)
+    row = select.pick(collective, team, nbytes, override)
+    label = f"{collective} on group {its.name!r}"
+    rows = select.learnable(collective, team, nbytes, row) if its.learns and override is None else []
     log.debug("%s on group %r, %s: %s", collective, its.name, sig.describe(), row.name)
-    return its.keep_plan(key, make_plan(row, f"{collective} on group {its.name!r}", sig, team, args, op,
-                                        reduction))
+    if rows:
+        log.debug("learning among %s for %s", ", ".join(r.name for r in rows), sig.describe())
+        return its.keep_plan(key, learning.learned_plan(rows, row, label, sig, team, args, op, reduction))
+    return its.keep_plan(key, make_plan(row, label, sig, team, args, op, reduction))
 
 
 def _op_key(op: ReduceOpLike) -> Hashable:

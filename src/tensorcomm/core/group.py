@@ -14,6 +14,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ..algorithms.base import Ctx, Hierarchy, Plan, Team
+from ..algorithms.learning import Board, Learner
 from ..config import MAX_TIMEOUT
 from ..errors import CommError, ConcurrentUseError, GroupAbortedError, PeerLostError
 from ..trace import recorder
@@ -98,7 +99,8 @@ class Group:
         if world.rank in self._index:
             self._team = Team(world.transport, self._ranks, self._index[world.rank], group_id,
                               world.timeout, world.hosts_of(self._ranks), name, shm, hier, whole,
-                              keep_going=world.keep_going)
+                              keep_going=world.keep_going,
+                              learning=Board(shm.slots) if shm is not None and shm.learning else None)
         # One plan per call shape (``core/collectives.py`` makes them), gone with the group.
         self._plans: dict[Hashable, Plan] = {}
         self._shrinks = 0  # calls of shrink() so far: the members match them by this count
@@ -243,6 +245,8 @@ class Group:
         # a blocking call is recorded as it starts (``_execute``), a queued one now
         work = target._submit((target, plan, args, recorder.issue(team, plan)), True)
         work.algorithm, work.transport = plan.algorithm, recorder.transport_name(team)
+        if plan.choices is not None:  # learned: what ran is known when it has run
+            work._on_done(_ran(plan.choices.learner))
         return work
 
     def _submit(self, job: Job, async_op: bool, defer: bool = False) -> Work | Any:
@@ -371,6 +375,8 @@ class Group:
         for plan in (*self._plans.values(), self._last_plan):  # ``last_call`` keeps one
             if plan is not None:
                 plan.state = None  # views of the domain's memory: it cannot close under them
+                if plan.choices is not None:
+                    plan.choices.drop()
         self._plans.clear()
         if self._team is not None:
             self._team.scratch.clear()
@@ -409,9 +415,11 @@ class Inside:
         plans: the plans kept per call shape (``Group._keep_plan``).
         run: ``run(plan, async_op, *args)``: run ``plan`` on ``args`` in the group's issue order,
             returning a ``Work`` for ``async_op`` (``Group._run``).
+        learns: its plans may learn their algorithm (``algorithms/learning.py``).
     """
 
     __slots__ = ("group", "plans", "run")
+    learns = True
 
     def __init__(self, group: Group) -> None:
         self.group = group
@@ -488,12 +496,14 @@ def _execute(seq: int, group: Group, plan: Plan, args: tuple[Any, ...], index: i
     A call that fails ends the group on every member (``_failed``), then raises what explains
     the failure best (``_cause``).
     """
+    if plan.choices is not None:  # learned (``algorithms/learning.py``): a candidate's plan runs
+        plan = plan.choices.choose()
     group._last_plan = plan
     ctx = _ctx_of(group._team, seq, plan)  # type: ignore[arg-type]  # a member's group runs calls
     if index == AT_START:
         index = _begin(ctx.team, plan, seq)
     elif index >= 0:
-        recorder.started(index, seq)
+        recorder.started(index, seq, plan)
     try:
         result = plan.run(ctx, *args)
     except BaseException as exc:
@@ -504,6 +514,14 @@ def _execute(seq: int, group: Group, plan: Plan, args: tuple[Any, ...], index: i
     if index >= 0:
         _done(index)
     return result
+
+
+def _ran(learner: Learner) -> Callable[[Work], None]:
+    """A done hook that names the candidate ``learner`` ran last (the call's own: the hook runs
+    right after it, before the engine runs another) in the ``Work``."""
+    def name(work: Work) -> None:
+        work.algorithm = learner.names[learner.last]
+    return name
 
 
 _ctx_of = Ctx.of

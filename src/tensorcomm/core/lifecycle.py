@@ -187,7 +187,8 @@ def init(init_method: str | None = None, rank: int | None = None, world_size: in
             rdzv = _meet(init_method, rank, world_size, joining)
         try:
             _current = World(rdzv, seconds, info.transport, chosen, info.hierarchy, info.algorithms,
-                             info.keep_going if keep_going is None else keep_going, info.cma, joining)
+                             info.keep_going if keep_going is None else keep_going, info.cma, joining,
+                             info.learn)
         except BaseException:
             rdzv.close()
             raise

@@ -73,10 +73,11 @@ class World:
     def __init__(self, rdzv: Rendezvous, timeout: float, transport: str = "auto",
                  backend: str = "tensorcomm", hierarchy: bool = True,
                  algorithms: Sequence[tuple[str, str]] = (), keep_going: bool = False,
-                 cma: bool = True, join_timeout: float | None = None) -> None:
+                 cma: bool = True, join_timeout: float | None = None, learn: bool = True) -> None:
         self.hierarchy = hierarchy
         self.keep_going = keep_going  # failed calls leave in-place arrays untouched or complete
         self.cma = cma  # ranks on this host may read each other's memory (TENSORCOMM_CMA)
+        self.learn = learn  # shared-memory groups learn which algorithms run (TENSORCOMM_LEARN)
         self.algorithms = _checked_algorithms(algorithms)
         self.rendezvous = rdzv
         self.rank = rdzv.rank
@@ -220,7 +221,7 @@ class World:
         """Make and register the group a shrink agreed on (``core/elastic.py``): members, id and
         shared-memory domain are settled; a group that spans hosts gets its sub-teams here."""
         if shm is not None:
-            shm.settle_cma(self.cma, self.timeout)
+            shm.settle(self.cma, self.learn, self.timeout)
         group = Group(label, ranks, group_id, self, shm, *self._hierarchy(ranks, group_id, label))
         with self._lock:
             self._groups.append(group)
@@ -297,7 +298,7 @@ class World:
                 raise RendezvousError(f"group {name!r} cannot be made: {why}")
             if all(value == b"1" for value in store.multi_get(list(keys))):  # one request, not n
                 assert domain is not None
-                domain.settle_cma(self.cma, self.timeout)
+                domain.settle(self.cma, self.learn, self.timeout)
                 return domain
         except BaseException:
             if domain is not None:

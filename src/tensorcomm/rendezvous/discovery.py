@@ -98,6 +98,7 @@ from tensorcomm.config import (
     ENV_HOST_ID,
     ENV_JOIN_TIMEOUT,
     ENV_KEEP_GOING,
+    ENV_LEARN,
     ENV_LOCAL_RANK,
     ENV_LOCAL_WORLD_SIZE,
     ENV_MASTER_ADDR,
@@ -167,6 +168,7 @@ class JobInfo:
     msrun_scheduler: bool = False  # msrun's scheduler process (MS_ROLE=MS_SCHED): not a rank
     keep_going: bool = False  # failed calls leave in-place arrays untouched or complete
     cma: bool = True  # ranks on one host may read each other's memory directly
+    learn: bool = True  # shared-memory groups learn which algorithm runs each large call
 
 
 @dataclass(frozen=True)
@@ -254,6 +256,7 @@ def discover(environ: Mapping[str, str] | None = None) -> JobInfo:
         msrun_scheduler=env.get(MS_ROLE, "").strip() == MS_SCHEDULER_ROLE,
         keep_going=_flag(env, ENV_KEEP_GOING),
         cma=_auto_or_off(env, ENV_CMA),
+        learn=_auto_or_off(env, ENV_LEARN),
     )
 
 

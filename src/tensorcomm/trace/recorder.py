@@ -240,14 +240,15 @@ def issue(team: Team, plan: Plan, seq: int | None = None) -> int:
     return index
 
 
-def started(index: int, seq: int) -> None:
-    """The queued call ``index`` starts with sequence number ``seq``."""
+def started(index: int, seq: int, plan: Plan) -> None:
+    """The queued call ``index`` starts with sequence number ``seq``, running ``plan`` (a learned
+    shape's candidate: ``algorithms/learning.py``)."""
     ring = _ring
     if ring:
         slot = index % len(ring)
         entry = ring[slot]
         if entry[0] == index:
-            ring[slot] = (index, seq, entry[2], entry[3], _now(), *entry[5:])
+            ring[slot] = (index, seq, entry[2], plan, _now(), *entry[5:])
 
 
 def done(index: int) -> None:

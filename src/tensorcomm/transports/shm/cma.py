@@ -17,7 +17,7 @@ security module, ``/proc/sys/kernel/yama/ptrace_scope``:
     2, 3  only a process with ``CAP_SYS_PTRACE`` (2) or none at all (3): CMA is off
 
 A seccomp filter (containers) may refuse the calls outright. Whatever the settings say, the
-members also read a few bytes of each other before they rely on it (``domain.settle_cma``).
+members also read a few bytes of each other before they rely on it (``domain.settle``).
 """
 
 from __future__ import annotations

@@ -92,7 +92,9 @@ class ShmDomain:
         outbox: ``outbox[q]``, member ``q``'s OUT region (uint8 array).
         last_broadcast: after a broadcast through half the OUT region, the post count it ended
             at and the half it used, else None (``algorithms/shm_broadcast.staged`` reads it).
-        cma: the members read each other's memory directly (``settle_cma`` decided so).
+        cma: the members read each other's memory directly (``settle`` decided so).
+        learning: every member learns which algorithm runs each large call
+            (``algorithms/learning.py``; ``settle`` decided so).
         mailbox: this member's ends of the point-to-point rings (``mailbox.Mailbox``), or None
             for a domain of one.
         closed: ``close`` ran (this member left; nothing of the segment may be used).
@@ -132,6 +134,7 @@ class ShmDomain:
         self._backup = np.empty(0, dtype=np.uint8)
         self.last_broadcast: tuple[int, int] | None = None
         self.cma = False
+        self.learning = False
         self._pids = arena.pids
         self._shared: list[tuple[int, int]] = []  # this member's block of each shared allocation
         self._shared_blocks: list[tuple[np.ndarray, ...]] = []  # every member's block, per allocation
@@ -269,10 +272,11 @@ class ShmDomain:
         return CommError(f"rank {me} could not {verb} rank {them}'s memory in group "
                          f"{self.group_name!r}: {exc}")
 
-    def settle_cma(self, allowed: bool, timeout: float) -> None:
+    def settle(self, allowed: bool, learn: bool, timeout: float) -> None:
         """Decide with every member whether the group reads peers' memory directly (sets
-        ``cma``); every member calls this once, when the group starts, after every member has
-        its domain.
+        ``cma``) and whether it learns which algorithms run (sets ``learning``: only if every
+        member's ``learn``); every member calls this once, when the group starts, after every
+        member has its domain.
 
         Each member grants its peers access (``cma.grant``), offers an address to probe and,
         once every member has, reads 8 bytes there of each peer: the segment's magic number, as
@@ -291,6 +295,7 @@ class ShmDomain:
         if reason is None:
             reason = cma.grant(self._pids)
         slots.note(slots_mod.R_PROBE, 0 if reason else slots.address)
+        slots.note(slots_mod.R_LEARNS, int(learn))
         setup = _Setup(f"the start of group {self.group_name!r}", -1, timeout,
                        time.monotonic() + timeout, ())
         slots.post()
@@ -301,6 +306,7 @@ class ShmDomain:
         slots.post()
         slots.wait(self.peers, slots.posts, setup)
         refused = [self.global_ranks[q] for q in self.peers if slots.noted(q, slots_mod.R_VERDICT) != 1]
+        self.learning = learn and all(slots.noted(q, slots_mod.R_LEARNS) for q in self.peers)
         self.cma = reason is None and not refused
         if not self.cma:
             why = reason or f"rank(s) {', '.join(map(str, refused))} could not read their peers"
@@ -308,7 +314,7 @@ class ShmDomain:
                      "messages go through the shared slots: %s", self.group_name, why)
 
     def _probe(self) -> str | None:
-        """Read each peer's offered address (``settle_cma``); None if all reads succeed, else why."""
+        """Read each peer's offered address (``settle``); None if all reads succeed, else why."""
         word = np.zeros(1, dtype=np.int64)
         for q in self.peers:
             offered = self.slots.noted(q, slots_mod.R_PROBE)
@@ -371,7 +377,7 @@ class ShmDomain:
 
 @dataclass
 class _Setup:
-    """The waits of ``settle_cma``, as a call (``slots.CallInfo``) describes them in errors."""
+    """The waits of ``settle``, as a call (``slots.CallInfo``) describes them in errors."""
 
     name: str
     seq: int

@@ -51,6 +51,7 @@ import os
 import platform
 import struct
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -88,9 +89,14 @@ R_SIGNATURE = (8, 13)
 R_SLEEPERS, R_STATE = 24, 25
 # Line 4: this rank's fault record; its text from byte 512.
 R_FAULT_KIND, R_FAULT_SEQ, R_FAULT_PEER = 32, 33, 34
-# Line 5: written once, when the group starts (``ShmDomain.settle_cma``): the address this rank
-# offers for a probing cross-memory read (0: it will not be read), then its verdict on its peers.
-R_PROBE, R_VERDICT = 40, 41
+# Line 5: written once, when the group starts (``ShmDomain.settle``): the address this rank
+# offers for a probing cross-memory read (0: it will not be read), then its verdict on its peers,
+# then whether it learns which algorithms run (``algorithms/learning.py``).
+R_PROBE, R_VERDICT, R_LEARNS = 40, 41, 42
+# Lines 6-7: this rank's decision log (``publish``): how many records it appended, then a ring of
+# ``LOG_RECORDS`` records of ``LOG_WORDS`` words.
+R_LOG_HEAD, R_LOG = 48, 49
+LOG_RECORDS, LOG_WORDS = 5, 3
 R_TEXT_BYTE = 512
 
 STATE_ACTIVE, STATE_LEFT = 0, 1
@@ -317,6 +323,37 @@ class Slots:
     def noted(self, rank: int, word: int) -> int:
         """What ``rank`` wrote at word ``word`` of its line (``note``)."""
         return self.words[self._base[rank] + word]
+
+    def publish(self, record: Sequence[int]) -> None:
+        """Append ``record`` (``LOG_WORDS`` integers) to this rank's decision log: its words
+        first, then the log's head, so a peer that sees the head sees the record."""
+        words, base = self.words, self._base[self.rank]
+        head = words[base + R_LOG_HEAD]
+        start = base + R_LOG + (head % LOG_RECORDS) * LOG_WORDS
+        words[start:start + LOG_WORDS] = array("q", record)
+        words[base + R_LOG_HEAD] = head + 1
+
+    def published(self, rank: int, seen: int) -> list[tuple[int, ...]]:
+        """The records ``rank`` appended to its log after the first ``seen`` (``publish``).
+
+        Raises:
+            RuntimeError: more than ``LOG_RECORDS`` arrived since, so some were overwritten
+                unread (the protocol that calls this must rule that out).
+        """
+        words, base = self.words, self._base[rank]
+        head = words[base + R_LOG_HEAD]
+        if head - seen > LOG_RECORDS:
+            raise RuntimeError(f"group {self.group_name!r}: rank {self.global_ranks[rank]}'s decision "
+                               f"log ran {head - seen} records ahead of this rank (at most {LOG_RECORDS})")
+        out = []
+        for index in range(seen, head):
+            start = base + R_LOG + (index % LOG_RECORDS) * LOG_WORDS
+            out.append(tuple(words[start:start + LOG_WORDS]))
+        return out
+
+    def log_head(self, rank: int) -> int:
+        """How many records ``rank`` has appended to its decision log."""
+        return self.words[self._base[rank] + R_LOG_HEAD]
 
     def exited(self, rank: int) -> bool:
         """Whether the process of group rank ``rank`` has exited."""
