@@ -181,7 +181,7 @@ def local_run(peer: Any, plan: Plan) -> Run:
         except Unsupported as exc:
             return {"unsupported": str(exc)}
         done = asdict(measure(case, peer.barrier, peer, plan))
-        return {"done": {**done, "algorithm": getattr(case, "algorithm", "")}}
+        return {"done": {**done, "algorithm": case.algorithm()}}
     return run
 
 

@@ -53,6 +53,9 @@ class Case(Protocol):
     def wrong(self) -> int:
         """Count this rank's wrong result elements after a call on fresh inputs."""
 
+    def algorithm(self) -> str:
+        """What ran the calls, where the library says; "" where it does not."""
+
 
 class Coordinator(Protocol):
     """Element-wise reductions of small float lists across the ranks of one job."""

@@ -43,7 +43,7 @@ def serve(peer: peers.base.Peer, client: ControlClient) -> None:
             client.send({"unsupported": str(exc)})
             continue
         result = measure(case, peer.barrier, client, Plan(**message["plan"]))
-        algorithm = getattr(case, "algorithm", "")
+        algorithm = case.algorithm()
         del case  # free the buffers before the next size is allocated
         client.send({"done": {**dataclasses.asdict(result), "algorithm": algorithm}})
 

@@ -49,6 +49,19 @@ def _call(task: Task, case: ArrayCase, group: tc.Group | None = None) -> Callabl
     }[task.collective]
 
 
+class _Case(ArrayCase):
+    """A tensorcomm case: ``algorithm()`` is what ran the latest call of ``group`` (None: a
+    point-to-point case, which names none), asked after the timed calls: where the group learns
+    its algorithms (docs/tuning.md), the one the shape had settled on, unless that call was a
+    trial of another."""
+
+    group: tc.Group | None = None
+
+    def algorithm(self) -> str:
+        ran = None if self.group is None else self.group.last_call
+        return "" if ran is None else f"{ran.algorithm}/{ran.transport}"
+
+
 class TensorcommPeer(Peer):
     """tensorcomm joined through ``tc.init()`` (the launcher's environment)."""
 
@@ -70,14 +83,11 @@ class TensorcommPeer(Peer):
             raise Unsupported(f"--shared-arrays: {task.collective}'s buffers differ between ranks")
         if task.shared:  # a group per case, so that its shared arrays go with it
             self._group = group = tc.new_group()
-            case = ArrayCase(task, self.size, self.rank, lambda n, dtype: tc.zeros(n, dtype, group=group))
+            case = _Case(task, self.size, self.rank, lambda n, dtype: tc.zeros(n, dtype, group=group))
         else:
-            case = ArrayCase(task, self.size, self.rank)
+            case = _Case(task, self.size, self.rank)
         case.run = _call(task, case, self._group)
-        if not COLLECTIVES[task.collective].round_trip:  # one call, on every rank, to learn what ran it
-            case.run()
-            ran = (self._group or tc.WORLD).last_call
-            case.algorithm = "" if ran is None else f"{ran.algorithm}/{ran.transport}"
+        case.group = None if COLLECTIVES[task.collective].round_trip else self._group or tc.WORLD
         return case
 
     def barrier(self) -> None:
