@@ -19,19 +19,23 @@ from helpers import close_all, open_domains
 
 pytestmark = pytest.mark.skipif(not slots.SUPPORTED, reason="shared memory needs x86-64")
 
-COUNT = 1 << 16  # float32: 256 KiB, where all_reduce has at least three shared-memory candidates
+COUNT = 1 << 16  # float32: 256 KiB (LEARN_BYTES), where all_reduce has three or more candidates
 CALLS = 3 * learning.PERIOD + 16  # past the second decision (the first with every candidate timed)
 SLOW = "shm_direct"  # what the built-in rules choose at COUNT on 2 ranks; made to look slow
 
 
 def _penalise(name: str) -> None:
     """Make the decider's times of ``name`` look a second longer (the others' as measured)."""
-    observe = learning.Learner.observe
+    decide = learning.Learner._decide
 
-    def slowed(self: learning.Learner, index: int, seconds: float) -> None:
-        observe(self, index, seconds + (1.0 if self.names[index] == name else 0.0))
+    def slowed(self: learning.Learner, call: int) -> None:
+        times = self.samples[self.names.index(name)]  # the deque its timer appends to
+        slowed_times = [t + 1.0 for t in times]
+        times.clear()
+        times.extend(slowed_times)
+        decide(self, call)
 
-    learning.Learner.observe = slowed  # type: ignore[method-assign]
+    learning.Learner._decide = slowed  # type: ignore[method-assign]
 
 
 def body_learns(learn_on_rank1: str) -> list[str]:
@@ -79,7 +83,7 @@ def test_the_decision_log_hands_records_on_and_refuses_to_be_lapped() -> None:
     domains = open_domains(2)
     try:
         writer, reader = domains[0].slots, domains[1].slots
-        assert reader.published(0, 0) == [] and reader.log_head(0) == 0
+        assert reader.published(0, 0) == [] and reader.words[reader.log_head_word(0)] == 0
         for i in range(3):
             writer.publish((-(1 << 62) + i, i, 7))
         assert reader.published(0, 1) == [(-(1 << 62) + 1, 1, 7), (-(1 << 62) + 2, 2, 7)]

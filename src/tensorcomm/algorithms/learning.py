@@ -17,10 +17,11 @@ reads; for all_reduce also one round or split), the group keeps a ``Learner`` pe
   at most ``TRIAL_CALLS`` calls per candidate in ``PERIOD`` (6 %) run something else, and
   fewer once the choice is clear.
 - One member decides: the *decider* (group rank 0, or the member after the root for rooted
-  calls, whose own time a root would not show). It times its calls (``time.perf_counter``
-  around the algorithm), keeps the last ``SAMPLES`` times per candidate and, at the start of
-  every period, makes the candidate with the least median time the incumbent if it beats the
-  incumbent's median by more than ``MARGIN``.
+  calls, whose own time a root would not show). It times the ``SAMPLES`` calls before the
+  trials and each trial's last call (``time.perf_counter`` around the algorithm), keeps the last
+  ``SAMPLES`` times per candidate and, at the start of every period, makes the candidate with
+  the least median time the incumbent if it beats the incumbent's median by more than
+  ``MARGIN``.
 - Agreement without an extra round: the decider appends each change to a log in its line of
   the segment's control area (``Slots.publish``) before its call, effective from the shape's
   next call. Every member reads the decider's log at the start of each learned call
@@ -46,7 +47,7 @@ from typing import Any
 from ..signature import NO_ROOT, Signature
 from .base import Ctx, Plan, Row, Team, make_plan
 
-LEARN_BYTES = 64 << 10  # smaller calls keep the fixed choice: learning's ~1 us would show there
+LEARN_BYTES = 256 << 10  # smaller calls keep the fixed choice: learning's 0.3-0.6 us a call would show
 PERIOD = 64  # calls of a shape between two decisions
 TRIAL_CALLS = 2  # calls in a row an exploration runs a candidate; the last is timed
 SAMPLES = 7  # recent times kept per candidate
@@ -66,13 +67,16 @@ class Board:
 
     Args:
         slots: the group's control area (``transports.shm.slots.Slots``): ``publish``,
-            ``published`` and ``log_head``, and the members' ``rank`` and ``size``.
+            ``published`` and ``log_head_word``, its ``words`` and the members' ``rank`` and
+            ``size``.
     """
 
     def __init__(self, slots: Any) -> None:
         self.slots = slots
+        self.words = slots.words
+        self.heads = tuple(slots.log_head_word(q) for q in range(slots.size))  # word of each log's head
+        self.seen = [0] * slots.size  # records read of each member's log
         self.learners: dict[Signature, Learner] = {}
-        self._seen = [0] * slots.size  # records read of each member's log
         self._early: dict[int, list[tuple[int, ...]]] = {}  # records for learners not made yet
 
     def learner(self, signature: Signature, names: Sequence[str], incumbent: int) -> Learner | None:
@@ -90,11 +94,8 @@ class Board:
 
     def read(self, decider: int) -> None:
         """Hand the records ``decider`` appended since the last read to their learners."""
-        slots, seen = self.slots, self._seen[decider]
-        if slots.log_head(decider) == seen:
-            return
-        records = slots.published(decider, seen)
-        self._seen[decider] = seen + len(records)
+        records = self.slots.published(decider, self.seen[decider])
+        self.seen[decider] += len(records)
         by_token = {learner.token: learner for learner in self.learners.values()}
         for record in records:
             learner = by_token.get(record[0])
@@ -102,6 +103,9 @@ class Board:
                 self._early.setdefault(record[0], []).append(record)
             else:
                 learner.pending.append(record)
+
+
+TRIAL_FROM = PERIOD // 2  # the offset in a period of the first trial
 
 
 class Learner:
@@ -121,38 +125,37 @@ class Learner:
         self.samples = [deque[float](maxlen=SAMPLES) for _ in names]
         self.timed = False  # whether the call running now is timed (set by ``pick``)
         self.last = incumbent  # the candidate of the latest call
+        self._trials_end = TRIAL_FROM + TRIAL_CALLS * (len(names) - 1)  # offset after the trials
 
     def pick(self) -> int:
         """The candidate that runs this call (every member gets the same)."""
-        self.board.read(self.decider)
+        board, decider = self.board, self.decider
+        if board.words[board.heads[decider]] != board.seen[decider]:
+            board.read(decider)
         call = self.count
         self.count = call + 1
         pending = self.pending
         while pending and pending[0][1] <= call:
             self._apply(pending.popleft()[2])
-        if self.deciding and call and call % PERIOD == 0:
-            self._decide(call)
-        chosen, self.timed = self._scheduled(call)
+        offset = call % PERIOD
+        if offset < TRIAL_FROM or offset >= self._trials_end:
+            if not offset and call and self.deciding:
+                self._decide(call)
+            chosen = self.incumbent
+            self.timed = TRIAL_FROM - SAMPLES <= offset < TRIAL_FROM  # the calls before the trials
+        else:
+            chosen, self.timed = self._trial(call // PERIOD, offset - TRIAL_FROM)
         self.last = chosen
         return chosen
 
-    def _scheduled(self, call: int) -> tuple[int, bool]:
-        """The candidate of call ``call`` and whether its time counts."""
-        period, offset = divmod(call, PERIOD)
-        trial, within = divmod(offset - PERIOD // 2, TRIAL_CALLS)
-        incumbent = self.incumbent
-        if trial >= 0:
-            others = [i for i in range(len(self.names)) if i != incumbent]
-            if trial < len(others):
-                other = others[trial]
-                if period % (1 << self.backoff[other]) == 0:
-                    return other, within == TRIAL_CALLS - 1
-        return incumbent, self.last == incumbent
-
-    def observe(self, index: int, seconds: float) -> None:
-        """Candidate ``index`` took ``seconds`` on this member (kept if the call is timed)."""
-        if self.timed:
-            self.samples[index].append(seconds)
+    def _trial(self, period: int, into: int) -> tuple[int, bool]:
+        """The candidate ``into`` calls into the trials of period ``period``, and whether its
+        time counts (the last call of a trial)."""
+        trial, within = divmod(into, TRIAL_CALLS)
+        other = trial + (trial >= self.incumbent)  # the trial-th candidate but the incumbent
+        if period % (1 << self.backoff[other]):
+            return self.incumbent, False
+        return other, within == TRIAL_CALLS - 1
 
     def _decide(self, call: int) -> None:
         """Publish a new incumbent or backoff, effective from call ``call + 1``, if the times
@@ -229,10 +232,15 @@ def learned_plan(rows: Sequence[Row], chosen: Row, label: str, signature: Signat
 
 
 def _timed(learner: Learner, index: int, run: Callable[..., Any]) -> Callable[..., Any]:
-    """``run`` (candidate ``index``'s algorithm), its time told to ``learner``."""
+    """``run`` (candidate ``index``'s algorithm), its time kept in ``learner``'s samples when
+    the call is timed (``Learner.pick``)."""
+    samples = learner.samples[index]
+
     def timed(ctx: Ctx, *args: Any) -> Any:
+        if not learner.timed:
+            return run(ctx, *args)
         start = perf_counter()
         result = run(ctx, *args)
-        learner.observe(index, perf_counter() - start)
+        samples.append(perf_counter() - start)
         return result
     return timed

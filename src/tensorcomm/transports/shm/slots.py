@@ -351,9 +351,10 @@ class Slots:
             out.append(tuple(words[start:start + LOG_WORDS]))
         return out
 
-    def log_head(self, rank: int) -> int:
-        """How many records ``rank`` has appended to its decision log."""
-        return self.words[self._base[rank] + R_LOG_HEAD]
+    def log_head_word(self, rank: int) -> int:
+        """The word of ``words`` that counts the records ``rank`` appended to its decision log
+        (read on every learned call: a word compared, no call)."""
+        return self._base[rank] + R_LOG_HEAD
 
     def exited(self, rank: int) -> bool:
         """Whether the process of group rank ``rank`` has exited."""
