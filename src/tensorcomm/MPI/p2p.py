@@ -26,7 +26,7 @@ no transport message; elsewhere one up to ``INLINE`` bytes, two above.
 
 Imports ``core`` (a group's transport and shared-memory domain), ``transports.base`` and the MPI package's
 ``constants``, ``exceptions`` and ``messages`` (the envelopes, receives and sends it makes);
-only ``messages.unpickle`` and ``frontends.object_collectives`` unpickle.
+only ``messages.unpickle``/``unpickle_bytes`` and ``frontends.object_collectives`` unpickle.
 """
 
 from __future__ import annotations
@@ -56,12 +56,11 @@ from .constants import ANY_SOURCE, ANY_TAG, TAG_UB
 from .messages import LENT as _LENT
 from .messages import RETURNED as _RETURNED
 from .messages import SYNC as _SYNC
-from .messages import Envelope, Receive, Send, unpickle
+from .messages import Envelope, Receive, Send, unpickle, unpickle_bytes
 
 ENVELOPE = 512
 _HEAD = struct.Struct("<5q")  # tag, length, sequence, flags, order (per sender and receiver)
 _FIELDS = _HEAD.size
-_FLAGS = 24  # the byte of the head where the flags start (little-endian: all of them fit it)
 _ADDRESS = struct.Struct("<q")  # after the head of a lent payload's envelope
 INLINE = ENVELOPE - _FIELDS
 _ENVELOPE_CHANNEL = 20000  # apart from tensorcomm's own send/recv channels (object_p2p: 0..16385)
@@ -72,6 +71,7 @@ _SLICE = 0.05  # seconds between looks at lost peers while a receive waits for a
 _MAIL_SLICE = 0.005  # the same while a mailbox sleeps: transport envelopes (a full ring) wait that long
 _SPIN_SECONDS = 0.002  # a wait on a mailbox polls, then yields the core, this long before it sleeps
 _SPIN_POLLS = 32
+_SPIN_LOOKS = 256  # ``receive_object``'s looks at one ring between looks at the transport
 _SCRATCH_BYTES = 16 << 20  # lent objects up to this long are read into an engine's reused buffer
 _sequence = itertools.count(1)  # one counter for the process: payload tags never repeat per pair
 log = logging.getLogger("tensorcomm.mpi")
@@ -162,7 +162,8 @@ class Engine:
             return False
         with self.lock:
             order = self._order[dest]
-            if not mailbox.push(dest, _HEAD.pack(tag, len(data), next(_sequence), 0, order), data):
+            # No sequence number: a record carried whole is neither answered nor followed.
+            if not mailbox.push(dest, _HEAD.pack(tag, len(data), 0, 0, order), data):
                 return False
             self._order[dest] = order + 1
         return True
@@ -316,35 +317,35 @@ class Engine:
         if (type(source) is not int or type(tag) is not int or not 0 <= source < self.size
                 or not (0 <= tag <= TAG_UB or tag == ANY_TAG) or mailbox is None):
             return None
-        pending = mailbox.pending
-        look = lambda: pending(source)  # noqa: E731 - the spin's look, made once
-        spin = _Spin()
+        spin: _Spin | None = None
         while True:
             with self.lock:
                 if self.arrived or self.posted or self._early or self._owed:
                     return None
                 record = mailbox.pull_one(source)
-                while record is not None and record[_FLAGS] == _RETURNED:  # a lent payload was read
-                    self._lent.pop(_HEAD.unpack_from(record)[2], None)
-                    record = mailbox.pull_one(source)
                 if record is not None:
                     fields = _HEAD.unpack_from(record)
-                    if fields[4] == self._expected[source] and (tag == ANY_TAG or tag == fields[0]):
-                        if fields[3] == 0 and len(record) == _FIELDS + fields[1]:
-                            self._expected[source] += 1
+                    came, nbytes, _, flags, order = fields
+                    if order == self._expected[source] and tag in (came, ANY_TAG):
+                        if flags == 0 and len(record) == _FIELDS + nbytes:
+                            self._expected[source] = order + 1
                             break
-                        if fields[3] == _LENT and self._domain is not None and fields[1] <= _SCRATCH_BYTES:
-                            self._expected[source] += 1
+                        if flags == _LENT and self._domain is not None and nbytes <= _SCRATCH_BYTES:
+                            self._expected[source] = order + 1
                             return self._borrowed_object(source, record, fields)
+                    if flags == _RETURNED:  # a lent payload was read: look again
+                        self._lent.pop(fields[2], None)
+                        continue
                     self._take(source, record)
                     return None
                 request = self._request
                 if request.done():
                     return None
-            if not _came(look, request) and not spin.idle():
-                return None
-        value = unpickle(record[_FIELDS:]) if fields[1] else None
-        return value, fields[0], fields[1]
+            if not mailbox.arrives(source, _SPIN_LOOKS) and not request.done():
+                spin = spin or _Spin()
+                if not spin.idle():
+                    return None
+        return unpickle_bytes(record[_FIELDS:]) if nbytes else None, came, nbytes
 
     def _borrowed_object(self, source: int, record: bytes, fields: tuple[int, ...]) -> tuple[Any, int, int]:
         """``receive_object``'s lent object: read into this engine's scratch buffer (memory that

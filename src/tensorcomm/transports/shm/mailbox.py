@@ -33,6 +33,7 @@ from . import futex
 HEADER = 128  # the two counters, on cache lines of their own
 _LINE = 64  # a member's doorbell: sleeping flag, bell
 _WORD = 8
+_JOINED = 2048  # records up to this long are pushed as one copy of head + body
 MIN_RING, MAX_RING = 8 << 10, 256 << 10
 _PER_MEMBER = 1 << 20  # what one member's incoming rings take at most, once there are many
 
@@ -78,7 +79,13 @@ class Mailbox:
         bells = size * _LINE
         self._out = [bells + (rank * size + q) * stride for q in range(size)]
         self._in = [bells + (q * size + rank) * stride for q in range(size)]
+        # The same as word indices (the counters) and byte offsets (the data), made once: each
+        # bytecode counts on a push or pull of a short record.
         self._written_word = [base // _WORD for base in self._in]  # each incoming ring's counter
+        self._read_word = [word + _LINE // _WORD for word in self._written_word]
+        self._in_data = [base + HEADER for base in self._in]
+        self._out_word = [base // _WORD for base in self._out]
+        self._out_data = [base + HEADER for base in self._out]
         # Sender's side: where each outgoing ring is written to, and the last read count seen.
         self._written = [0] * size
         self._seen_read = [0] * size
@@ -96,30 +103,31 @@ class Mailbox:
         if nbytes > self.longest:
             raise ValueError(f"a record of {nbytes} bytes is longer than a ring takes "
                              f"({self.longest})")
-        need = _WORD + ((nbytes + _WORD - 1) & -_WORD)
         written = self._written[receiver]
-        base = self._out[receiver]
+        end = written + _WORD + ((nbytes + _WORD - 1) & -_WORD)
         capacity = self.capacity
-        if written + need - self._seen_read[receiver] > capacity:
-            self._seen_read[receiver] = self._words[base // _WORD + 8]
-            if written + need - self._seen_read[receiver] > capacity:
-                return False
-        data = base + HEADER
-        at = written % capacity
         words = self._words
+        if end - self._seen_read[receiver] > capacity:
+            self._seen_read[receiver] = words[self._out_word[receiver] + _LINE // _WORD]
+            if end - self._seen_read[receiver] > capacity:
+                return False
+        data = self._out_data[receiver]
+        at = written % capacity
         words[(data + at) // _WORD] = nbytes
         at += _WORD
-        if at + nbytes <= capacity:  # the record does not wrap: two plain copies
+        if at + nbytes > capacity:  # the record wraps around the end of the ring
+            at %= capacity
+            self._copy_in(data, at, head)
+            self._copy_in(data, (at + len(head)) % capacity, body)
+        elif nbytes <= _JOINED:  # one copy into the ring of the two joined: fewer steps
+            self._bytes[data + at:data + at + nbytes] = head + body
+        else:
             start = data + at
             middle = start + len(head)
             self._bytes[start:middle] = head
             self._bytes[middle:start + nbytes] = body
-        else:
-            at %= capacity
-            self._copy_in(data, at, head)
-            self._copy_in(data, (at + len(head)) % capacity, body)
-        self._written[receiver] = written = written + need
-        words[base // _WORD] = written  # publish: after the data (x86-64 store order)
+        self._written[receiver] = end
+        words[self._out_word[receiver]] = end  # publish: after the data (x86-64 store order)
         flag = self._flag[receiver]
         if words[flag]:  # the receiver sleeps: ring its bell
             words[flag + 1] = (words[flag + 1] + 1) & 0xFFFFFFFF
@@ -153,34 +161,49 @@ class Mailbox:
         Raises:
             MailboxCorrupt: as ``pull``.
         """
-        base = self._in[sender]
         words = self._words
-        written = words[base // _WORD]
+        written = words[self._written_word[sender]]
         read = self._read[sender]
         if written == read:
             return None
         capacity = self.capacity
-        if not 0 < written - read <= capacity:
-            raise MailboxCorrupt(f"the ring from member {sender} claims {written - read} bytes "
-                                 f"written unread; it holds {capacity}")
-        data = base + HEADER
+        data = self._in_data[sender]
         at = read % capacity
         nbytes = words[(data + at) // _WORD]
-        if not 0 <= nbytes <= self.longest or read + _WORD + nbytes > written:
-            raise MailboxCorrupt(f"a record of {nbytes} bytes in the ring from member {sender}")
-        at = (at + _WORD) % capacity
+        if not (0 < written - read <= capacity and 0 <= nbytes <= self.longest
+                and read + _WORD + nbytes <= written):
+            self._corrupt(sender, written - read, nbytes)
+        at += _WORD
         if at + nbytes <= capacity:
             record = bytes(self._bytes[data + at:data + at + nbytes])
         else:
-            record = (bytes(self._bytes[data + at:data + capacity])
-                      + bytes(self._bytes[data:data + nbytes - (capacity - at)]))
+            at %= capacity
+            first = min(nbytes, capacity - at)
+            record = (bytes(self._bytes[data + at:data + at + first])
+                      + bytes(self._bytes[data:data + nbytes - first]))
         self._read[sender] = read = read + _WORD + ((nbytes + _WORD - 1) & -_WORD)
-        words[base // _WORD + 8] = read  # the space may be reused: after the copy
+        words[self._read_word[sender]] = read  # the space may be reused: after the copy
         return record
+
+    def _corrupt(self, sender: int, unread: int, nbytes: int) -> None:
+        """Raise ``MailboxCorrupt`` for ``pull_one``'s impossible counter or length."""
+        if not 0 < unread <= self.capacity:
+            raise MailboxCorrupt(f"the ring from member {sender} claims {unread} bytes "
+                                 f"written unread; it holds {self.capacity}")
+        raise MailboxCorrupt(f"a record of {nbytes} bytes in the ring from member {sender}")
 
     def pending(self, sender: int) -> bool:
         """Whether ``sender``'s ring holds records not yet pulled."""
         return self._words[self._written_word[sender]] != self._read[sender]
+
+    def arrives(self, sender: int, looks: int) -> bool:
+        """Whether ``sender``'s ring holds a record not yet pulled, looking up to ``looks`` times
+        (a spin in one frame: it sees a record a few bytecodes after the sender published it)."""
+        words, word, read = self._words, self._written_word[sender], self._read[sender]
+        for _ in range(looks):  # noqa: SIM110 - a plain loop: no generator frame per look
+            if words[word] != read:
+                return True
+        return False
 
     def waiting(self) -> bool:
         """Whether any ring to this member holds records not yet pulled."""
