@@ -26,6 +26,8 @@ Owns nothing but this layout; imports numpy and ``futex.py``. What the records m
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 
 from . import futex
@@ -57,26 +59,30 @@ class MailboxCorrupt(RuntimeError):
 
 
 class Mailbox:
-    """This member's ends of the rings of one domain.
+    """This member's ends of the rings of one domain, whose region lies in ``segment`` from
+    ``offset`` (a multiple of 8).
 
     Attributes:
         capacity: bytes of one ring; the longest record is ``capacity // 2``.
     """
 
-    def __init__(self, region: np.ndarray, rank: int, size: int) -> None:
+    def __init__(self, segment: mmap.mmap, rank: int, size: int, offset: int = 0) -> None:
         capacity = self.capacity = ring_bytes(size)
         stride = HEADER + capacity
-        if region.size < region_bytes(size):
-            raise ValueError(f"a mailbox of {size} members needs {region_bytes(size)} bytes, "
-                             f"the region has {region.size}")
+        if offset % _WORD or len(segment) - offset < region_bytes(size):
+            raise ValueError(f"a mailbox of {size} members needs {region_bytes(size)} bytes at a "
+                             f"multiple of {_WORD}, the segment has {len(segment) - offset} at {offset}")
         self.longest = capacity // 2
-        self._bytes = memoryview(region).cast("B")  # type: ignore[arg-type]
-        self._words = self._bytes.cast("q")
-        self._address = region.__array_interface__["data"][0]
-        self._flag = [q * _LINE // _WORD for q in range(size)]  # each member's sleeping flag (word)
+        # Records are copied by slicing the mmap itself (its slices are bytes: one step, where a
+        # memoryview's take two); the counters are words of a view on it.
+        # Positions (bytes and words) count from the start of the segment.
+        self._bytes = segment
+        self._words = memoryview(segment)[:len(segment) // _WORD * _WORD].cast("q")
+        self._address = np.frombuffer(segment, np.uint8).ctypes.data
+        self._flag = [(offset + q * _LINE) // _WORD for q in range(size)]  # each sleeping flag (word)
         self._bell = self._flag[rank] + 1  # this member's bell (word)
         # Where each ring this member writes (to each receiver) and reads (from each sender) starts.
-        bells = size * _LINE
+        bells = offset + size * _LINE
         self._out = [bells + (rank * size + q) * stride for q in range(size)]
         self._in = [bells + (q * size + rank) * stride for q in range(size)]
         # The same as word indices (the counters) and byte offsets (the data), made once: each
@@ -235,6 +241,5 @@ class Mailbox:
             words[flag] = 0
 
     def release(self) -> None:
-        """Let go of the views on the region (before the segment is unmapped)."""
+        """Let go of the view on the segment (before it is unmapped)."""
         self._words.release()
-        self._bytes.release()
