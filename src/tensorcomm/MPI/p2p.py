@@ -160,12 +160,16 @@ class Engine:
         if (type(dest) is not int or type(tag) is not int or not 0 <= dest < self.size
                 or not 0 <= tag <= TAG_UB or mailbox is None or len(data) + _FIELDS > mailbox.longest):
             return False
-        with self.lock:
+        lock = self.lock
+        lock.acquire()  # not ``with``: on an RLock that costs about twice as much
+        try:
             order = self._order[dest]
             # No sequence number: a record carried whole is neither answered nor followed.
             if not mailbox.push(dest, _HEAD.pack(tag, len(data), 0, 0, order), data):
                 return False
             self._order[dest] = order + 1
+        finally:
+            lock.release()
         return True
 
     def send(self, data: np.ndarray | bytes, dest: int, tag: int, keep: Any = None,
@@ -318,8 +322,10 @@ class Engine:
                 or not (0 <= tag <= TAG_UB or tag == ANY_TAG) or mailbox is None):
             return None
         spin: _Spin | None = None
+        lock = self.lock
         while True:
-            with self.lock:
+            lock.acquire()  # not ``with``: on an RLock that costs about twice as much
+            try:
                 if self.arrived or self.posted or self._early or self._owed:
                     return None
                 record = mailbox.pull_one(source)
@@ -341,6 +347,8 @@ class Engine:
                 request = self._request
                 if request.done():
                     return None
+            finally:
+                lock.release()
             if not mailbox.arrives(source, _SPIN_LOOKS) and not request.done():
                 spin = spin or _Spin()
                 if not spin.idle():
