@@ -110,7 +110,7 @@ class Mailbox:
             raise ValueError(f"a record of {nbytes} bytes is longer than a ring takes "
                              f"({self.longest})")
         written = self._written[receiver]
-        end = written + _WORD + ((nbytes + _WORD - 1) & -_WORD)
+        end = written + ((nbytes + 15) & -8)  # its length word and it, padded to 8 bytes (_WORD)
         capacity = self.capacity
         words = self._words
         if end - self._seen_read[receiver] > capacity:
@@ -118,20 +118,19 @@ class Mailbox:
             if end - self._seen_read[receiver] > capacity:
                 return False
         data = self._out_data[receiver]
-        at = written % capacity
-        words[(data + at) // _WORD] = nbytes
-        at += _WORD
-        if at + nbytes > capacity:  # the record wraps around the end of the ring
-            at %= capacity
+        at = data + written % capacity  # the length word's place
+        words[at // 8] = nbytes
+        at += 8
+        if at + nbytes > data + capacity:  # the record wraps around the end of the ring
+            at = (at - data) % capacity
             self._copy_in(data, at, head)
             self._copy_in(data, (at + len(head)) % capacity, body)
         elif nbytes <= _JOINED:  # one copy into the ring of the two joined: fewer steps
-            self._bytes[data + at:data + at + nbytes] = head + body
+            self._bytes[at:at + nbytes] = head + body
         else:
-            start = data + at
-            middle = start + len(head)
-            self._bytes[start:middle] = head
-            self._bytes[middle:start + nbytes] = body
+            middle = at + len(head)
+            self._bytes[at:middle] = head
+            self._bytes[middle:at + nbytes] = body
         self._written[receiver] = end
         words[self._out_word[receiver]] = end  # publish: after the data (x86-64 store order)
         flag = self._flag[receiver]
@@ -174,21 +173,20 @@ class Mailbox:
             return None
         capacity = self.capacity
         data = self._in_data[sender]
-        at = read % capacity
-        nbytes = words[(data + at) // _WORD]
-        if not (0 < written - read <= capacity and 0 <= nbytes <= self.longest
-                and read + _WORD + nbytes <= written):
+        at = data + read % capacity  # the length word's place
+        nbytes = words[at // 8]
+        end = read + ((nbytes + 15) & -8)  # the length word and the record, padded to 8 bytes
+        if nbytes < 0 or end > written or written - read > capacity:
             self._corrupt(sender, written - read, nbytes)
-        at += _WORD
-        if at + nbytes <= capacity:
-            record = bytes(self._bytes[data + at:data + at + nbytes])
+        at += 8
+        if at + nbytes <= data + capacity:
+            record = self._bytes[at:at + nbytes]  # an mmap's slice is bytes
         else:
-            at %= capacity
+            at = (at - data) % capacity
             first = min(nbytes, capacity - at)
-            record = (bytes(self._bytes[data + at:data + at + first])
-                      + bytes(self._bytes[data:data + nbytes - first]))
-        self._read[sender] = read = read + _WORD + ((nbytes + _WORD - 1) & -_WORD)
-        words[self._read_word[sender]] = read  # the space may be reused: after the copy
+            record = self._bytes[data + at:data + at + first] + self._bytes[data:data + nbytes - first]
+        self._read[sender] = end
+        words[self._read_word[sender]] = end  # the space may be reused: after the copy
         return record
 
     def _corrupt(self, sender: int, unread: int, nbytes: int) -> None:
