@@ -141,6 +141,10 @@ class Engine:
         self._settled_at_close = False  # ``settle`` runs when the domain closes and at exit
         size = len(self.ranks)
         self._order = [0] * size  # messages sent to each member so far
+        # The last (dest, tag) ``post`` found to be plain ints in range: the same objects again
+        # need no second look (``is``: a bool or a numpy integer equal to them is not them).
+        self._posted: tuple[Any, Any] = (None, None)
+        self._received: tuple[Any, Any] = (None, None)  # the same for ``receive_object``
         self._expected = [0] * size  # the order number of the next message from each member
         self._early: dict[tuple[int, int], Envelope] = {}  # (member, order): came before its turn
         self._envelope_tag = p2p_tag(self.group_id, 0, _ENVELOPE_CHANNEL)
@@ -156,9 +160,13 @@ class Engine:
         """Send the pickle ``data`` whole through the mailbox to communicator rank ``dest``
         with ``tag`` (both plain ints in range) and return True; False, with nothing sent, for
         anything else (then ``send`` takes it, with every check): the blocking object send's way."""
+        if dest is not self._posted[0] or tag is not self._posted[1]:  # not the last pair checked
+            if (type(dest) is not int or type(tag) is not int or not 0 <= dest < self.size
+                    or not 0 <= tag <= TAG_UB):
+                return False
+            self._posted = (dest, tag)
         mailbox = self._mailbox
-        if (type(dest) is not int or type(tag) is not int or not 0 <= dest < self.size
-                or not 0 <= tag <= TAG_UB or mailbox is None or len(data) + _FIELDS > mailbox.longest):
+        if mailbox is None or len(data) + _FIELDS > mailbox.longest:
             return False
         lock = self.lock
         lock.acquire()  # not ``with``: on an RLock that costs about twice as much
@@ -317,9 +325,13 @@ class Engine:
         an object carried whole, in its turn, with a fitting tag, returns ``(object, tag,
         length)``. None in every other case, with any record read taken in the general way
         (``receive`` then finds it)."""
+        if source is not self._received[0] or tag is not self._received[1]:  # as ``_posted``
+            if (type(source) is not int or type(tag) is not int or not 0 <= source < self.size
+                    or not (0 <= tag <= TAG_UB or tag == ANY_TAG)):
+                return None
+            self._received = (source, tag)
         mailbox = self._mailbox
-        if (type(source) is not int or type(tag) is not int or not 0 <= source < self.size
-                or not (0 <= tag <= TAG_UB or tag == ANY_TAG) or mailbox is None):
+        if mailbox is None:
             return None
         spin: _Spin | None = None
         lock = self.lock
