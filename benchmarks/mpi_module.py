@@ -9,6 +9,10 @@ message: half a round trip), and in-place float32 ``Allreduce`` at several sizes
 job also times ``tensorcomm.all_reduce`` on the same array, batch by batch alternating with
 ``MPI.Allreduce``, to show what the mapping adds. Prints medians over batches and rounds, the
 ratios, and the load average. Nothing is asserted: numbers depend on the host and its load.
+``--json FILE`` writes each figure as a number, named "MEASURE LIBRARY us" (and "MEASURE
+ratio"), the form ``benchmarks/ab.py`` compares across two source trees::
+
+    python benchmarks/ab.py main . -- python benchmarks/mpi_module.py --rounds 1 --json {json}
 """
 
 from __future__ import annotations
@@ -137,15 +141,15 @@ def main() -> None:
         if key.startswith("tc."):
             continue
         ours, theirs = median("tc", key), median("mpi4py", key)
-        row = {"tensorcomm.MPI_s": ours, "mpi4py_s": theirs, "ratio": ours / theirs}
+        table.update({f"{key} tensorcomm.MPI us": ours * 1e6, f"{key} mpi4py us": theirs * 1e6,
+                      f"{key} ratio": ours / theirs})
         line = f"{key:28} {ours * 1e6:13.1f}us {theirs * 1e6:11.1f}us {ours / theirs:7.2f}"
         native = f"tc.all_reduce {key.split()[1]} B"
         if key.startswith("Allreduce") and native in runs["tc"][0]:
             direct = median("tc", native)
-            row["tc.all_reduce_s"] = direct
+            table[f"{key} tc.all_reduce us"] = direct * 1e6
             line += f" {direct * 1e6:12.1f}us {ours / direct:7.2f}"
         print(line)
-        table[key] = row
     if args.json is not None:
         args.json.write_text(json.dumps(table, indent=1))
 

@@ -161,6 +161,17 @@ def body_blocking_object_order() -> None:
         else:
             assert comm.recv(source=0, tag=6) == payload
             comm.send(nbytes, dest=0, tag=7)
+    # the short way's checks keep the last plain ints they passed, not values equal to them
+    peer = 1 - rank
+    comm.send("plain", dest=peer, tag=8)
+    assert comm.recv(source=peer, tag=8) == "plain"
+    with pytest.raises(TypeError, match="bool"):
+        comm.send("a bool rank", dest=bool(peer), tag=8)
+    with pytest.raises(TypeError, match="bool"):
+        comm.recv(source=bool(peer), tag=8)
+    comm.send("numpy", dest=np.int64(peer), tag=np.int64(8))
+    assert comm.recv(source=np.int64(peer), tag=8, status=status) == "numpy"
+    assert status.Get_tag() == 8 and type(status.Get_tag()) is int
     comm.Barrier()
 
 

@@ -3,6 +3,8 @@ region, as two processes would map it."""
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 import pytest
 
@@ -17,8 +19,8 @@ from tensorcomm.transports.shm.mailbox import (
 
 
 def pair(size: int = 2) -> tuple[Mailbox, Mailbox, np.ndarray]:
-    region = np.zeros(region_bytes(size), np.uint8)
-    return Mailbox(region, 0, size), Mailbox(region, 1, size), region
+    segment = mmap.mmap(-1, region_bytes(size))
+    return Mailbox(segment, 0, size), Mailbox(segment, 1, size), np.frombuffer(segment, np.uint8)
 
 
 def test_records_arrive_whole_and_in_order_across_the_wrap():
@@ -50,8 +52,8 @@ def test_a_full_ring_refuses_and_takes_again_once_read():
 
 
 def test_own_ring_and_other_pairs_are_apart():
-    region = np.zeros(region_bytes(3), np.uint8)
-    boxes = [Mailbox(region, q, 3) for q in range(3)]
+    segment = mmap.mmap(-1, region_bytes(3))
+    boxes = [Mailbox(segment, q, 3) for q in range(3)]
     boxes[0].push(0, b"self")
     boxes[0].push(2, b"to two")
     boxes[1].push(2, b"from one")
@@ -76,7 +78,7 @@ def test_region_stays_small_as_members_grow():
 
 def test_a_short_region_is_refused():
     with pytest.raises(ValueError, match="needs"):
-        Mailbox(np.zeros(100, np.uint8), 0, 2)
+        Mailbox(mmap.mmap(-1, 100), 0, 2)
 
 
 def test_impossible_counters_and_lengths_are_refused_not_read():

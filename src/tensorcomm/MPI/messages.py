@@ -9,6 +9,7 @@ for the request type; an engine is duck-typed here (``Receive`` and ``Send`` cal
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -143,6 +144,10 @@ def unpickle(data: np.ndarray | bytes) -> Any:
     """The object a message carried. **Runs code the sender chose**, as every unpickling does:
     use object messages among trusted processes only (docs/security.md)."""
     return pickle.loads(data.data if isinstance(data, np.ndarray) else data)
+
+
+unpickle_bytes: Callable[[bytes], Any] = pickle.loads
+"""``unpickle`` of bytes, with no frame of its own (the blocking object receive's way)."""
 
 
 def check_tag(tag: Any, fn: str, wildcard: bool) -> int:

@@ -26,7 +26,7 @@ no transport message; elsewhere one up to ``INLINE`` bytes, two above.
 
 Imports ``core`` (a group's transport and shared-memory domain), ``transports.base`` and the MPI package's
 ``constants``, ``exceptions`` and ``messages`` (the envelopes, receives and sends it makes);
-only ``messages.unpickle`` and ``frontends.object_collectives`` unpickle.
+only ``messages.unpickle``/``unpickle_bytes`` and ``frontends.object_collectives`` unpickle.
 """
 
 from __future__ import annotations
@@ -56,12 +56,11 @@ from .constants import ANY_SOURCE, ANY_TAG, TAG_UB
 from .messages import LENT as _LENT
 from .messages import RETURNED as _RETURNED
 from .messages import SYNC as _SYNC
-from .messages import Envelope, Receive, Send, unpickle
+from .messages import Envelope, Receive, Send, unpickle, unpickle_bytes
 
 ENVELOPE = 512
 _HEAD = struct.Struct("<5q")  # tag, length, sequence, flags, order (per sender and receiver)
 _FIELDS = _HEAD.size
-_FLAGS = 24  # the byte of the head where the flags start (little-endian: all of them fit it)
 _ADDRESS = struct.Struct("<q")  # after the head of a lent payload's envelope
 INLINE = ENVELOPE - _FIELDS
 _ENVELOPE_CHANNEL = 20000  # apart from tensorcomm's own send/recv channels (object_p2p: 0..16385)
@@ -72,6 +71,7 @@ _SLICE = 0.05  # seconds between looks at lost peers while a receive waits for a
 _MAIL_SLICE = 0.005  # the same while a mailbox sleeps: transport envelopes (a full ring) wait that long
 _SPIN_SECONDS = 0.002  # a wait on a mailbox polls, then yields the core, this long before it sleeps
 _SPIN_POLLS = 32
+_SPIN_LOOKS = 256  # ``receive_object``'s looks at one ring between looks at the transport
 _SCRATCH_BYTES = 16 << 20  # lent objects up to this long are read into an engine's reused buffer
 _sequence = itertools.count(1)  # one counter for the process: payload tags never repeat per pair
 log = logging.getLogger("tensorcomm.mpi")
@@ -141,6 +141,10 @@ class Engine:
         self._settled_at_close = False  # ``settle`` runs when the domain closes and at exit
         size = len(self.ranks)
         self._order = [0] * size  # messages sent to each member so far
+        # The last (dest, tag) ``post`` found to be plain ints in range: the same objects again
+        # need no second look (``is``: a bool or a numpy integer equal to them is not them).
+        self._posted: tuple[Any, Any] = (None, None)
+        self._received: tuple[Any, Any] = (None, None)  # the same for ``receive_object``
         self._expected = [0] * size  # the order number of the next message from each member
         self._early: dict[tuple[int, int], Envelope] = {}  # (member, order): came before its turn
         self._envelope_tag = p2p_tag(self.group_id, 0, _ENVELOPE_CHANNEL)
@@ -156,15 +160,24 @@ class Engine:
         """Send the pickle ``data`` whole through the mailbox to communicator rank ``dest``
         with ``tag`` (both plain ints in range) and return True; False, with nothing sent, for
         anything else (then ``send`` takes it, with every check): the blocking object send's way."""
+        if dest is not self._posted[0] or tag is not self._posted[1]:  # not the last pair checked
+            if (type(dest) is not int or type(tag) is not int or not 0 <= dest < self.size
+                    or not 0 <= tag <= TAG_UB):
+                return False
+            self._posted = (dest, tag)
         mailbox = self._mailbox
-        if (type(dest) is not int or type(tag) is not int or not 0 <= dest < self.size
-                or not 0 <= tag <= TAG_UB or mailbox is None or len(data) + _FIELDS > mailbox.longest):
+        if mailbox is None or len(data) + _FIELDS > mailbox.longest:
             return False
-        with self.lock:
+        lock = self.lock
+        lock.acquire()  # not ``with``: on an RLock that costs about twice as much
+        try:
             order = self._order[dest]
-            if not mailbox.push(dest, _HEAD.pack(tag, len(data), next(_sequence), 0, order), data):
+            # No sequence number: a record carried whole is neither answered nor followed.
+            if not mailbox.push(dest, _HEAD.pack(tag, len(data), 0, 0, order), data):
                 return False
             self._order[dest] = order + 1
+        finally:
+            lock.release()
         return True
 
     def send(self, data: np.ndarray | bytes, dest: int, tag: int, keep: Any = None,
@@ -312,39 +325,47 @@ class Engine:
         an object carried whole, in its turn, with a fitting tag, returns ``(object, tag,
         length)``. None in every other case, with any record read taken in the general way
         (``receive`` then finds it)."""
+        if source is not self._received[0] or tag is not self._received[1]:  # as ``_posted``
+            if (type(source) is not int or type(tag) is not int or not 0 <= source < self.size
+                    or not (0 <= tag <= TAG_UB or tag == ANY_TAG)):
+                return None
+            self._received = (source, tag)
         mailbox = self._mailbox
-        if (type(source) is not int or type(tag) is not int or not 0 <= source < self.size
-                or not (0 <= tag <= TAG_UB or tag == ANY_TAG) or mailbox is None):
+        if mailbox is None:
             return None
-        pending = mailbox.pending
-        look = lambda: pending(source)  # noqa: E731 - the spin's look, made once
-        spin = _Spin()
+        spin: _Spin | None = None
+        lock = self.lock
         while True:
-            with self.lock:
+            lock.acquire()  # not ``with``: on an RLock that costs about twice as much
+            try:
                 if self.arrived or self.posted or self._early or self._owed:
                     return None
                 record = mailbox.pull_one(source)
-                while record is not None and record[_FLAGS] == _RETURNED:  # a lent payload was read
-                    self._lent.pop(_HEAD.unpack_from(record)[2], None)
-                    record = mailbox.pull_one(source)
                 if record is not None:
                     fields = _HEAD.unpack_from(record)
-                    if fields[4] == self._expected[source] and (tag == ANY_TAG or tag == fields[0]):
-                        if fields[3] == 0 and len(record) == _FIELDS + fields[1]:
-                            self._expected[source] += 1
+                    came, nbytes, _, flags, order = fields
+                    if order == self._expected[source] and tag in (came, ANY_TAG):
+                        if flags == 0 and len(record) == _FIELDS + nbytes:
+                            self._expected[source] = order + 1
                             break
-                        if fields[3] == _LENT and self._domain is not None and fields[1] <= _SCRATCH_BYTES:
-                            self._expected[source] += 1
+                        if flags == _LENT and self._domain is not None and nbytes <= _SCRATCH_BYTES:
+                            self._expected[source] = order + 1
                             return self._borrowed_object(source, record, fields)
+                    if flags == _RETURNED:  # a lent payload was read: look again
+                        self._lent.pop(fields[2], None)
+                        continue
                     self._take(source, record)
                     return None
                 request = self._request
                 if request.done():
                     return None
-            if not _came(look, request) and not spin.idle():
-                return None
-        value = unpickle(record[_FIELDS:]) if fields[1] else None
-        return value, fields[0], fields[1]
+            finally:
+                lock.release()
+            if not mailbox.arrives(source, _SPIN_LOOKS) and not request.done():
+                spin = spin or _Spin()
+                if not spin.idle():
+                    return None
+        return unpickle_bytes(record[_FIELDS:]) if nbytes else None, came, nbytes
 
     def _borrowed_object(self, source: int, record: bytes, fields: tuple[int, ...]) -> tuple[Any, int, int]:
         """``receive_object``'s lent object: read into this engine's scratch buffer (memory that

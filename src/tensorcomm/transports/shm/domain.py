@@ -128,8 +128,7 @@ class ShmDomain:
         self.inbox = tuple(tuple(raw[control + q * member + p * slot_bytes:][:slot_bytes] for p in (0, 1))
                            for q in range(size))
         self.outbox = tuple(raw[control + q * member + 2 * slot_bytes:][:out_bytes] for q in range(size))
-        mail = raw[control + size * member:][:region_bytes(size)]
-        self.mailbox = Mailbox(mail, rank, size) if size > 1 else None
+        self.mailbox = Mailbox(mm, rank, size, control + size * member) if size > 1 else None
         self._round = 0
         self._backup = np.empty(0, dtype=np.uint8)
         self.last_broadcast: tuple[int, int] | None = None

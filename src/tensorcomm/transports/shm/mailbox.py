@@ -26,6 +26,8 @@ Owns nothing but this layout; imports numpy and ``futex.py``. What the records m
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 
 from . import futex
@@ -33,6 +35,7 @@ from . import futex
 HEADER = 128  # the two counters, on cache lines of their own
 _LINE = 64  # a member's doorbell: sleeping flag, bell
 _WORD = 8
+_JOINED = 2048  # records up to this long are pushed as one copy of head + body
 MIN_RING, MAX_RING = 8 << 10, 256 << 10
 _PER_MEMBER = 1 << 20  # what one member's incoming rings take at most, once there are many
 
@@ -56,29 +59,39 @@ class MailboxCorrupt(RuntimeError):
 
 
 class Mailbox:
-    """This member's ends of the rings of one domain.
+    """This member's ends of the rings of one domain, whose region lies in ``segment`` from
+    ``offset`` (a multiple of 8).
 
     Attributes:
         capacity: bytes of one ring; the longest record is ``capacity // 2``.
     """
 
-    def __init__(self, region: np.ndarray, rank: int, size: int) -> None:
+    def __init__(self, segment: mmap.mmap, rank: int, size: int, offset: int = 0) -> None:
         capacity = self.capacity = ring_bytes(size)
         stride = HEADER + capacity
-        if region.size < region_bytes(size):
-            raise ValueError(f"a mailbox of {size} members needs {region_bytes(size)} bytes, "
-                             f"the region has {region.size}")
+        if offset % _WORD or len(segment) - offset < region_bytes(size):
+            raise ValueError(f"a mailbox of {size} members needs {region_bytes(size)} bytes at a "
+                             f"multiple of {_WORD}, the segment has {len(segment) - offset} at {offset}")
         self.longest = capacity // 2
-        self._bytes = memoryview(region).cast("B")  # type: ignore[arg-type]
-        self._words = self._bytes.cast("q")
-        self._address = region.__array_interface__["data"][0]
-        self._flag = [q * _LINE // _WORD for q in range(size)]  # each member's sleeping flag (word)
+        # Records are copied by slicing the mmap itself (its slices are bytes: one step, where a
+        # memoryview's take two); the counters are words of a view on it.
+        # Positions (bytes and words) count from the start of the segment.
+        self._bytes = segment
+        self._words = memoryview(segment)[:len(segment) // _WORD * _WORD].cast("q")
+        self._address = np.frombuffer(segment, np.uint8).ctypes.data
+        self._flag = [(offset + q * _LINE) // _WORD for q in range(size)]  # each sleeping flag (word)
         self._bell = self._flag[rank] + 1  # this member's bell (word)
         # Where each ring this member writes (to each receiver) and reads (from each sender) starts.
-        bells = size * _LINE
+        bells = offset + size * _LINE
         self._out = [bells + (rank * size + q) * stride for q in range(size)]
         self._in = [bells + (q * size + rank) * stride for q in range(size)]
+        # The same as word indices (the counters) and byte offsets (the data), made once: each
+        # bytecode counts on a push or pull of a short record.
         self._written_word = [base // _WORD for base in self._in]  # each incoming ring's counter
+        self._read_word = [word + _LINE // _WORD for word in self._written_word]
+        self._in_data = [base + HEADER for base in self._in]
+        self._out_word = [base // _WORD for base in self._out]
+        self._out_data = [base + HEADER for base in self._out]
         # Sender's side: where each outgoing ring is written to, and the last read count seen.
         self._written = [0] * size
         self._seen_read = [0] * size
@@ -96,30 +109,30 @@ class Mailbox:
         if nbytes > self.longest:
             raise ValueError(f"a record of {nbytes} bytes is longer than a ring takes "
                              f"({self.longest})")
-        need = _WORD + ((nbytes + _WORD - 1) & -_WORD)
         written = self._written[receiver]
-        base = self._out[receiver]
+        end = written + ((nbytes + 15) & -8)  # its length word and it, padded to 8 bytes (_WORD)
         capacity = self.capacity
-        if written + need - self._seen_read[receiver] > capacity:
-            self._seen_read[receiver] = self._words[base // _WORD + 8]
-            if written + need - self._seen_read[receiver] > capacity:
-                return False
-        data = base + HEADER
-        at = written % capacity
         words = self._words
-        words[(data + at) // _WORD] = nbytes
-        at += _WORD
-        if at + nbytes <= capacity:  # the record does not wrap: two plain copies
-            start = data + at
-            middle = start + len(head)
-            self._bytes[start:middle] = head
-            self._bytes[middle:start + nbytes] = body
-        else:
-            at %= capacity
+        if end - self._seen_read[receiver] > capacity:
+            self._seen_read[receiver] = words[self._out_word[receiver] + _LINE // _WORD]
+            if end - self._seen_read[receiver] > capacity:
+                return False
+        data = self._out_data[receiver]
+        at = data + written % capacity  # the length word's place
+        words[at // 8] = nbytes
+        at += 8
+        if at + nbytes > data + capacity:  # the record wraps around the end of the ring
+            at = (at - data) % capacity
             self._copy_in(data, at, head)
             self._copy_in(data, (at + len(head)) % capacity, body)
-        self._written[receiver] = written = written + need
-        words[base // _WORD] = written  # publish: after the data (x86-64 store order)
+        elif nbytes <= _JOINED:  # one copy into the ring of the two joined: fewer steps
+            self._bytes[at:at + nbytes] = head + body
+        else:
+            middle = at + len(head)
+            self._bytes[at:middle] = head
+            self._bytes[middle:at + nbytes] = body
+        self._written[receiver] = end
+        words[self._out_word[receiver]] = end  # publish: after the data (x86-64 store order)
         flag = self._flag[receiver]
         if words[flag]:  # the receiver sleeps: ring its bell
             words[flag + 1] = (words[flag + 1] + 1) & 0xFFFFFFFF
@@ -153,34 +166,48 @@ class Mailbox:
         Raises:
             MailboxCorrupt: as ``pull``.
         """
-        base = self._in[sender]
         words = self._words
-        written = words[base // _WORD]
+        written = words[self._written_word[sender]]
         read = self._read[sender]
         if written == read:
             return None
         capacity = self.capacity
-        if not 0 < written - read <= capacity:
-            raise MailboxCorrupt(f"the ring from member {sender} claims {written - read} bytes "
-                                 f"written unread; it holds {capacity}")
-        data = base + HEADER
-        at = read % capacity
-        nbytes = words[(data + at) // _WORD]
-        if not 0 <= nbytes <= self.longest or read + _WORD + nbytes > written:
-            raise MailboxCorrupt(f"a record of {nbytes} bytes in the ring from member {sender}")
-        at = (at + _WORD) % capacity
-        if at + nbytes <= capacity:
-            record = bytes(self._bytes[data + at:data + at + nbytes])
+        data = self._in_data[sender]
+        at = data + read % capacity  # the length word's place
+        nbytes = words[at // 8]
+        end = read + ((nbytes + 15) & -8)  # the length word and the record, padded to 8 bytes
+        if nbytes < 0 or end > written or written - read > capacity:
+            self._corrupt(sender, written - read, nbytes)
+        at += 8
+        if at + nbytes <= data + capacity:
+            record = self._bytes[at:at + nbytes]  # an mmap's slice is bytes
         else:
-            record = (bytes(self._bytes[data + at:data + capacity])
-                      + bytes(self._bytes[data:data + nbytes - (capacity - at)]))
-        self._read[sender] = read = read + _WORD + ((nbytes + _WORD - 1) & -_WORD)
-        words[base // _WORD + 8] = read  # the space may be reused: after the copy
+            at = (at - data) % capacity
+            first = min(nbytes, capacity - at)
+            record = self._bytes[data + at:data + at + first] + self._bytes[data:data + nbytes - first]
+        self._read[sender] = end
+        words[self._read_word[sender]] = end  # the space may be reused: after the copy
         return record
+
+    def _corrupt(self, sender: int, unread: int, nbytes: int) -> None:
+        """Raise ``MailboxCorrupt`` for ``pull_one``'s impossible counter or length."""
+        if not 0 < unread <= self.capacity:
+            raise MailboxCorrupt(f"the ring from member {sender} claims {unread} bytes "
+                                 f"written unread; it holds {self.capacity}")
+        raise MailboxCorrupt(f"a record of {nbytes} bytes in the ring from member {sender}")
 
     def pending(self, sender: int) -> bool:
         """Whether ``sender``'s ring holds records not yet pulled."""
         return self._words[self._written_word[sender]] != self._read[sender]
+
+    def arrives(self, sender: int, looks: int) -> bool:
+        """Whether ``sender``'s ring holds a record not yet pulled, looking up to ``looks`` times
+        (a spin in one frame: it sees a record a few bytecodes after the sender published it)."""
+        words, word, read = self._words, self._written_word[sender], self._read[sender]
+        for _ in range(looks):  # noqa: SIM110 - a plain loop: no generator frame per look
+            if words[word] != read:
+                return True
+        return False
 
     def waiting(self) -> bool:
         """Whether any ring to this member holds records not yet pulled."""
@@ -212,6 +239,5 @@ class Mailbox:
             words[flag] = 0
 
     def release(self) -> None:
-        """Let go of the views on the region (before the segment is unmapped)."""
+        """Let go of the view on the segment (before it is unmapped)."""
         self._words.release()
-        self._bytes.release()
