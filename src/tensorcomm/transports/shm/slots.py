@@ -27,13 +27,14 @@ x86-64 stores are not reordered with other stores nor loads with other loads (TS
 enough; on other CPUs it is not, and ``SUPPORTED`` is False there (the caller falls back to TCP)
 because Python offers no fence to put between the two.
 
-Waiting. A wait reads the counter ``SPIN_READS`` times, then calls ``sched_yield`` in a loop
-(cheap when ranks have cores of their own, and it hands the core over when they share one; pure
-spinning would cost a whole time slice), and after ``YIELD_SECONDS`` sleeps on a futex on the
+Waiting. A wait reads the counter ``SPIN_READS`` times, then calls ``sched_yield`` in a loop (cheap
+when ranks have cores of their own, and it hands the core over when they share one; pure spinning
+would cost a whole time slice; before the first, a member with a core of its own moves away from a
+peer it finds on its core: ``apart.py``), and after ``YIELD_SECONDS`` sleeps on a futex on the
 counter's low 32 bits, waking at least every ``SLEEP_SECONDS`` (on an engine's worker thread it
 skips the yielding and sleeps at once: ``transports/threads.py`` says why). A poster wakes futex
-sleepers only when one has raised the flag on its line, so posts stay syscall-free. While yielding or
-sleeping, a wait watches for: the call's deadline (``CommTimeoutError`` naming the ranks whose
+sleepers only when one has raised the flag on its line, so posts stay syscall-free. While yielding
+or sleeping, a wait watches for: the call's deadline (``CommTimeoutError`` naming the ranks whose
 counters did not arrive), a fault recorded by any rank (mismatch, abort, lost peer: raised here
 too), a peer that left the group (``destroy``), and, every ``LIVENESS_SECONDS``, whether the
 processes of the peers it waits for still exist (``transports/liveness.py``, which holds no
@@ -59,6 +60,7 @@ from ...errors import CollectiveMismatchError, CommError, CommTimeoutError, Grou
 from ..liveness import ProcessWatch
 from ..threads import on_worker
 from . import futex
+from .apart import Apart
 
 log = logging.getLogger("tensorcomm.shm")
 
@@ -85,8 +87,8 @@ H_FAULT = 8  # nonzero once any rank recorded a fault; on a cache line of its ow
 R_COUNTER = 0
 R_ENTRY = (1, 4)
 R_SIGNATURE = (8, 13)
-# Line 3: written rarely.
-R_SLEEPERS, R_STATE = 24, 25
+# Line 3: written rarely, but for the core this rank last waited on, plus one (``apart.py``).
+R_SLEEPERS, R_STATE, R_CPU = 24, 25, 26
 # Line 4: this rank's fault record; its text from byte 512.
 R_FAULT_KIND, R_FAULT_SEQ, R_FAULT_PEER = 32, 33, 34
 # Line 5: written once, when the group starts (``ShmDomain.settle``): the address this rank
@@ -160,6 +162,7 @@ class Slots:
         self._my_signature_byte = tuple(8 * (base[rank] + s) for s in R_SIGNATURE)
         self._written: list[tuple[object, int]] = [(None, 0), (None, 0)]  # per step parity
         self._liveness = ProcessWatch({q: pids[q] for q in self.peers})
+        self.apart = Apart(self.words, tuple(b + R_CPU for b in base), rank)
         self.posts = 0
         self.failure: BaseException | None = None  # set by fail() or abort(), from any thread
 
@@ -400,6 +403,7 @@ class Slots:
         deadline = min(ctx.deadline, now + ctx.timeout)  # a bound round's starts with its wait
         check_alive = now + LIVENESS_SECONDS
         sleep_from = now if on_worker() else now + YIELD_SECONDS  # transports/threads.py says why
+        apart = self.apart.enabled
         while True:
             behind = [q for q in ranks if words[counters[q]] < target]
             if not behind:
@@ -418,6 +422,9 @@ class Slots:
                 self._check_alive(ranks, target)
                 check_alive = now + LIVENESS_SECONDS
             if now < sleep_from:
+                if apart:  # first: a peer waiting on this core would get it only by the yield
+                    self.apart.check(behind[0], now)
+                    apart = False
                 os.sched_yield()
             else:
                 self._sleep(behind[0], target, min(SLEEP_SECONDS, check_alive - now, deadline - now))
