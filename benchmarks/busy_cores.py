@@ -7,15 +7,16 @@ with how often the two ranks shared a core.
 Starts ``--busy`` processes that only spin (``python -c 'while True: pass'``: a data loader,
 another job), then in each round one job of ``tensorcomm run -n 2`` and one of ``mpiexec -n 2``
 (alternating which goes first). Each job times in-place float32 ``all_reduce`` and ``broadcast``
-(root 0) at 8 B, 2 KiB and 32 KiB: ``--batches`` batches of ``--calls`` calls back to back, each
-after a barrier; a batch counts the slower rank. Per batch it also notes whether the two ranks
-ran on the same core at its start or end (``/proc/self/stat``'s processor field): ranks that
-wait for each other on one core while the busy processes hold the rest lose a scheduler turn per
-call (``transports/shm/apart.py``). Prints per collective and size the median time per call
-over all batches of all rounds, the share of batches on a shared core, tensorcomm's speed over
+(root 0) at 8 B, 2 KiB and 32 KiB, and a ping-pong of a small dict (``send``/``recv`` through
+``tensorcomm.MPI`` and mpi4py: a round trip per call): ``--batches`` batches of ``--calls`` calls
+back to back, each after a barrier; a batch counts the slower rank. Per batch it also notes whether
+the two ranks ran on the same core at its start or end (``/proc/self/stat``'s processor field):
+ranks that wait for each other on one core while the busy processes hold the rest lose a scheduler
+turn per call (``transports/shm/apart.py``). Prints per collective and size the median time per
+call over all batches of all rounds, the share of batches on a shared core, tensorcomm's speed over
 MPICH's, and the load average. Nothing is asserted: numbers depend on the host and its load.
-``--json FILE`` writes each figure as a number ("COLLECTIVE SIZE LIBRARY us", "... shared"),
-the form ``benchmarks/ab.py`` compares across two source trees::
+``--json FILE`` writes each figure as a number ("COLLECTIVE SIZE LIBRARY us", "... shared"), the
+form ``benchmarks/ab.py`` compares across two source trees::
 
     python benchmarks/ab.py main . -- python benchmarks/busy_cores.py --rounds 1 --json {json}
 """
@@ -36,7 +37,8 @@ from typing import Any
 Runs = dict[str, list[dict[str, list[list[float]]]]]  # per library, per round: case -> batches
 
 CASES = [("all_reduce", 8), ("broadcast", 8), ("all_reduce", 2048), ("broadcast", 2048),
-         ("all_reduce", 32768), ("broadcast", 32768)]
+         ("all_reduce", 32768), ("broadcast", 32768), ("ping-pong", 0)]
+SMALL = {"step": 12, "loss": 0.25, "name": "worker", "ok": True}  # what ping-pong sends
 
 
 def _core() -> int:
@@ -54,6 +56,8 @@ def rank_job(kind: str, calls: int, batches: int, out: Path) -> None:
         import tensorcomm as tc
 
         tc.init()
+        from tensorcomm import MPI
+
         rank, barrier = tc.get_rank(), tc.barrier
         ops = {"all_reduce": tc.all_reduce, "broadcast": lambda x: tc.broadcast(x, src=0)}
 
@@ -68,6 +72,17 @@ def rank_job(kind: str, calls: int, batches: int, out: Path) -> None:
         rank, barrier, gather = comm.Get_rank(), comm.Barrier, comm.allgather
         ops = {"all_reduce": lambda x: comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM),
                "broadcast": lambda x: comm.Bcast(x, root=0)}
+    world = MPI.COMM_WORLD
+
+    def ping_pong(_: object) -> None:
+        if rank == 0:
+            world.send(SMALL, dest=1, tag=1)
+            world.recv(source=1, tag=2)
+        else:
+            world.recv(source=0, tag=1)
+            world.send(SMALL, dest=0, tag=2)
+
+    ops["ping-pong"] = ping_pong
     results = {}
     for name, nbytes in CASES:
         call, x = ops[name], np.ones(nbytes // 4, np.float32)

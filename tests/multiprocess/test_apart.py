@@ -98,18 +98,50 @@ def body_on_one_core() -> int:
     """Both ranks put on core 0 (their masks set back at once), then small all_reduces, right
     each time; returns how often this rank moved."""
     rank = tc.get_rank()
+    apart = tc.WORLD._member_team().shm.slots.apart
     mask = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {0})
     os.sched_setaffinity(0, mask)
+    before = apart.moves
     for _ in range(200):
         x = np.full(2, rank, np.float32)
         tc.all_reduce(x)
         assert x.tolist() == [1.0, 1.0]
-    moves = tc.WORLD._member_team().shm.slots.apart.moves
-    return moves
+    return int(apart.moves - before)
 
 
 @pytest.mark.timeout(90)
 def test_two_ranks_put_on_one_core_move_apart() -> None:
     moves = run_ranks(body_on_one_core, 2, timeout=60)
+    assert sum(moves) >= 1, moves
+
+
+def body_mpi_on_one_core() -> int:
+    """As ``body_on_one_core``, with a ping-pong of small objects through ``tensorcomm.MPI``."""
+    from tensorcomm import MPI
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    apart = tc.WORLD._member_team().shm.slots.apart
+
+    def ping_pong(times: int) -> None:
+        for i in range(times):
+            if rank == 0:
+                comm.send({"i": i}, dest=1, tag=1)
+                assert comm.recv(source=1, tag=2) == {"i": i + 1}
+            else:
+                comm.send({"i": comm.recv(source=0, tag=1)["i"] + 1}, dest=0, tag=2)
+
+    ping_pong(5)  # the communicator set up: from here on only point-to-point waits
+    mask = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {0})
+    os.sched_setaffinity(0, mask)
+    before = apart.moves
+    ping_pong(200)
+    return int(apart.moves - before)
+
+
+@pytest.mark.timeout(90)
+def test_mpi_ranks_put_on_one_core_move_apart() -> None:
+    moves = run_ranks(body_mpi_on_one_core, 2, timeout=60)
     assert sum(moves) >= 1, moves

@@ -50,6 +50,7 @@ from ..errors import CommError, CommTimeoutError, PeerLostError
 from ..transports.base import ANY_SOURCE as TRANSPORT_ANY
 from ..transports.base import Request as TransportRequest
 from ..transports.base import as_bytes, p2p_tag
+from ..transports.shm.apart import Apart
 from ..transports.shm.domain import ShmDomain
 from . import exceptions
 from .constants import ANY_SOURCE, ANY_TAG, TAG_UB
@@ -93,18 +94,23 @@ def _came(look: Callable[[], bool], request: TransportRequest) -> bool:
 
 class _Spin:
     """A wait's spin: between rounds of looks that found nothing, the core is yielded, until
-    ``_SPIN_SECONDS`` after the first such round."""
+    ``_SPIN_SECONDS`` after the first such round. Before the first yield, a wait for one member
+    (``source``) moves off the core if that member last waited on it (``transports/shm/apart.py``)."""
 
-    __slots__ = ("end",)
+    __slots__ = ("end", "_apart", "_source")
 
-    def __init__(self) -> None:
+    def __init__(self, apart: Apart | None, source: int) -> None:
         self.end = 0.0
+        self._apart = apart if source >= 0 else None  # not for ANY_SOURCE
+        self._source = source
 
     def idle(self) -> bool:
         """Yield the core after a round that found nothing; False once the spin is over."""
         now = time.monotonic()
         if not self.end:
             self.end = now + _SPIN_SECONDS
+            if self._apart is not None:
+                self._apart.check(self._source, now)
         elif now > self.end:
             return False
         os.sched_yield()
@@ -132,6 +138,7 @@ class Engine:
         self.posted: list[Receive] = []
         domain = self.shm = group._member_team().shm
         self._mailbox = domain.mailbox if domain is not None else None
+        self._apart = domain.slots.apart if domain is not None and domain.slots.apart.enabled else None
         # Payloads longer than a ring are lent: read by the receiver from the sender's memory
         # (cross-memory attach) where the domain may, and kept here until the receiver says so.
         self._domain = domain if domain is not None and domain.cma else None
@@ -362,7 +369,7 @@ class Engine:
             finally:
                 lock.release()
             if not mailbox.arrives(source, _SPIN_LOOKS) and not request.done():
-                spin = spin or _Spin()
+                spin = spin or _Spin(self._apart, source)
                 if not spin.idle():
                     return None
         return unpickle_bytes(record[_FIELDS:]) if nbytes else None, came, nbytes
@@ -528,7 +535,7 @@ class Engine:
         mailbox = self._mailbox
         assert mailbox is not None
         look = mailbox.waiting if source == ANY_SOURCE else lambda: mailbox.pending(source)
-        spin = _Spin()
+        spin = _Spin(self._apart, source)
         while True:
             with self.lock:
                 self._poll()
