@@ -14,8 +14,8 @@ itself to another core it may use, by leaving the current one out of its thread'
 moment (the mask is set back at once; the thread stays where the kernel moved it). It does so
 only where the domain's members have a core each (with more members than cores, sharing is the
 rule, not a mistake), at most every ``MOVE_SECONDS``, and never where the thread may run on one
-core only (a launcher's or the user's binding is kept). Linux only (``sched_getcpu``); elsewhere
-``Apart.enabled`` is False.
+core only (a launcher's or the user's binding is kept). Linux only (``sched_getcpu``); elsewhere,
+and once a sandbox refuses the mask, ``Apart.enabled`` is False.
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ class Apart:
     def check(self, peer: int, now: float) -> None:
         """Before yielding the core to wait for ``peer``: note this member's core, and move to
         another if ``peer`` last waited on this one (at ``now``, ``time.monotonic()``)."""
+        if not self.enabled:
+            return
         cpu = _getcpu()  # type: ignore[misc]  # set where enabled
         words = self._words
         if words[self._word_of[peer]] == cpu + 1 and now >= self._moved + MOVE_SECONDS:
@@ -69,12 +71,16 @@ class Apart:
 
     def _move(self, cpu: int) -> int:
         """Move this thread off core ``cpu`` if its mask allows another; return where it runs."""
-        mask = os.sched_getaffinity(0)
-        if len(mask) < 2 or cpu not in mask:
-            return cpu
         try:
-            os.sched_setaffinity(0, mask - {cpu})
-        finally:
-            os.sched_setaffinity(0, mask)
+            mask = os.sched_getaffinity(0)
+            if len(mask) < 2 or cpu not in mask:
+                return cpu
+            try:
+                os.sched_setaffinity(0, mask - {cpu})
+            finally:
+                os.sched_setaffinity(0, mask)
+        except OSError:  # not allowed here (a sandbox): wait as before, and stop checking
+            self.enabled = False
+            return cpu
         self.moves += 1
         return _getcpu()  # type: ignore[misc]
