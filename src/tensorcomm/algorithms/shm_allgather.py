@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import CollectiveMismatchError
 from .allgather import bounds
 from .base import Ctx, OneRound, Plan, Team
-from .shm_common import Journal, Read, Stream, copier, copy, domain, run_rounds
+from .shm_common import Journal, Read, Stream, bound_copy, copy, domain, run_rounds
 
 
 def _check_sizes(ctx: Ctx, counts: Sequence[int], itemsize: int, senders: Sequence[int],
@@ -143,14 +143,13 @@ def bind_all_gather(plan: Plan, send: np.ndarray, out: np.ndarray, counts: Seque
     if slots is None:
         return None
     r = d.rank
-    move = copier(send.nbytes)  # every block has one size here
-    own = partial(move, out[offsets[r]:offsets[r + 1]], send)
+    own = bound_copy(out[offsets[r]:offsets[r + 1]], send)
     put, take = [], []
     for p in (0, 1):
-        put.append((partial(move, slots[p][r], send),))
+        put.append((bound_copy(slots[p][r], send),))
         if d.size == 2:
             q = 1 - r
-            take.append((partial(move, out[offsets[q]:offsets[q + 1]], slots[p][q]), own))
+            take.append((bound_copy(out[offsets[q]:offsets[q + 1]], slots[p][q]), own))
         else:
             take.append((partial(_copy_slots, out, slots[p], offsets, r), own))
 

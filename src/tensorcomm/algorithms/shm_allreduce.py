@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .base import Ctx, OneRound, Plan, Team
-from .shm_common import Journal, Op, Reduction, copy, load, no_domain, part_size, reduce_terms
+from .shm_common import Journal, Op, Reduction, bound_copy, copy, load, no_domain, part_size, reduce_terms
 
 # Bytes of one pipelined chunk (at most one IN slot; through the OUT regions, chunks of one size
 # near it). Large enough that the two posts and waits per chunk cost little; the benchmark suite
@@ -144,7 +144,7 @@ def bind_direct(plan: Plan, x: np.ndarray, op: Op) -> OneRound:
     red = s.red
     put, take = [], []
     for p in (0, 1):
-        put.append((partial(np.copyto, s.mine[p], x),) if red.raw else (partial(load, red, s.mine[p], x),))
+        put.append((bound_copy(s.mine[p], x),) if red.raw else (partial(load, red, s.mine[p], x),))
         terms = s.terms[p]
         take.append((partial(s.pair, terms[0], terms[1], x),) if s.pair is not None
                     else (partial(reduce_terms, red, terms, x),))

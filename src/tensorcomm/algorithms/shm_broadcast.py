@@ -15,14 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import numpy as np
 
 from .allgather import bounds
 from .base import Ctx, OneRound, Plan, Team
-from .shm_common import Journal, Stream, copier, copy, domain, run_rounds
+from .shm_common import Journal, Stream, bound_copy, copy, domain, run_rounds
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +87,7 @@ def bind_broadcast(plan: Plan, x: np.ndarray, root: int) -> OneRound | None:
     views = s.views
     if views is None:
         return None
-    move = copier(x.nbytes)
-    copies = tuple((partial(move, views[p], x) if s.d.rank == root else partial(move, x, views[p]),)
+    copies = tuple((bound_copy(views[p], x) if s.d.rank == root else bound_copy(x, views[p]),)
                    for p in (0, 1))
     return OneRound(s.d, (copies[0], copies[1]), ((), ())) if s.d.rank == root else \
         OneRound(s.d, ((), ()), (copies[0], copies[1]))

@@ -28,6 +28,7 @@ Rounds are counted by the domain (``ShmDomain.next_round``), nowhere else.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -73,10 +74,18 @@ def part_size(count: int, size: int, itemsize: int) -> int:
 PIECE_BYTES = 512 << 10
 
 
-def copier(nbytes: int) -> Callable[[np.ndarray, np.ndarray], Any]:
-    """``copy`` for arrays of ``nbytes``, as a bound call (``OneRound``) holds it: numpy's own
-    copy where that is one piece (no Python call in between), else ``copy``."""
-    return np.copyto if nbytes <= PIECE_BYTES else copy
+def bound_copy(dst: np.ndarray, src: np.ndarray) -> Callable[[], object]:
+    """``copy(dst, src)`` as a bound call (``OneRound``) holds it, made once and run each time
+    without a Python call in between where it is one piece: the bytes of two contiguous arrays of
+    one dtype through a memoryview's slice assignment (about 60 ns for a small array, where
+    ``np.copyto`` takes 200), other arrays through ``np.copyto``; more than one piece: ``copy``."""
+    if dst.nbytes > PIECE_BYTES:
+        return partial(copy, dst, src)
+    if (dst.dtype == src.dtype and dst.shape == src.shape and dst.flags.c_contiguous
+            and src.flags.c_contiguous):
+        return partial(dst.reshape(-1).view(np.uint8).data.__setitem__, slice(None),
+                       src.reshape(-1).view(np.uint8).data)
+    return partial(np.copyto, dst, src)
 
 
 def copy(dst: np.ndarray, src: np.ndarray) -> None:

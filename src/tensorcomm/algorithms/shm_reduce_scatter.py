@@ -20,7 +20,18 @@ import numpy as np
 
 from .allgather import bounds
 from .base import Ctx, OneRound, Plan, Team
-from .shm_common import Journal, Op, Reduction, Stream, copier, copy, domain, load, reduce_terms, run_rounds
+from .shm_common import (
+    Journal,
+    Op,
+    Reduction,
+    Stream,
+    bound_copy,
+    copy,
+    domain,
+    load,
+    reduce_terms,
+    run_rounds,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +144,7 @@ def bind(plan: Plan, send: np.ndarray, out: np.ndarray, counts: Sequence[int], o
     r = d.rank
     if s.plain:
         given, own = send[offsets[1 - r]:offsets[2 - r]], send[offsets[r]:offsets[r + 1]]
-        put = tuple((partial(copier(given.nbytes), terms[p][0], given),) for p in (0, 1))
+        put = tuple((bound_copy(terms[p][0], given),) for p in (0, 1))
         ufunc = red.ufunc  # in member order, as ``reduce_scatter`` reduces
         take = tuple((partial(ufunc, *((own, terms[p][1]) if r == 0 else (terms[p][1], own)), out),)
                      for p in (0, 1))
