@@ -547,3 +547,35 @@ def test_copies_in_pieces_keep_every_element(monkeypatch, dtype, count):
     np.testing.assert_array_equal(dst, src)
     assert sum(pieces) == src.nbytes and all(size <= max(64, src.itemsize) for size in pieces)
     assert len(pieces) == (-(-src.nbytes // 64) if src.nbytes > 64 else 1)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int8, np.complex128, ml_dtypes.bfloat16, np.bool_])
+def test_bound_copy_copies_what_np_copyto_copies(dtype: type) -> None:
+    from tensorcomm.algorithms import shm_common
+
+    rng = np.random.default_rng(1)
+    src = rng.integers(0, 2, 37).astype(dtype)
+    dst = np.zeros(37, dtype)
+    copy = shm_common.bound_copy(dst, src)
+    assert isinstance(copy.func, type(memoryview(b"").__setitem__))  # the small same-dtype way
+    src[:] = rng.integers(0, 2, 37).astype(dtype)  # bound to the arrays: their values at the run
+    copy()
+    assert dst.tobytes() == src.tobytes()
+
+
+def test_bound_copy_takes_numpy_for_other_arrays_and_pieces_for_large_ones(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tensorcomm.algorithms import shm_common
+
+    src = np.arange(64, dtype=np.float32)
+    for dst, given in [(np.zeros(64, np.float64), src), (np.zeros(32, np.float32), src[::2])]:
+        copy = shm_common.bound_copy(dst, given)  # another dtype; a strided source
+        assert copy.func is np.copyto
+        copy()
+        np.testing.assert_array_equal(dst, given)
+    monkeypatch.setattr(shm_common, "PIECE_BYTES", 64)
+    dst = np.zeros(64, np.float32)
+    copy = shm_common.bound_copy(dst, src)
+    assert copy.func is shm_common.copy
+    copy()
+    np.testing.assert_array_equal(dst, src)
