@@ -251,6 +251,38 @@ def test_a_bound_all_to_all_goes_on_where_a_peer_needs_more_rounds() -> None:
         assert good == [True] * 3
 
 
+def body_all_to_all_started(came: str) -> list[bool]:
+    """The all_to_all of ``body_all_to_all_goes_on`` run as ``start()``/``wait()``: rank 0's
+    bound round is parked after its post, and its later rounds, which the others need, run on
+    its group's worker while rank 0 waits for rank 2 to have finished (a file) before its own
+    ``wait()``: a thread that waits on something else first does not hang its peers."""
+    rank, b, big = tc.get_rank(), 4, 1 << 19
+    sends = {0: [b, b, b], 1: [b, b, big], 2: [b, b, b]}
+    gets = {0: [b, b, b], 1: [b, b, b], 2: [b, big, b]}
+    x = np.concatenate([np.full(n, 10 * rank + j, np.float32) for j, n in enumerate(sends[rank])])
+    out = np.zeros(sum(gets[rank]), np.float32)
+    request = tc.all_to_all_single_init(out, x, gets[rank], sends[rank])
+    good = []
+    for run in range(3):
+        out[...] = -1
+        request.start()
+        if rank == 0:
+            while not os.path.exists(f"{came}{run}"):
+                time.sleep(0.005)
+            good.append(request.is_completed())  # finished by the worker meanwhile
+        request.wait()
+        if rank == 2:
+            Path(f"{came}{run}").touch()
+        expected = np.concatenate([np.full(n, 10 * q + rank, np.float32) for q, n in enumerate(gets[rank])])
+        good.append(bool(np.array_equal(out, expected)))
+    return good
+
+
+def test_a_started_all_to_all_that_goes_on_does_not_wait_for_its_issuer(tmp_path: Path) -> None:
+    found = run_ranks(body_all_to_all_started, 3, str(tmp_path / "came"), timeout=60)
+    assert found == [[True] * 6, [True] * 3, [True] * 3]
+
+
 def body_forked() -> int:
     """Rank 0 forks after a run: the child's run of the request must refuse at once (it would
     answer rank 1 in its parent's place), as the ordinary path refuses."""

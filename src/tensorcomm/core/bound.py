@@ -14,13 +14,15 @@ is that round's steps, each a public method of the object that owns it:
 - the group's one failure handler (``group._failing``) when anything fails, as for every call.
 
 ``run_round`` takes them all at once (the request's ``request()``). ``post`` takes the first
-half and parks the rest on the engine (``start()``, as ``MPI_Start`` posts this rank's part and returns):
-``finish`` (meet, take, done) runs when the request's ``wait()`` comes, or first thing in the
-group's next call. A round whose algorithm may go on with more rounds (``OneRound.finish``:
-all_to_all, where a peer's block does not fit one slot) is not parked: its peers would wait for
-rounds nobody runs until then. Whatever cannot run so (a call queued or parked ahead, the group
-stopped, a plan not bound as one round, that all_to_all) goes the ordinary way:
-``run_ordinary`` (``Group._run``), or ``queue``: the engine's queue, deferred.
+half and parks the rest on the engine (``start()``, as ``MPI_Start`` posts this rank's part and
+returns): ``finish`` (meet, take, done) runs when the request's ``wait()`` comes, or first thing
+in the group's next call. A round whose algorithm may go on with more rounds (``OneRound.finish``:
+all_to_all, where a peer's block does not fit one slot) is parked *watched*: its peers may wait
+for its later rounds, so the engine's worker finishes it if this thread has not come back
+within ``engine.DEFER_SECONDS``, as it runs a deferred call, and a thread that waits on something
+else first cannot hang its peers. Whatever cannot run so (a call queued or parked ahead, the
+group stopped, a plan not bound as one round) goes the ordinary way: ``run_ordinary``
+(``Group._run``), or ``queue``: the engine's queue, deferred.
 """
 
 from __future__ import annotations
@@ -125,7 +127,7 @@ class Bound:
         (``finish``); or return False at once, having done nothing, where it cannot (then
         ``queue`` the run)."""
         one = self.one
-        if one is None or one.finish is not None:
+        if one is None:
             return False
         engine = self._engine
         seq = engine.enter()
@@ -148,7 +150,7 @@ class Bound:
                 raise
             raise cause from exc
         self.parked = True
-        engine.park(self)
+        engine.park(self, watched=one.finish is not None)  # peers may need its later rounds
         return True
 
     def finish(self) -> None:
@@ -165,8 +167,11 @@ class Bound:
                 expected = self._expected
                 if expected is not None and slots.extents_differ(ctx, expected):
                     one.verify(ctx)  # type: ignore[misc]  # given with extents
-                for step in one.take[self._in_slot]:  # (a parked round has no ``finish``)
-                    step()
+                if one.finish is not None:
+                    self._go_on(one, self._in_slot)
+                else:
+                    for step in one.take[self._in_slot]:
+                        step()
             except BaseException as exc:
                 cause = _failing(ctx, exc, self._index)
                 if cause is exc:

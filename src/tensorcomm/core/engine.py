@@ -82,6 +82,7 @@ class Engine:
         self._patience = 0  # wake-ups the worker has left to look for deferred calls; guarded by _mutex
         self._parked: Parked | None = None  # a call begun and not finished (``park``)
         self._parked_by: int | None = None  # the thread that parked it
+        self._watched: Parked | None = None  # a parked call the worker finishes if nobody does
 
     @classmethod
     def refusing(cls, name: str, error: BaseException) -> Engine:
@@ -165,12 +166,21 @@ class Engine:
         self._inline = None
         self._running.release()
 
-    def park(self, call: Parked) -> None:
+    def park(self, call: Parked, watched: bool = False) -> None:
         """End the inline call ``enter`` began without finishing it: ``call.finish()`` runs the
         rest, before any other call of the engine, on whichever thread runs on it next (``settle``
-        for the caller's own wait)."""
+        for the caller's own wait). ``watched``: the peers may need more of it than what it
+        posted (a call that may go on with more rounds), so the worker finishes it, as it runs a
+        deferred call, if nobody has within ``DEFER_SECONDS``."""
         self._parked, self._parked_by = call, self._inline
         self._inline = None
+        if watched:
+            with self._mutex:
+                self._watched = call
+                self._patience = IDLE_WAKEUPS
+                self._ensure_worker()
+                if self._napping:
+                    self._wakeup.notify_all()
         self._running.release()
 
     def settle(self, call: Parked, timeout: float = -1) -> bool:
@@ -182,7 +192,7 @@ class Engine:
             return False
         try:
             if self._parked is call:
-                self._parked = None
+                self._parked = self._watched = None
                 call.finish()
         finally:
             running.release()
@@ -209,7 +219,7 @@ class Engine:
         """Run one dequeued call (the caller holds ``_running``) and complete its ``Work``."""
         parked = self._parked
         if parked is not None:  # the call issued before it stopped half way: its rest comes first
-            self._parked = None
+            self._parked = self._watched = None
             parked.finish()
         seq = self._seq
         self._seq = seq + 1
@@ -232,13 +242,15 @@ class Engine:
         while True:
             with self._mutex:
                 while True:
-                    queue = self._queue
+                    queue, watched = self._queue, self._watched
                     if queue and (self._hurry or queue[0] is seen):
+                        break
+                    if watched is not None and watched is seen:
                         break
                     if not queue and self._stopped is not None:
                         return
-                    if queue:
-                        seen = queue[0]
+                    if queue or watched is not None:
+                        seen = queue[0] if queue else watched
                     else:
                         seen, self._hurry = None, False
                         self._patience = max(0, self._patience - 1)
@@ -246,6 +258,11 @@ class Engine:
                     self._wakeup.wait(None if self._napping else DEFER_SECONDS)
                 self._napping = False
             with self._running:
+                parked = self._parked
+                if parked is not None and parked is self._watched:  # nobody came back for it
+                    self._parked = self._watched = None
+                    parked.finish()
+                    continue
                 with self._mutex:
                     queue = self._queue
                     if not queue or not (self._hurry or queue[0] is seen):  # failed by stop(), or run
@@ -264,7 +281,7 @@ class Engine:
         """Refuse new calls with ``error``; fail queued ones; let the running one finish."""
         with self._mutex:
             self._stopped = error
-            self._parked = None  # its owner finds it unfinished, and raises ``error``
+            self._parked = self._watched = None  # its owner finds it unfinished, and raises ``error``
             pending = list(self._queue)
             self._queue.clear()
             self._queued -= len(pending)
