@@ -29,8 +29,10 @@ A blocking call that runs inline may also stop half way (``park``: a persistent 
 ``start()`` that posted this rank's part and returns, as ``MPI_Start`` does): its rest is then
 owed before anything else runs on the engine, and whoever holds ``_running`` next runs it first
 (the issuing thread's ``wait``, through ``settle``, or the next call on the group, which takes
-the queued path to get there). A parked call needs no worker to go on: the peers need only its
-post, which is made.
+the queued path to get there). A parked call needs no worker to go on where the peers need only
+its post, which is made; one parked *watched* (the peers may need its later rounds) is finished
+by the worker, as a deferred call is run, if nobody has come back for it within
+``DEFER_SECONDS``.
 
 One group, one issuing thread at a time: calls issued from two threads while either's calls are
 still in flight would run in a different order on each rank and pair the wrong arrays silently,
