@@ -34,11 +34,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mpi_module import SMALL, round_trip, two_rank_job  # same directory
+
 Runs = dict[str, list[dict[str, list[list[float]]]]]  # per library, per round: case -> batches
 
 CASES = [("all_reduce", 8), ("broadcast", 8), ("all_reduce", 2048), ("broadcast", 2048),
          ("all_reduce", 32768), ("broadcast", 32768), ("ping-pong", 0)]
-SMALL = {"step": 12, "loss": 0.25, "name": "worker", "ok": True}  # what ping-pong sends
 
 
 def _core() -> int:
@@ -73,16 +74,7 @@ def rank_job(kind: str, calls: int, batches: int, out: Path) -> None:
         ops = {"all_reduce": lambda x: comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM),
                "broadcast": lambda x: comm.Bcast(x, root=0)}
     world = MPI.COMM_WORLD
-
-    def ping_pong(_: object) -> None:
-        if rank == 0:
-            world.send(SMALL, dest=1, tag=1)
-            world.recv(source=1, tag=2)
-        else:
-            world.recv(source=0, tag=1)
-            world.send(SMALL, dest=0, tag=2)
-
-    ops["ping-pong"] = ping_pong
+    ops["ping-pong"] = lambda _: round_trip(world, rank, SMALL)
     results = {}
     for name, nbytes in CASES:
         call, x = ops[name], np.ones(nbytes // 4, np.float32)
@@ -106,12 +98,7 @@ def rank_job(kind: str, calls: int, batches: int, out: Path) -> None:
 def _job(kind: str, args: argparse.Namespace, out: Path) -> dict[str, list[list[float]]]:
     me = [str(Path(__file__).resolve()), "--rank-job", kind, "--calls", str(args.calls),
           "--batches", str(args.batches), "--out", str(out)]
-    if kind == "tc":
-        command = [sys.executable, "-m", "tensorcomm", "run", "-n", "2", *me]
-    else:
-        command = ["mpiexec", "-n", "2", sys.executable, *me]
-    subprocess.run(command, check=True, timeout=900, stdout=subprocess.DEVNULL)
-    return json.loads(out.read_text())
+    return two_rank_job(kind, me, out, timeout=900)  # type: ignore[no-any-return]
 
 
 def main() -> None:

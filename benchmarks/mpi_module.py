@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 SIZES = [8, 64 << 10, 1 << 20, 16 << 20]
 SMALL = {"step": 12, "loss": 0.25, "name": "worker", "ok": True}
@@ -37,13 +38,18 @@ def _pingpong(MPI, obj, repeat: int) -> float:
     comm.Barrier()
     start = time.perf_counter()
     for _ in range(repeat):
-        if rank == 0:
-            comm.send(obj, dest=1, tag=1)
-            comm.recv(source=1, tag=2)
-        else:
-            comm.recv(source=0, tag=1)
-            comm.send(obj, dest=0, tag=2)
+        round_trip(comm, rank, obj)
     return (time.perf_counter() - start) / repeat / 2
+
+
+def round_trip(comm: Any, rank: int, obj: Any) -> None:
+    """Rank 0 sends ``obj`` to rank 1 (tag 1), which sends it back (tag 2)."""
+    if rank == 0:
+        comm.send(obj, dest=1, tag=1)
+        comm.recv(source=1, tag=2)
+    else:
+        comm.recv(source=0, tag=1)
+        comm.send(obj, dest=0, tag=2)
 
 
 def _batches(fn, repeat: int, batches: int) -> list[float]:
@@ -99,14 +105,19 @@ def rank_job(kind: str, out: Path) -> None:
         out.write_text(json.dumps(results))
 
 
-def _job(kind: str, out: Path) -> dict[str, float]:
-    me = [str(Path(__file__).resolve()), "--rank-job", kind, "--out", str(out)]
+def two_rank_job(kind: str, script: list[str], out: Path, timeout: float = 600) -> Any:
+    """Run ``script`` (a Python file and its arguments) on 2 ranks, under ``tensorcomm run`` for
+    ``kind`` "tc", else under MPICH's ``mpiexec``; return the JSON it wrote to ``out``."""
     if kind == "tc":
-        command = [sys.executable, "-m", "tensorcomm", "run", "-n", "2", *me]
+        command = [sys.executable, "-m", "tensorcomm", "run", "-n", "2", *script]
     else:
-        command = ["mpiexec", "-n", "2", sys.executable, *me]
-    subprocess.run(command, check=True, timeout=600, stdout=subprocess.DEVNULL)
+        command = ["mpiexec", "-n", "2", sys.executable, *script]
+    subprocess.run(command, check=True, timeout=timeout, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
+
+
+def _job(kind: str, out: Path) -> dict[str, float]:
+    return two_rank_job(kind, [str(Path(__file__).resolve()), "--rank-job", kind, "--out", str(out)], out)
 
 
 def main() -> None:

@@ -226,22 +226,28 @@ def test_a_run_interrupted_on_one_member_fails_on_the_others(tmp_path: Path) -> 
     assert "KeyboardInterrupt" in said[1] and "rank 0" in said[1], said
 
 
-def body_all_to_all_goes_on() -> list[bool]:
+def _all_to_all_that_goes_on() -> tuple[Any, np.ndarray, np.ndarray]:
     """Rank 0's all_to_all fits one round, and is bound as one; rank 1 sends rank 2 a block larger
-    than a slot, so rank 0 finds, after the first round, that the call takes more: the bound round goes on
-    round by round as the algorithm does, and every member gets its blocks."""
+    than a slot, so rank 0 finds, after the first round, that the call takes more. Returns the
+    persistent request, its output and the output every run must leave."""
     rank, b, big = tc.get_rank(), 4, 1 << 19
     sends = {0: [b, b, b], 1: [b, b, big], 2: [b, b, b]}
     gets = {0: [b, b, b], 1: [b, b, b], 2: [b, big, b]}
     x = np.concatenate([np.full(n, 10 * rank + j, np.float32) for j, n in enumerate(sends[rank])])
     out = np.zeros(sum(gets[rank]), np.float32)
-    request = tc.all_to_all_single_init(out, x, gets[rank], sends[rank])
-    assert (request._bound.one is not None) == (rank == 0)
+    expected = np.concatenate([np.full(n, 10 * q + rank, np.float32) for q, n in enumerate(gets[rank])])
+    return tc.all_to_all_single_init(out, x, gets[rank], sends[rank]), out, expected
+
+
+def body_all_to_all_goes_on() -> list[bool]:
+    """The bound round goes on round by round as the algorithm does, and every member gets its
+    blocks (``_all_to_all_that_goes_on``)."""
+    request, out, expected = _all_to_all_that_goes_on()
+    assert (request._bound.one is not None) == (tc.get_rank() == 0)
     good = []
     for _ in range(3):
         out[...] = -1
         request()
-        expected = np.concatenate([np.full(n, 10 * q + rank, np.float32) for q, n in enumerate(gets[rank])])
         good.append(bool(np.array_equal(out, expected)))
     return good
 
@@ -252,16 +258,12 @@ def test_a_bound_all_to_all_goes_on_where_a_peer_needs_more_rounds() -> None:
 
 
 def body_all_to_all_started(came: str) -> list[bool]:
-    """The all_to_all of ``body_all_to_all_goes_on`` run as ``start()``/``wait()``: rank 0's
-    bound round is parked after its post, and its later rounds, which the others need, run on
-    its group's worker while rank 0 waits for rank 2 to have finished (a file) before its own
-    ``wait()``: a thread that waits on something else first does not hang its peers."""
-    rank, b, big = tc.get_rank(), 4, 1 << 19
-    sends = {0: [b, b, b], 1: [b, b, big], 2: [b, b, b]}
-    gets = {0: [b, b, b], 1: [b, b, b], 2: [b, big, b]}
-    x = np.concatenate([np.full(n, 10 * rank + j, np.float32) for j, n in enumerate(sends[rank])])
-    out = np.zeros(sum(gets[rank]), np.float32)
-    request = tc.all_to_all_single_init(out, x, gets[rank], sends[rank])
+    """The same all_to_all run as ``start()``/``wait()``: rank 0's bound round is parked after
+    its post, and its later rounds, which the others need, run on its group's worker while rank 0
+    waits for rank 2 to have finished (a file) before its own ``wait()``: a thread that waits on
+    something else first does not hang its peers."""
+    request, out, expected = _all_to_all_that_goes_on()
+    rank = tc.get_rank()
     good = []
     for run in range(3):
         out[...] = -1
@@ -273,7 +275,6 @@ def body_all_to_all_started(came: str) -> list[bool]:
         request.wait()
         if rank == 2:
             Path(f"{came}{run}").touch()
-        expected = np.concatenate([np.full(n, 10 * q + rank, np.float32) for q, n in enumerate(gets[rank])])
         good.append(bool(np.array_equal(out, expected)))
     return good
 
