@@ -148,8 +148,9 @@ def body_read_under_attack(work: str) -> dict:
     tc.all_gather_into_tensor(out, send)
     ran = tc.WORLD.last_call
     if rank == 0:
-        Path(work, "target.json").write_text(json.dumps(
-            {"pid": os.getpid(), "address": send.__array_interface__["data"][0]}))
+        written = Path(work, "target.json.part")  # renamed when whole: the stranger reads it at once
+        written.write_text(json.dumps({"pid": os.getpid(), "address": send.__array_interface__["data"][0]}))
+        written.rename(Path(work, "target.json"))
     done, deadline = np.zeros(1, np.int64), time.monotonic() + 60
     while not done[0]:  # keep reading each other meanwhile, until rank 0 sees the stranger done
         done[0] = Path(work, "done").exists() or time.monotonic() > deadline

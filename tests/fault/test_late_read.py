@@ -68,7 +68,8 @@ def body_stopped_while_a_message_arrives(work: str) -> dict:
     thread.start()  # blocks SIGCONT, as the mask it inherits says
     signal.signal(signal.SIGCONT, lambda *_: None)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCONT})  # this thread only
-    (workdir / "waiting").write_text(str(os.getpid()))
+    (workdir / "waiting.part").write_text(str(os.getpid()))
+    (workdir / "waiting.part").rename(workdir / "waiting")  # whole when it appears: rank 0 reads it at once
     try:
         tc.recv(first, src=0, tag=1)
         outcome["first"] = float(first[0])
