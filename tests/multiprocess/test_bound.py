@@ -269,9 +269,12 @@ def body_all_to_all_started(came: str) -> list[bool]:
         out[...] = -1
         request.start()
         if rank == 0:
-            while not os.path.exists(f"{came}{run}"):
+            while not os.path.exists(f"{came}{run}"):  # rank 2 needed the rounds after the post
                 time.sleep(0.005)
-            good.append(request.is_completed())  # finished by the worker meanwhile
+            end = time.monotonic() + 10  # the worker ran them, and is finishing (or finished)
+            while not request.is_completed() and time.monotonic() < end:
+                time.sleep(0.001)
+            good.append(request.is_completed())
         request.wait()
         if rank == 2:
             Path(f"{came}{run}").touch()
@@ -281,6 +284,33 @@ def body_all_to_all_started(came: str) -> list[bool]:
 
 def test_a_started_all_to_all_that_goes_on_does_not_wait_for_its_issuer(tmp_path: Path) -> None:
     found = run_ranks(body_all_to_all_started, 3, str(tmp_path / "came"), timeout=60)
+    assert found == [[True] * 6, [True] * 3, [True] * 3]
+
+
+def body_all_to_all_polled() -> list[bool]:
+    """While the worker runs a parked all_to_all's rest (rank 1 comes late, so its meet waits),
+    ``is_completed()`` stays False: once it says True, the outputs are all there, before any
+    ``wait()`` (the CI failure of fef87bd: ``parked`` was cleared as the rest began)."""
+    request, out, expected = _all_to_all_that_goes_on()
+    rank = tc.get_rank()
+    good = []
+    for _ in range(3):
+        out[...] = -1
+        if rank == 1:
+            time.sleep(0.2)
+        request.start()
+        if rank == 0:
+            time.sleep(0.05)  # past DEFER_SECONDS: the worker has taken the rest
+            while not request.is_completed():
+                time.sleep(0.0005)
+            good.append(bool(np.array_equal(out, expected)))
+        request.wait()
+        good.append(bool(np.array_equal(out, expected)))
+    return good
+
+
+def test_a_started_all_to_all_is_completed_only_once_its_outputs_are_there() -> None:
+    found = run_ranks(body_all_to_all_polled, 3, timeout=60)
     assert found == [[True] * 6, [True] * 3, [True] * 3]
 
 

@@ -155,8 +155,8 @@ class Bound:
 
     def finish(self) -> None:
         """Run the rest of the parked run (the engine calls it, holding the group's turn); its
-        error goes to ``error``."""
-        self.parked = False
+        error goes to ``error``. ``parked`` turns False last: a ``wait`` on another thread that
+        finds it False may read the outputs (and ``error``) at once."""
         ctx, one = self._ctx, self.one
         try:
             if one is None:  # dropped while parked: the group stopped under it
@@ -179,9 +179,11 @@ class Bound:
                 raise cause from exc
         except BaseException as exc:  # noqa: BLE001 - raised by wait(), on the request's thread
             self.error = exc
-            return
-        if self._index >= 0:
-            _done(self._index)
+        else:
+            if self._index >= 0:
+                _done(self._index)
+        finally:
+            self.parked = False
 
     def wait(self, timeout: float | None = None) -> None:
         """Return once the posted run has finished, running its rest here if nothing has yet.
