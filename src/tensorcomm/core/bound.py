@@ -160,7 +160,7 @@ class Bound:
         ctx, one = self._ctx, self.one
         try:
             if one is None:  # dropped while parked: the group stopped under it
-                raise self._group._engine.stopped or GroupAbortedError(f"{self._plan.label}: group stopped")
+                raise self._engine.stopped or GroupAbortedError(f"{self._plan.label}: group stopped")
             try:
                 slots = one.domain.slots
                 slots.meet(ctx)
@@ -193,7 +193,7 @@ class Bound:
             CommError: the run failed, or the group stopped before it finished.
         """
         if self.parked:
-            engine = self._group._engine
+            engine = self._engine
             if timeout is not None:
                 self._arrival(timeout)
             if not engine.settle(self, -1 if timeout is None else timeout):
@@ -210,7 +210,7 @@ class Bound:
         """Whether the posted run has finished (its error, if any, still to raise: ``wait``),
         finishing it here when every peer's part has arrived."""
         if self.parked:
-            one, engine = self.one, self._group._engine
+            one, engine = self.one, self._engine
             if engine.stopped is not None:
                 return True
             if one is not None and one.domain.slots.arrived():
