@@ -38,14 +38,15 @@ def _penalise(name: str) -> None:
     learning.Learner._decide = slowed  # type: ignore[method-assign]
 
 
-def body_learns(learn_on_rank1: str) -> list[str]:
-    """``CALLS`` all_reduces of ``COUNT``, every fifth one async; returns what ran, call by call."""
+def body_learns(learn_on_rank1: str) -> tuple[list[str], list[str]]:
+    """``CALLS`` all_reduces of ``COUNT``, every fifth one async; returns what ran, call by call,
+    and what the shape had settled on (``last_call.settled``)."""
     if os.environ["RANK"] == "1":  # read by init: rank 1's own setting
         os.environ["TENSORCOMM_LEARN"] = learn_on_rank1
     tc.init()
     _penalise(SLOW)
     rank, size = tc.get_rank(), tc.get_world_size()
-    ran = []
+    ran, settled = [], []
     for call in range(CALLS):
         x = np.full(COUNT, rank + call, np.float32)
         if call % 5 == 4:
@@ -56,27 +57,30 @@ def body_learns(learn_on_rank1: str) -> list[str]:
             tc.all_reduce(x)
         np.testing.assert_array_equal(x, np.full(COUNT, sum(range(size)) + size * call, np.float32))
         ran.append(tc.WORLD.last_call.algorithm)
-    return ran
+        settled.append(tc.WORLD.last_call.settled)
+    return ran, settled
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_members_run_the_same_algorithm_and_leave_a_slow_one() -> None:
-    ran = run_ranks(body_learns, 2, "auto", init=False, timeout=90)
-    assert ran[0] == ran[1]
+    (ran, settled), other = run_ranks(body_learns, 2, "auto", init=False, timeout=90)
+    assert (ran, settled) == other
     first = 2 * learning.PERIOD + 1  # the decision at call 2 * PERIOD applies from the next
-    assert set(ran[0][:first]) == set(ran[0]) and ran[0][0] == SLOW
-    others = [name for name in ran[0][:first] if name != SLOW]
-    assert 0 < len(others) <= 2 * learning.TRIAL_CALLS * (len(set(ran[0])) - 1)  # trials only
-    after = ran[0][first:]
+    assert set(ran[:first]) == set(ran) and ran[0] == SLOW
+    others = [name for name in ran[:first] if name != SLOW]
+    assert 0 < len(others) <= 2 * learning.TRIAL_CALLS * (len(set(ran)) - 1)  # trials only
+    after = ran[first:]
     assert after[0] != SLOW and after.count(SLOW) <= learning.TRIAL_CALLS
+    # ``settled`` names the incumbent through the trials, the new one from the switch on
+    assert settled[:first] == [SLOW] * first and settled[first:] == [after[0]] * len(after)
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_a_member_that_does_not_learn_keeps_the_group_on_the_fixed_choice() -> None:
-    ran = run_ranks(body_learns, 2, "off", init=False, timeout=90)
-    assert ran[0] == ran[1] == [SLOW] * CALLS
+    for ran, settled in run_ranks(body_learns, 2, "off", init=False, timeout=90):
+        assert ran == settled == [SLOW] * CALLS
 
 
 def test_the_decision_log_hands_records_on_and_refuses_to_be_lapped() -> None:

@@ -43,8 +43,9 @@ def test_work_and_last_call_name_the_algorithm_and_transport(transport: str, ran
     results = run_ranks(body_what_ran, ranks, timeout=60, env=TRANSPORTS[transport])
     for result in results:
         for collective, key in [("all_reduce", "blocking"), ("broadcast", "last")]:
-            name, algorithm, carrier = result[key]
+            name, algorithm, carrier, settled = result[key]
             assert name == collective and algorithm in select.names(collective), result
+            assert settled == algorithm, result  # 16 B calls do not learn
             assert carrier == transport, result
         algorithm, carrier = result["work"]
         assert algorithm in select.names("all_reduce") and carrier == transport, result

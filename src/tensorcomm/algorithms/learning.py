@@ -195,6 +195,11 @@ class Choices:
         """The plan that runs this call."""
         return self.plans[self.learner.pick()]
 
+    def names(self) -> tuple[str, str]:
+        """The algorithm of the latest call's candidate, and the incumbent's."""
+        learner = self.learner
+        return learner.names[learner.last], learner.names[learner.incumbent]
+
     def drop(self) -> None:
         """Let go of the candidates' state (views of the group's shared memory)."""
         for plan in self.plans:

@@ -50,16 +50,16 @@ def _call(task: Task, case: ArrayCase, group: tc.Group | None = None) -> Callabl
 
 
 class _Case(ArrayCase):
-    """A tensorcomm case: ``algorithm()`` is what ran the latest call of ``group`` (None: a
-    point-to-point case, which names none), asked after the timed calls: where the group learns
-    its algorithms (docs/tuning.md), the one the shape had settled on, unless that call was a
-    trial of another."""
+    """A tensorcomm case: ``algorithm()`` is what ``group`` (None: a point-to-point case, which
+    names none) ran the timed calls with, asked after them: ``last_call.settled``, which, where
+    the group learns its algorithms (docs/tuning.md), is what the shape had settled on, even if
+    the latest call was a trial of another."""
 
     group: tc.Group | None = None
 
     def algorithm(self) -> str:
         ran = None if self.group is None else self.group.last_call
-        return "" if ran is None else f"{ran.algorithm}/{ran.transport}"
+        return "" if ran is None else f"{ran.settled}/{ran.transport}"
 
 
 class TensorcommPeer(Peer):
