@@ -1,7 +1,7 @@
 """Small calls at 2 ranks through the public API: time per call, the median batch and the fastest.
 
 Usage: python benchmarks/small_calls.py [--bytes 8] [--batches 15] [--calls 1000] [--cpu]
-       [--transport auto|tcp] [--json FILE]
+       [--pin] [--transport auto|tcp] [--json FILE]
 
 Times ``all_reduce`` with the flight recorder at its default size and off
 (``recorder.configure(0)``), then ``broadcast``, ``all_gather``, ``all_to_all`` and
@@ -12,7 +12,9 @@ batches of ``--calls`` calls after a barrier; a batch counts the slower rank. ``
 rank's thread CPU time less the CPU time spent waiting for the peer in shared memory's
 ``Slots._block`` (spinning, yielding, sleeping): what one rank's own work costs per call whatever
 the peer does, which a busy machine inflates far less than the wall clock (the wall clock is the
-figure that counts). Two trees, interleaved:
+figure that counts). ``--pin`` holds rank ``r`` to the ``r``-th usable core from its start: where
+the scheduler puts two fresh ranks (one core or two) moves an 8-byte call by 30 % or more from
+job to job, which pinning takes out of an A/B of two trees. Two trees, interleaved:
 ``python benchmarks/ab.py main . -- python benchmarks/small_calls.py --json {json}``.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -65,8 +68,12 @@ def _start_wait(request: tc.Prequest) -> Callable[[], object]:
     return run
 
 
-def body(nbytes: int, batches: int, calls: int, cpu: bool) -> dict[str, tuple[float, float]]:
+def body(nbytes: int, batches: int, calls: int, cpu: bool,
+         pin: bool = False) -> dict[str, tuple[float, float]]:
     """One job's figures (run by every rank): per call, the median and the fastest batch, µs."""
+    if pin:
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[tc.get_rank() % len(cores)]})
     clock, waited = (time.thread_time, _waits_counted()) if cpu else (time.perf_counter, lambda: 0.0)
     found: dict[str, tuple[float, float]] = {}
     # ab.py may run this on a tree without persistent calls
@@ -98,12 +105,14 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=15)
     parser.add_argument("--calls", type=int, default=1000, help="calls per batch")
     parser.add_argument("--cpu", action="store_true", help="CPU time less waiting, not wall time")
+    parser.add_argument("--pin", action="store_true", help="rank r on the r-th usable core throughout")
     parser.add_argument("--transport", choices=("auto", "tcp"), default="auto")
     parser.add_argument("--json", metavar="FILE", help="also write the medians as JSON (ab.py)")
     args = parser.parse_args()
     env = {"TENSORCOMM_TRANSPORT": "tcp"} if args.transport == "tcp" else {}
-    found = run_ranks(body, 2, args.bytes, args.batches, args.calls, args.cpu, env=env, timeout=600)[0]
-    clock = "CPU less waiting" if args.cpu else "wall clock"
+    found = run_ranks(body, 2, args.bytes, args.batches, args.calls, args.cpu, args.pin, env=env,
+                      timeout=600)[0]
+    clock = ("CPU less waiting" if args.cpu else "wall clock") + (", ranks pinned" if args.pin else "")
     print(f"2 ranks, {args.bytes} B float32, {args.transport}, {clock}, us per call "
           f"(slower rank; {args.batches} batches of {args.calls})")
     print(f"{'call':<26}{'median':>9}{'fastest':>9}")
