@@ -241,9 +241,12 @@ class Plan:
         choices: for a shape whose algorithm is learned (``learning.Choices``), the plan of
             each candidate and what picks one per call: the core runs ``choices.choose()``'s
             plan instead of this one; else None.
+        learned: for the plan of one candidate of such a shape, the shape's ``choices`` (what it
+            has settled on: ``choices.settled()``); else None.
     """
 
-    __slots__ = ("label", "signature", "algorithm", "run", "op", "reduction", "state", "bind", "choices")
+    __slots__ = ("label", "signature", "algorithm", "run", "op", "reduction", "state", "bind", "choices",
+                 "learned")
 
     def __init__(self, label: str, signature: Signature, algorithm: str,
                  run: Callable[..., Any], op: Any = None, reduction: Reduction | None = None) -> None:
@@ -256,6 +259,7 @@ class Plan:
         self.state: Any = None
         self.bind: Bind | None = None
         self.choices: Any = None
+        self.learned: Any = None
 
 
 def make_plan(row: Row, label: str, signature: Signature, team: Team, args: Sequence[Any],

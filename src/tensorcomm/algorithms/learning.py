@@ -195,10 +195,10 @@ class Choices:
         """The plan that runs this call."""
         return self.plans[self.learner.pick()]
 
-    def names(self) -> tuple[str, str]:
-        """The algorithm of the latest call's candidate, and the incumbent's."""
+    def settled(self) -> str:
+        """The algorithm the shape runs outside trials now (the incumbent's)."""
         learner = self.learner
-        return learner.names[learner.last], learner.names[learner.incumbent]
+        return learner.names[learner.incumbent]
 
     def drop(self) -> None:
         """Let go of the candidates' state (views of the group's shared memory)."""
@@ -232,7 +232,9 @@ def learned_plan(rows: Sequence[Row], chosen: Row, label: str, signature: Signat
         for index, plan in enumerate(plans):
             plan.run = _timed(learner, index, plan.run)
     plan = Plan(label, signature, chosen.name, chosen.fn, op, reduction)  # never run: a candidate runs
-    plan.choices = Choices(learner, plans)
+    plan.choices = choices = Choices(learner, plans)
+    for candidate in plans:
+        candidate.learned = choices
     return plan
 
 

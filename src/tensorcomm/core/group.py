@@ -171,10 +171,9 @@ class Group:
         plan = target._last_plan
         if plan is None:
             return None
-        ran = settled = plan.algorithm
-        if plan.choices is not None:  # a shape that learns: what its latest call ran, and its incumbent
-            ran, settled = plan.choices.names()
-        return CallInfo(plan.label.split(" ", 1)[0], ran, recorder.transport_name(team), settled)
+        learned = plan.learned  # a candidate of a shape that learns: its incumbent is what it settled on
+        return CallInfo(plan.label.split(" ", 1)[0], plan.algorithm, recorder.transport_name(team),
+                        plan.algorithm if learned is None else learned.settled())
 
     def group_rank(self, global_rank: int) -> int:
         """Translate a global rank to this group's rank.
@@ -502,9 +501,9 @@ def _execute(seq: int, group: Group, plan: Plan, args: tuple[Any, ...], index: i
     A call that fails ends the group on every member (``_failed``), then raises what explains
     the failure best (``_cause``).
     """
-    group._last_plan = plan  # a learned plan (``last_call`` asks it what ran)
     if plan.choices is not None:  # learned (``algorithms/learning.py``): a candidate's plan runs
         plan = plan.choices.choose()
+    group._last_plan = plan
     ctx = _ctx_of(group._team, seq, plan)  # type: ignore[arg-type]  # a member's group runs calls
     if index == AT_START:
         index = _begin(ctx.team, plan, seq)
