@@ -72,8 +72,13 @@ def test_members_run_the_same_algorithm_and_leave_a_slow_one() -> None:
     assert 0 < len(others) <= 2 * learning.TRIAL_CALLS * (len(set(ran)) - 1)  # trials only
     after = ran[first:]
     assert after[0] != SLOW and after.count(SLOW) <= learning.TRIAL_CALLS
-    # ``settled`` names the incumbent through the trials, the new one from the switch on
-    assert settled[:first] == [SLOW] * first and settled[first:] == [after[0]] * len(after)
+    # ``settled`` names the incumbent through the trials, the new one from the switch on (a
+    # later decision may switch again), and what ran at every call outside the trials
+    assert settled[:first] == [SLOW] * first and settled[first] == after[0] and SLOW not in settled[first:]
+    trials = range(learning.TRIAL_FROM, learning.TRIAL_FROM + learning.TRIAL_CALLS * (len(set(ran)) - 1))
+    pairs = list(zip(ran, settled, strict=True))
+    assert all(r == s for call, (r, s) in enumerate(pairs) if call % learning.PERIOD not in trials)
+    assert any(r != s for r, s in pairs)  # the trials ran what the shape had not settled on
 
 
 @pytest.mark.multiprocess
