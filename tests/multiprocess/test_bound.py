@@ -414,7 +414,9 @@ def body_start_posts() -> list[Any]:
     slots = group._member_team().shm.slots
     posts = slots.posts
     request.start()
-    found: list[Any] = [slots.posts - posts, request._bound.parked]
+    # parked, unless every peer had posted first: then start() ran the rest (the next test)
+    done_at_once = x.tolist() == [size * (size + 1) / 2] * 2
+    found: list[Any] = [slots.posts - posts, request._bound.parked != done_at_once]
     deadline = time.monotonic() + 30
     while not request.is_completed() and time.monotonic() < deadline:
         time.sleep(0.001)
@@ -426,6 +428,82 @@ def body_start_posts() -> list[Any]:
 def test_start_posts_at_once_and_returns() -> None:
     for found in run_ranks(body_start_posts, 3, timeout=60):
         assert found == [1, True, True, True]
+
+
+def body_last_start_finishes() -> list[Any]:
+    """The member that starts a run after every peer has posted its part finishes it in
+    ``start()``: nothing is parked, the values are there before ``wait()``; the others park."""
+    rank, size = tc.get_rank(), tc.get_world_size()
+    x = np.full(2, rank + 1, np.float32)
+    want = [size * (size + 1) / 2] * 2
+    request = tc.all_reduce_init(x)
+    slots = tc.WORLD._target()._member_team().shm.slots
+    if rank == 0:  # wait until every peer has posted its part
+        deadline = time.monotonic() + 30
+        while (any(slots.words[w] <= slots.posts for w in slots._peer_counters)
+               and time.monotonic() < deadline):
+            time.sleep(0.001)
+    request.start()
+    found: list[Any] = [request._bound.parked, x.tolist() == want]
+    request.wait()
+    return [*found, x.tolist() == want]
+
+
+def test_the_last_member_to_start_finishes_the_run_in_start() -> None:
+    found = run_ranks(body_last_start_finishes, 3, timeout=60)
+    assert found[0] == [False, True, True]
+    assert found[1:] == [[True, False, True]] * 2
+
+
+def body_last_start_meets_a_mismatch() -> list[Any]:
+    """A ``start()`` that finishes the run itself and finds a peer in another call returns; its
+    ``wait()`` raises the mismatch, as the peer's call does."""
+    rank = tc.get_rank()
+    x = np.full(2, rank + 1, np.float32)
+    request = tc.all_reduce_init(x)
+    if rank == 1:
+        with pytest.raises(tc.CollectiveMismatchError) as raised:
+            tc.broadcast(np.zeros(5, np.float64), src=0)
+        return ["raised", "all_reduce" in str(raised.value)]
+    slots = tc.WORLD._target()._member_team().shm.slots
+    deadline = time.monotonic() + 30
+    while slots.words[slots._peer_counters[0]] <= slots.posts and time.monotonic() < deadline:
+        time.sleep(0.001)
+    request.start()  # the peer's post is there: the run finishes here, and fails
+    found: list[Any] = [request._bound.parked]
+    with pytest.raises(tc.CollectiveMismatchError) as raised:
+        request.wait()
+    return [*found, "broadcast" in str(raised.value)]
+
+
+def test_a_start_that_finishes_a_mismatched_run_raises_it_from_wait() -> None:
+    found = run_ranks(body_last_start_meets_a_mismatch, 2, timeout=60)
+    assert found == [[False, True], ["raised", True]]
+
+
+def body_all_to_all_last_start() -> list[bool]:
+    """An all_to_all started after its peers posted finishes in ``start()`` too."""
+    rank, size = tc.get_rank(), tc.get_world_size()
+    send = np.arange(size * 2, dtype=np.int64) + 100 * rank
+    out = np.zeros_like(send)
+    request = tc.all_to_all_single_init(out, send)
+    if rank == 0:
+        slots = tc.WORLD._target()._member_team().shm.slots
+        deadline = time.monotonic() + 30
+        while (any(slots.words[w] <= slots.posts for w in slots._peer_counters)
+               and time.monotonic() < deadline):
+            time.sleep(0.001)
+    request.start()
+    found = [request._bound.parked]
+    request.wait()
+    want = np.concatenate([np.arange(rank * 2, rank * 2 + 2) + 100 * q for q in range(size)])
+    return [*found, out.tolist() == want.tolist()]
+
+
+def test_an_all_to_all_started_last_finishes_in_start() -> None:
+    found = run_ranks(body_all_to_all_last_start, 3, timeout=60)
+    assert found[0] == [False, True]
+    assert found[1:] == [[True, True]] * 2
 
 
 def body_next_call_finishes() -> list[bool]:

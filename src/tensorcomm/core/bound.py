@@ -13,16 +13,17 @@ is that round's steps, each a public method of the object that owns it:
 - the round's own ``put`` and ``take`` (the algorithm's copies, bound to the arrays);
 - the group's one failure handler (``group._failing``) when anything fails, as for every call.
 
-``run_round`` takes them all at once (the request's ``request()``). ``post`` takes the first
-half and parks the rest on the engine (``start()``, as ``MPI_Start`` posts this rank's part and
-returns): ``finish`` (meet, take, done) runs when the request's ``wait()`` comes, or first thing
-in the group's next call. A round whose algorithm may go on with more rounds (``OneRound.finish``:
-all_to_all, where a peer's block does not fit one slot) is parked *watched*: its peers may wait
-for its later rounds, so the engine's worker finishes it if this thread has not come back
-within ``engine.DEFER_SECONDS``, as it runs a deferred call, and a thread that waits on something
-else first cannot hang its peers. Whatever cannot run so (a call queued or parked ahead, the
-group stopped, a plan not bound as one round) goes the ordinary way: ``run_ordinary``
-(``Group._run``), or ``queue``: the engine's queue, deferred.
+``run_round`` takes them all at once (the request's ``request()``). ``post`` takes the first half
+and parks the rest on the engine (``start()``, as ``MPI_Start`` posts this rank's part and
+returns): ``finish`` (meet, take, done) runs when the request's ``wait()`` comes, or first thing in
+the group's next call; where every peer's post is there already, ``post`` runs it at once and parks
+nothing (as an MPI library progresses a request inside ``MPI_Start``). A round whose algorithm may
+go on with more rounds (``OneRound.finish``: all_to_all, where a peer's block does not fit one
+slot) is parked *watched*: its peers may wait for its later rounds, so the engine's worker finishes
+it if this thread has not come back within ``engine.DEFER_SECONDS``, as it runs a deferred call,
+and a thread that waits on something else first cannot hang its peers. Whatever cannot run so (a
+call queued or parked ahead, the group stopped, a plan not bound as one round) goes the ordinary
+way: ``run_ordinary`` (``Group._run``), or ``queue``: the engine's queue, deferred.
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ class Bound:
 
     def post(self) -> bool:
         """Post this member's part of a run and return True, its rest parked on the engine
-        (``finish``); or return False at once, having done nothing, where it cannot (then
+        (``finish``), or run at once where every peer's part has arrived (its error, if any,
+        kept for ``wait``); or return False at once, having done nothing, where it cannot (then
         ``queue`` the run)."""
         one = self.one
         if one is None:
@@ -142,13 +144,20 @@ class Bound:
             self._in_slot = in_slot = d.next_round()
             for step in one.put[in_slot]:
                 step()
-            d.slots.announce(ctx, one.extent)
+            slots = d.slots
+            slots.announce(ctx, one.extent)
         except BaseException as exc:
             engine.leave()
             cause = _failing(ctx, exc, index)
             if cause is exc:
                 raise
             raise cause from exc
+        if slots.arrived():  # every peer's part is there: the rest now, as MPI_Start progresses
+            try:
+                self.finish()  # its error waits for ``wait``
+            finally:
+                engine.leave()
+            return True
         self.parked = True
         engine.park(self, watched=one.finish is not None)  # peers may need its later rounds
         return True

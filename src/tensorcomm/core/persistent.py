@@ -6,7 +6,8 @@ times, each run an ordinary call of its group (a step of the group's issue order
 mismatch check, failure handling, flight record and trace) that skips the argument checks and the
 plan lookup. Each run is its ``core.bound.Bound``'s, made with the request. ``start()`` posts this
 rank's part of a run at once and returns, as ``MPI_Start`` does, where the call starts with one
-round on shared memory (the small calls); its rest runs when this thread waits for it (``wait``)
+round on shared memory (the small calls), and finishes it there if every peer's part is in; its
+rest runs when this thread waits for it (``wait``)
 or makes its next call on the group (or on the group's worker after ``engine.DEFER_SECONDS`` where
 the peers may need more of it: all_to_all), so work placed between the two overlaps the peers'
 arrival. Any other run is issued and deferred: it goes ahead when this thread waits or makes its
