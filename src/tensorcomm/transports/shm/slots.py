@@ -240,7 +240,11 @@ class Slots:
     def arrived(self) -> bool:
         """Whether every peer has made as many posts as this rank (``meet`` would not wait)."""
         words, target = self.words, self.posts
-        return all(words[word] >= target for word in self._peer_counters)
+        # a loop, not all() over a generator: 140 ns less, in every persistent start()
+        for word in self._peer_counters:  # noqa: SIM110
+            if words[word] < target:
+                return False
+        return True
 
     def meet(self, ctx: CallInfo) -> None:
         """Wait for every peer's first post of the call this rank announced last (``announce``)
