@@ -1,12 +1,18 @@
 """Interleaved A/B: one benchmark command run over two source trees, in alternating rounds.
 
-Usage: python benchmarks/ab.py A B [--rounds 5] [--env-a VAR=VALUE] [--env-b VAR=VALUE]
+Usage: python benchmarks/ab.py A B [--rounds 6] [--env-a VAR=VALUE] [--env-b VAR=VALUE]
            [--record NAME] -- COMMAND [ARG ...]
 
 A and B are source trees (a directory holding ``src/tensorcomm``: a checkout, a worktree) or git
 revisions (``main``, a commit), which are checked out with ``git worktree add --detach`` in a
 temporary directory and removed afterwards. Each round runs COMMAND once with A's tensorcomm and
-once with B's (``PYTHONPATH=TREE/src``; the benchmark script itself is always this checkout's).
+once with B's (``PYTHONPATH=TREE/src``; the benchmark script itself is always this checkout's),
+A first in odd rounds and B first in even ones, so that neither tree always runs right after
+the other (an even number of rounds gives each as many firsts). The order effect line says how
+much going first moved the figures. On the project's 2-core VM an A/A run of 1-4 MiB broadcast
+and all_gather (``. . --env-b SAME_TREE=1 --rounds 8``) gave 0.74-0.91 with A always first and,
+alternating, 0.85-1.03 with an order effect of 0.99 (``results/ab_order_effect.txt``): single jobs
+there differ so much that an A/B of 8 rounds resolves differences of about 15 %, not 5 %.
 ``{json}`` in an argument stands for the file the command writes its figures to: the ``--json``
 of ``tensorcomm bench`` (each row's median time in µs, named "collective size library") or of
 this directory's scripts (an object of figure name -> number). A machine whose speed drifts
@@ -15,13 +21,14 @@ affects both trees alike: compare the A/B column, not tables of different runs; 
 
     python benchmarks/ab.py main . -- python -m tensorcomm bench all_reduce -n 2 -b 8 -e 1M -f 8 \\
         --compare mpi --json {json}
-    python benchmarks/ab.py main . --rounds 7 -- python benchmarks/small_calls.py --json {json}
+    python benchmarks/ab.py main . --rounds 8 -- python benchmarks/small_calls.py --json {json}
 
 ``--env-a`` / ``--env-b`` (repeatable) set variables for one side's runs only, so one tree can
 be compared with itself under two settings (``. . --env-b TENSORCOMM_KEEP_GOING=1``).
 
 Printed per figure: the median over the rounds for A and for B and A / B (above 1: B's figure is
-smaller), and the load average before each run. ``--record NAME`` also keeps that table as
+smaller), the order effect (the first run's figure over the second's, median over figures and
+rounds), and the load average before each run. ``--record NAME`` also keeps that table as
 ``benchmarks/results/NAME.txt`` with record.py's header.
 """
 
@@ -84,12 +91,27 @@ def table(names: tuple[str, str], found: dict[str, list[dict[str, float]]]) -> l
     return lines
 
 
+def order_effect(found: dict[str, list[dict[str, float]]]) -> str:
+    """The median, over the figures both trees have and the rounds, of the figure of the run that
+    went first in its round over the one that went second: how much going first moved a figure
+    (1.00: not at all)."""
+    a, b = found.values()
+    ratios = [(x[k] / y[k] if i % 2 == 0 else y[k] / x[k])
+              for i, (x, y) in enumerate(zip(a, b, strict=True)) for k in x
+              if k in y and x[k] > 0 and y[k] > 0]
+    if not ratios:
+        return "# order effect: no figures"
+    return (f"# order effect: first run of a round / second, median over figures and rounds: "
+            f"{statistics.median(ratios):.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      usage="%(prog)s A B [--rounds R] [--record NAME] -- COMMAND [ARG ...]")
     parser.add_argument("a", metavar="A", help="source tree or git revision")
     parser.add_argument("b", metavar="B", help="source tree or git revision")
-    parser.add_argument("--rounds", type=int, default=5, help="runs per tree, alternating")
+    parser.add_argument("--rounds", type=int, default=6,
+                        help="runs per tree; even, so each tree goes first as often")
     parser.add_argument("--record", metavar="NAME", help="also write benchmarks/results/NAME.txt")
     for side in "ab":
         parser.add_argument(f"--env-{side}", action="append", default=[], metavar="VAR=VALUE",
@@ -110,13 +132,14 @@ def main(argv: list[str] | None = None) -> int:
                             for label, (name, tree) in zip("AB", trees.items(), strict=True))
         lines = header(command, commits)
         work = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="tensorcomm-ab-json-"))
+        sides = list(zip(trees.items(), settings, strict=True))
         for round_ in range(args.rounds):
-            for (name, tree), env in zip(trees.items(), settings, strict=True):
+            for (name, tree), env in sides if round_ % 2 == 0 else sides[::-1]:  # A B, B A, ...
                 loads.append(f"# round {round_ + 1}, {name}: load {os.getloadavg()[0]:.2f}")
                 print(loads[-1], flush=True)
                 found[name].append(run_once(command, tree, os.path.join(work, "figures.json"), env))
-    lines += [*loads, f"# {args.rounds} rounds, A and B alternating; medians over the rounds",
-              *table(names, found), footer()]
+    order = f"# {args.rounds} rounds, A first in odd rounds, B first in even ones; medians over the rounds"
+    lines += [*loads, order, *table(names, found), order_effect(found), footer()]
     print("\n".join(lines))
     if args.record:
         os.makedirs(RESULTS, exist_ok=True)
