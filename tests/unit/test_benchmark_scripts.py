@@ -45,3 +45,25 @@ def test_results_are_flat_and_headed() -> None:
         assert [line.split(":")[0] + ": " for line in head] == list(HEADER), text_file.name
     stems = {p.stem for p in RESULTS.glob("*.txt")}
     assert [p.name for p in RESULTS.iterdir() if p.stem not in stems] == []  # .csv/.json beside a .txt
+
+
+def test_ab_alternates_which_tree_goes_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """``ab.py`` runs A then B in odd rounds and B then A in even ones, and its order effect is
+    the first run's figure over the second's (here A's 1 and B's 2: 0.5 and 2, median 1.25)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import ab  # type: ignore[import-not-found]
+
+    for tree in ("one", "two"):
+        (tmp_path / tree / "src" / "tensorcomm").mkdir(parents=True)
+    order = tmp_path / "order.log"
+    figures = ("import json, os, sys; open(sys.argv[2], 'a').write(os.environ['SIDE']); "
+               "json.dump({'t': float(os.environ['T'])}, open(sys.argv[1], 'w'))")
+    assert ab.main([str(tmp_path / "one"), str(tmp_path / "two"), "--rounds", "4",
+                    "--env-a", "SIDE=A", "--env-a", "T=1", "--env-b", "SIDE=B", "--env-b", "T=2",
+                    "--", sys.executable, "-c", figures, "{json}", str(order)]) == 0
+    assert order.read_text() == "ABBAABBA"
+    out = capsys.readouterr().out
+    assert "order effect: first run of a round / second, median over figures and rounds: 1.25" in out
+    assert [line.split()[1:] for line in out.splitlines() if line.startswith("t ")] == \
+        [["1.00", "2.00", "0.50"]]
