@@ -14,12 +14,14 @@ run after them in every round:
 - ``local``: the same step with no communication at all (the compute);
 - ``noop`` (DDP only): DDP with a comm hook that hands each bucket back untouched, so the step
   pays DDP's own bucket copies and hooks (and its buffer broadcast, on tensorcomm) but no
-  gradient all-reduce;
+  gradient all-reduce; ``noop_gloo``: the same on the Gloo group (its buffer broadcast on
+  Gloo), so that each backend's gradient all-reduces alone are its step less its own floor;
 - ``meet`` (DDP only): the same hook after a one-element ``all_reduce`` per bucket, so the ranks
   wait for each other as often as a real backend makes them, and move no data.
 
 Rank 0 prints the median and quartiles of each and its ratio to Gloo, what each backend adds
-over the local step and their ratio, the load average and the command. A benchmark, not a test.
+over the local step and their ratio, what each adds over its own ``noop`` floor (DDP) and their
+ratio, the load average and the command. A benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ def _meet_then_bucket_back(state, bucket):  # type: ignore[no-untyped-def]
     return _bucket_back(state, bucket)
 
 
-FLOOR_HOOKS = {"noop": _bucket_back, "meet": _meet_then_bucket_back}
+FLOOR_HOOKS = {"noop": _bucket_back, "meet": _meet_then_bucket_back, "noop_gloo": _bucket_back}
 
 
 def _time(name: str, backend: str, group: Any, hidden: int, steps: int) -> list[float]:
@@ -120,7 +122,8 @@ def _rank_main(args: argparse.Namespace) -> None:
 
     dist.init_process_group(backend="tensorcomm")
     world = dist.group.WORLD
-    groups = {"tensorcomm": world, "gloo": dist.new_group(backend="gloo"), "noop": world, "meet": world}
+    gloo = dist.new_group(backend="gloo")
+    groups = {"tensorcomm": world, "gloo": gloo, "noop": world, "meet": world, "noop_gloo": gloo}
     rank, size = dist.get_rank(), dist.get_world_size()
     times: dict[tuple[str, str], list[float]] = {}
     for round_ in range(args.rounds):
@@ -145,6 +148,13 @@ def _rank_main(args: argparse.Namespace) -> None:
             if added["gloo"] > 0:  # what communication adds to the local step, each backend
                 print(f"  {name:11s} added over local: tensorcomm {1e3 * added['tensorcomm']:.2f} ms, "
                       f"gloo {1e3 * added['gloo']:.2f} ms, ratio {added['tensorcomm'] / added['gloo']:.2f}")
+            if "noop_gloo" in medians:  # the gradients' all-reduces alone: each over its own noop floor
+                floors = (("tensorcomm", "noop"), ("gloo", "noop_gloo"))
+                comm = {b: medians[b] - medians[f] for b, f in floors}
+                if comm["gloo"] > 0:
+                    print(f"  {name:11s} added over its noop floor: tensorcomm "
+                          f"{1e3 * comm['tensorcomm']:.2f} ms, gloo {1e3 * comm['gloo']:.2f} ms, "
+                          f"ratio {comm['tensorcomm'] / comm['gloo']:.2f}")
     dist.barrier()
     sys.stdout.flush()
     os._exit(0)  # Gloo's groups can deadlock when freed at exit (pytorch/pytorch#56297)
