@@ -2,19 +2,18 @@
 
 A persistent call is checked and planned once, when every member creates it (itself a collective:
 the members check that they create the same call), and bound to its arrays; then it runs many
-times, each run an ordinary call of its group (a step of the group's issue order, with its
-mismatch check, failure handling, flight record and trace) that skips the argument checks and the
-plan lookup. Each run is its ``core.bound.Bound``'s, made with the request. ``start()`` posts this
+times, each run an ordinary call of its group (a step of the group's issue order, with its mismatch
+check, failure handling, flight record and trace) that skips the argument checks and the plan
+lookup. Each run is its ``core.bound.Bound``'s, made with the request. ``start()`` posts this
 rank's part of a run at once and returns, as ``MPI_Start`` does, where the call starts with one
 round on shared memory (the small calls), and finishes it there if every peer's part is in; its
-rest runs when this thread waits for it (``wait``)
-or makes its next call on the group (or on the group's worker after ``engine.DEFER_SECONDS`` where
-the peers may need more of it: all_to_all), so work placed between the two overlaps the peers'
-arrival. Any other run is issued and deferred: it goes ahead when this thread waits or makes its
-next call on the group, as MPICH progresses a started request inside the next MPI call, or else on
-the group's worker thread after ``engine.DEFER_SECONDS``, so a program that waits on something
-else first cannot hang. Calling the request runs it at once (``start()`` then ``wait()`` in one
-blocking call).
+rest runs when this thread waits for it (``wait``) or makes its next call on the group (or on the
+group's worker after ``engine.DEFER_SECONDS`` where the peers may need more of it: all_to_all), so
+work placed between the two overlaps the peers' arrival. Any other run is issued and deferred: it
+goes ahead when this thread waits or makes its next call on the group, as MPICH progresses a
+started request inside the next MPI call, or else on the group's worker thread after
+``engine.DEFER_SECONDS``, so a program that waits on something else first cannot hang. Calling the
+request runs it at once (``start()`` then ``wait()`` in one blocking call).
 
 The arrays are the caller's (the run reads and writes them where they lie: values written into
 them between runs are the ones used); the frontend's ``Binding`` checks before each run that
