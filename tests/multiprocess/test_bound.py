@@ -430,6 +430,16 @@ def test_start_posts_at_once_and_returns() -> None:
         assert found == [1, True, True, True]
 
 
+def _until_every_peer_posted() -> None:
+    """Return once every peer of the world group has posted past this rank's posts (its part of
+    the run this rank is about to start is there), or after 30 s."""
+    slots = tc.WORLD._target()._member_team().shm.slots
+    deadline = time.monotonic() + 30
+    while (any(slots.words[w] <= slots.posts for w in slots._peer_counters)
+           and time.monotonic() < deadline):
+        time.sleep(0.001)
+
+
 def body_last_start_finishes() -> list[Any]:
     """The member that starts a run after every peer has posted its part finishes it in
     ``start()``: nothing is parked, the values are there before ``wait()``; the others park."""
@@ -437,12 +447,8 @@ def body_last_start_finishes() -> list[Any]:
     x = np.full(2, rank + 1, np.float32)
     want = [size * (size + 1) / 2] * 2
     request = tc.all_reduce_init(x)
-    slots = tc.WORLD._target()._member_team().shm.slots
-    if rank == 0:  # wait until every peer has posted its part
-        deadline = time.monotonic() + 30
-        while (any(slots.words[w] <= slots.posts for w in slots._peer_counters)
-               and time.monotonic() < deadline):
-            time.sleep(0.001)
+    if rank == 0:
+        _until_every_peer_posted()
     request.start()
     found: list[Any] = [request._bound.parked, x.tolist() == want]
     request.wait()
@@ -465,10 +471,7 @@ def body_last_start_meets_a_mismatch() -> list[Any]:
         with pytest.raises(tc.CollectiveMismatchError) as raised:
             tc.broadcast(np.zeros(5, np.float64), src=0)
         return ["raised", "all_reduce" in str(raised.value)]
-    slots = tc.WORLD._target()._member_team().shm.slots
-    deadline = time.monotonic() + 30
-    while slots.words[slots._peer_counters[0]] <= slots.posts and time.monotonic() < deadline:
-        time.sleep(0.001)
+    _until_every_peer_posted()
     request.start()  # the peer's post is there: the run finishes here, and fails
     found: list[Any] = [request._bound.parked]
     with pytest.raises(tc.CollectiveMismatchError) as raised:
@@ -488,11 +491,7 @@ def body_all_to_all_last_start() -> list[bool]:
     out = np.zeros_like(send)
     request = tc.all_to_all_single_init(out, send)
     if rank == 0:
-        slots = tc.WORLD._target()._member_team().shm.slots
-        deadline = time.monotonic() + 30
-        while (any(slots.words[w] <= slots.posts for w in slots._peer_counters)
-               and time.monotonic() < deadline):
-            time.sleep(0.001)
+        _until_every_peer_posted()
     request.start()
     found = [request._bound.parked]
     request.wait()
