@@ -128,3 +128,53 @@ def test_a_stopped_rank_makes_a_started_run_time_out_naming_the_call(transport, 
         assert "all_reduce" in outcome.result["message"], outcome.result
         assert outcome.result["elapsed"] < STOP_TIMEOUT + DETECTION_BUDGET, outcome.result
     assert any(f"rank {VICTIM}" in o.result["message"] for o in survivors), [o.result for o in survivors]
+
+
+def body_stop_before_the_later_rounds(stamp_dir: str) -> dict:
+    """3 ranks: rank 1 sends rank 2 a block larger than a slot, so the all_to_all goes on past its
+    first round; rank 0's request is bound as one round. Rank 1 posts its first round and stops;
+    rank 0 then starts: its ``start()`` must return at once (the rest waits for rank 1) and its
+    ``wait()`` time out naming the call."""
+    rank, b, big = tc.get_rank(), 4, 1 << 19
+    with open(os.path.join(stamp_dir, f"pid{rank}"), "w") as f:
+        f.write(str(os.getpid()))
+    sends = {0: [b, b, b], 1: [b, b, big], 2: [b, b, b]}
+    gets = {0: [b, b, b], 1: [b, b, b], 2: [b, big, b]}
+    x = np.concatenate([np.full(n, 10 * rank + j, np.float32) for j, n in enumerate(sends[rank])])
+    out = np.zeros(sum(gets[rank]), np.float32)
+    request = tc.all_to_all_single_init(out, x, gets[rank], sends[rank])
+    assert (request._bound.one is not None) == (rank == 0)
+    request()
+    slots = tc.WORLD._target()._member_team().shm.slots
+    if rank == VICTIM:
+        posts = slots.posts
+        request.start()  # queued: the worker posts its first round
+        while slots.posts == posts:
+            time.sleep(0.0005)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if rank == 0:  # every peer's first round is there before this rank starts
+        while any(slots.words[w] <= slots.posts for w in slots._peer_counters):
+            time.sleep(0.0005)
+    begin = time.monotonic()
+    request.start()
+    started = time.monotonic() - begin
+    try:
+        request.wait()
+    except tc.CommTimeoutError as exc:
+        try:
+            with open(os.path.join(stamp_dir, f"pid{VICTIM}")) as f:
+                os.kill(int(f.read()), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return {"start": started, "message": str(exc)}
+    raise AssertionError("no CommTimeoutError")
+
+
+def test_a_start_whose_run_goes_on_does_not_wait_for_a_stopped_peer(tmp_path):
+    outcomes = spawn_ranks(body_stop_before_the_later_rounds, 3, str(tmp_path), timeout=JOB_TIMEOUT,
+                           comm_timeout=STOP_TIMEOUT)
+    for outcome in outcomes:
+        if outcome.rank != VICTIM:
+            assert outcome.ok, outcome.output
+            assert "all_to_all" in outcome.result["message"], outcome.result
+    assert outcomes[0].result["start"] < STOP_TIMEOUT / 2, outcomes[0].result

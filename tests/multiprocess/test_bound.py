@@ -505,6 +505,25 @@ def test_an_all_to_all_started_last_finishes_in_start() -> None:
     assert found[1:] == [[True, True]] * 2
 
 
+def body_all_to_all_that_goes_on_started_last() -> list[bool]:
+    """An all_to_all started after its peers posted, whose first round was not the whole call
+    (``_all_to_all_that_goes_on``), is parked: its later rounds wait for the peers, and ``start()``
+    waits for nobody; ``wait()`` runs them and every member gets its blocks."""
+    request, out, expected = _all_to_all_that_goes_on()
+    if tc.get_rank() == 0:
+        _until_every_peer_posted()
+    out[...] = -1
+    request.start()
+    found = [request._bound.parked] if tc.get_rank() == 0 else []
+    request.wait()
+    return [*found, bool(np.array_equal(out, expected))]
+
+
+def test_an_all_to_all_started_last_that_goes_on_is_parked() -> None:
+    found = run_ranks(body_all_to_all_that_goes_on_started_last, 3, timeout=60)
+    assert found == [[True, True], [True], [True]]
+
+
 def body_next_call_finishes() -> list[bool]:
     """A started run's rest runs first thing in the group's next call, which then runs too."""
     rank, size = tc.get_rank(), tc.get_world_size()

@@ -55,7 +55,8 @@ class OneRound(NamedTuple):
     at ``extents[q]``; None: not compared), and the calls of ``take[p]`` read what this member
     receives. A peer's extent that differs calls ``verify(ctx)``, which raises the error the
     algorithm raises. ``finish``, when given, runs instead of ``take`` as ``finish(ctx, p)``:
-    the algorithm's own rest of the call, which may go on with more rounds. The slots' contents,
+    the algorithm's own rest of the call, which may go on with more rounds; ``whole(ctx, p)``,
+    given with it, says (once every peer's first post is there) whether it will not. The slots' contents,
     extents and checks are exactly the algorithm's own for the plan, so that members running one
     and the other meet.
     """
@@ -67,6 +68,7 @@ class OneRound(NamedTuple):
     extents: tuple[int, ...] | None = None
     verify: Callable[[Ctx], None] | None = None
     finish: Callable[[Ctx, int], None] | None = None
+    whole: Callable[[Ctx, int], bool] | None = None
 
 
 class Row(NamedTuple):

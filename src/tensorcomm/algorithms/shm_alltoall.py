@@ -126,20 +126,28 @@ def publish(s: AllToAll, send: np.ndarray, in_slot: int) -> None:
         copy(place, send[send_offsets[j]:send_offsets[j + 1]])
 
 
+def one_round(s: AllToAll, ctx: Ctx, in_slot: int) -> bool:
+    """Whether the first round in IN slot ``in_slot`` was the whole call: every peer's stream
+    fitted its slot and put this member's block where ``uniform`` has it (read once every
+    peer's first post is there; a peer in another call reads as anything, which ``start`` or
+    ``meet`` then reports)."""
+    d, uniform = s.d, s.uniform
+    assert uniform is not None  # a one-round call
+    if s.peer_place is not None:  # two members: one extent, the peer's two header words
+        peer = 1 - d.rank
+        return d.extent(peer, ctx) <= d.slot_bytes and s.peer_place[in_slot].tolist() == uniform[0][peer]
+    return max(d.extents(ctx)) <= d.slot_bytes and s.places[in_slot].tolist() == uniform[0]
+
+
 def after_first_round(s: AllToAll, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
                       recv_counts: Sequence[int], ctx: Ctx, in_slot: int) -> None:
     """The rest of a call whose first round (``publish``, then ``start``) fitted this member's
-    stream: where every peer's did too and put this member's block where ``uniform`` has it,
-    copy the blocks out of the slots; else go on round by round."""
+    stream: where it was the whole call (``one_round``), copy the blocks out of the slots; else go
+    on round by round."""
     d, uniform, recv_offsets, send_offsets = s.d, s.uniform, s.recv_offsets, s.send_offsets
     assert uniform is not None  # a one-round call
     r = d.rank
-    peer_place = s.peer_place  # two members: one extent, the peer's two header words
-    if peer_place is not None:
-        fits = d.extent(1 - r, ctx) <= d.slot_bytes and peer_place[in_slot].tolist() == uniform[0][1 - r]
-    else:
-        fits = max(d.extents(ctx)) <= d.slot_bytes and s.places[in_slot].tolist() == uniform[0]
-    if not fits:
+    if not one_round(s, ctx, in_slot):
         _rounds(ctx, s, send, send_counts, out, recv_counts, in_slot)
         return
     for q, block in zip(d.peers, uniform[1][in_slot], strict=True):
@@ -157,7 +165,8 @@ def bind(plan: Plan, send: np.ndarray, send_counts: Sequence[int], out: np.ndarr
         return None
     put = tuple((partial(publish, s, send, p),) for p in (0, 1))
     return OneRound(s.d, (put[0], put[1]), ((), ()), s.nbytes,
-                    finish=partial(after_first_round, s, send, send_counts, out, recv_counts))
+                    finish=partial(after_first_round, s, send, send_counts, out, recv_counts),
+                    whole=partial(one_round, s))
 
 
 def _rounds(ctx: Ctx, s: AllToAll, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,

@@ -17,11 +17,13 @@ is that round's steps, each a public method of the object that owns it:
 and parks the rest on the engine (``start()``, as ``MPI_Start`` posts this rank's part and
 returns): ``finish`` (meet, take, done) runs when the request's ``wait()`` comes, or first thing in
 the group's next call; where every peer's post is there already, ``post`` runs it at once and parks
-nothing (as an MPI library progresses a request inside ``MPI_Start``). A round whose algorithm may
-go on with more rounds (``OneRound.finish``: all_to_all, where a peer's block does not fit one
-slot) is parked *watched*: its peers may wait for its later rounds, so the engine's worker finishes
-it if this thread has not come back within ``engine.DEFER_SECONDS``, as it runs a deferred call,
-and a thread that waits on something else first cannot hang its peers. Whatever cannot run so (a
+nothing (as an MPI library progresses a request inside ``MPI_Start``), unless the first round
+was not the whole call (``OneRound.whole``): neither ``start()`` nor ``test()`` waits for a peer.
+A round whose algorithm may go on with more rounds (``OneRound.finish``: all_to_all, where a
+peer's block does not fit one slot) is parked *watched*: its peers may wait for its later rounds,
+so the engine's worker finishes it if this thread has not come back within
+``engine.DEFER_SECONDS``, as it runs a deferred call, and a thread that waits on something else
+first cannot hang its peers. Whatever cannot run so (a
 call queued or parked ahead, the group stopped, a plan not bound as one round) goes the ordinary
 way: ``run_ordinary`` (``Group._run``), or ``queue``: the engine's queue, deferred.
 """
@@ -152,7 +154,7 @@ class Bound:
             if cause is exc:
                 raise
             raise cause from exc
-        if slots.arrived():  # every peer's part is there: the rest now, as MPI_Start progresses
+        if self._ready(one):  # the rest now, as MPI_Start progresses
             try:
                 self.finish()  # its error waits for ``wait``
             finally:
@@ -222,7 +224,7 @@ class Bound:
             one, engine = self.one, self._engine
             if engine.stopped is not None:
                 return True
-            if one is not None and one.domain.slots.arrived():
+            if one is not None and self._ready(one):
                 engine.settle(self, 0)
         return not self.parked
 
@@ -242,6 +244,11 @@ class Bound:
             if _monotonic() >= end:
                 raise self._late(timeout)
             time.sleep(0.0001)
+
+    def _ready(self, one: OneRound) -> bool:
+        """Whether every peer's part of the posted run is there and its rest waits for nobody
+        (the first round was the whole call: ``OneRound.whole``)."""
+        return one.domain.slots.arrived() and (one.whole is None or one.whole(self._ctx, self._in_slot))
 
     def _go_on(self, one: OneRound, in_slot: int) -> None:
         """The algorithm's rest of the call after its first round (``OneRound.finish``), which
