@@ -9,6 +9,7 @@ the built-in selection takes them for large arrays, and a mismatch test, close t
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -209,3 +210,106 @@ def test_switched_off_on_one_rank_every_rank_keeps_the_slots_and_says_why():
     assert said_0[1] == said_1[1] == "shm_rounds"
     assert len(said_0[0]) == 1 and "rank 1 does not allow it" in said_0[0][0], said_0
     assert len(said_1[0]) == 1 and "TENSORCOMM_CMA=off on this rank" in said_1[0][0], said_1
+
+
+def _mixed_blocks(rank: int, size: int, big: int) -> tuple[list[int], list[int]]:
+    """Send and receive counts of a call where rank 1 sends the last rank a block of ``big``
+    elements and every other block has 4 (the last rank's stream needs more than one slot's
+    round at ``big = 1 << 19``)."""
+    sends = [4] * size
+    gets = [4] * size
+    if rank == 1:
+        sends[size - 1] = big
+    if rank == size - 1:
+        gets[1] = big
+    return sends, gets
+
+
+def body_designs_that_differ(reader: int, mismatch: bool) -> list[Any]:
+    """Rank ``reader`` runs all_to_all reading directly (forced), the others through the slots
+    (one round, bound as a persistent request, or round by round): every form of the call meets
+    the direct reads, and later calls still meet. ``mismatch``: rank 0 expects a block from rank 1
+    of another size, which every rank must report."""
+    rank = int(os.environ["RANK"])
+    if rank == reader:
+        os.environ["TENSORCOMM_ALGORITHMS"] = "all_to_all=shm_cma"
+    tc.init()
+    try:
+        size = tc.get_world_size()
+        sends, gets = _mixed_blocks(rank, size, 1 << 19)
+        if mismatch and rank == 0:
+            gets[1] += 1
+        x = np.concatenate([np.full(n, 100 * rank + j, np.float32) for j, n in enumerate(sends)])
+        out = np.zeros(sum(gets), np.float32)
+        expected = np.concatenate([np.full(n, 100 * q + rank, np.float32) for q, n in enumerate(gets)])
+        if mismatch:
+            try:
+                tc.all_to_all_single(out, x, gets, sends)
+            except tc.CollectiveMismatchError as exc:
+                return [str(exc)]
+            return ["no error"]
+        found: list[Any] = [tc.WORLD._target()._member_team().shm.cma]
+        request = tc.all_to_all_single_init(out, x, gets, sends)
+        found.append(request._bound.one is not None)  # bound as one round of the slots
+        for run in range(9):
+            out[...] = -1
+            if run < 3:
+                tc.all_to_all_single(out, x, gets, sends)
+                found.append(tc.WORLD.last_call.algorithm)
+            elif run < 6:
+                request.start()
+                request.wait()
+            else:
+                request()
+            found.append(bool(np.array_equal(out, expected)))
+        y = np.full(3, rank + 1.0, np.float32)
+        tc.all_reduce(y)
+        found.append(y.tolist() == [size * (size + 1) / 2] * 3)
+        return found
+    finally:
+        tc.destroy()
+
+
+@pytest.mark.parametrize("reader", [0, 1, 2])
+def test_members_that_pick_different_designs_for_one_all_to_all_meet(reader):
+    """``select`` picks each member's all_to_all design by the member's own size, which members
+    may not share: a call that starts with some members reading directly and others through the
+    slots goes on reading directly on all (it raised a size mismatch before)."""
+    results = run_ranks(body_designs_that_differ, 3, reader, False, timeout=120, init=False)
+    for rank, found in enumerate(results):
+        if not found[0]:
+            pytest.skip("the group does not read directly")
+        design = "shm_cma" if rank == reader else "shm_rounds"
+        assert found[1] == (rank == 0 != reader), (rank, found)  # rank 0's block sizes are one
+        assert found[2:] == [design, True] * 3 + [True] * 7, (rank, found)
+
+
+def test_a_size_mismatch_between_designs_fails_on_every_rank():
+    results = run_ranks(body_designs_that_differ, 2, 0, True, timeout=120, init=False)
+    for text in results:
+        assert "all_to_all" in text[0] and "expecting" in text[0], results
+
+
+def body_sizes_on_both_sides_of_the_crossover() -> list[Any]:
+    """Two members whose all_to_all inputs lie on either side of the built-in crossover
+    (``select.CMA_BYTES``): rank 0 sends two blocks of more than half of it, rank 1 one such
+    block and a small one."""
+    rank, half = tc.get_rank(), select.CMA_BYTES["all_to_all"] // 8 + 16  # float32 elements
+    sends = [half, half] if rank == 0 else [half, 16]
+    gets = [half, half] if rank == 0 else [half, 16]
+    x = np.concatenate([np.full(n, 10 * rank + j, np.float32) for j, n in enumerate(sends)])
+    out = np.zeros(sum(gets), np.float32)
+    expected = np.concatenate([np.full(n, 10 * q + rank, np.float32) for q, n in enumerate(gets)])
+    found: list[Any] = []
+    for _ in range(2):
+        out[...] = -1
+        tc.all_to_all_single(out, x, gets, sends)
+        found += [tc.WORLD.last_call.algorithm, bool(np.array_equal(out, expected))]
+    return found
+
+
+def test_all_to_all_sizes_on_both_sides_of_the_crossover_meet():
+    zero, one = run_ranks(body_sizes_on_both_sides_of_the_crossover, 2, timeout=120)
+    if zero[0] != "shm_cma":
+        pytest.skip("the group does not read directly")
+    assert zero == ["shm_cma", True] * 2 and one == ["shm_rounds", True] * 2, (zero, one)

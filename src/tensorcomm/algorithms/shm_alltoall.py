@@ -21,8 +21,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import CollectiveMismatchError
+from . import shm_cma
 from .allgather import bounds
 from .base import Ctx, OneRound, Plan, Team
+from .shm_cma import READS_EXTENT
 from .shm_common import Journal, Stream, copy, domain, run_rounds
 
 
@@ -46,6 +48,9 @@ class AllToAll:
             columns ``rank, rank + 1`` of every member's header, as one strided view of the slots.
         peer_place: on two members with ``uniform``, per IN slot those two words of the peer's
             header alone (a memoryview: read without a numpy call); else None.
+        reads: where the group may read its members' memory directly, the state of that design
+            for this call shape (``shm_cma.prepare_all_to_all``), for a call a peer starts so
+            (``shm_cma.READS_EXTENT``); else None.
     """
 
     d: Any
@@ -59,6 +64,7 @@ class AllToAll:
     header_slots: tuple[np.ndarray, np.ndarray]
     places: tuple[np.ndarray, np.ndarray]
     peer_place: tuple[memoryview, memoryview] | None
+    reads: Any
 
 
 def prepare(team: Team, plan: Plan, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
@@ -93,8 +99,9 @@ def prepare(team: Team, plan: Plan, send: np.ndarray, send_counts: Sequence[int]
     if uniform is not None and n == 2:
         peer_place = (memoryview(d.inbox[1 - r][0][:header_bytes]).cast("q")[r:r + 2],
                       memoryview(d.inbox[1 - r][1][:header_bytes]).cast("q")[r:r + 2])
+    reads = shm_cma.prepare_all_to_all(team, plan, send, send_counts, out, recv_counts) if d.cma else None
     return AllToAll(d, header, expected, bounds(send_counts), bounds(recv_counts), uniform,
-                    outgoing, nbytes, header_slots, places_of, peer_place)
+                    outgoing, nbytes, header_slots, places_of, peer_place, reads)
 
 
 def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
@@ -127,16 +134,19 @@ def publish(s: AllToAll, send: np.ndarray, in_slot: int) -> None:
 
 
 def one_round(s: AllToAll, ctx: Ctx, in_slot: int) -> bool:
-    """Whether the first round in IN slot ``in_slot`` was the whole call: every peer's stream
-    fitted its slot and put this member's block where ``uniform`` has it (read once every
-    peer's first post is there; a peer in another call reads as anything, which ``start`` or
-    ``meet`` then reports)."""
+    """Whether the first round in IN slot ``in_slot`` was the whole call: every peer started
+    through the slots, its stream fitted its slot and put this member's block where ``uniform``
+    has it (read once every peer's first post is there; a peer in another call reads as
+    anything, which ``start`` or ``meet`` then reports)."""
     d, uniform = s.d, s.uniform
     assert uniform is not None  # a one-round call
     if s.peer_place is not None:  # two members: one extent, the peer's two header words
         peer = 1 - d.rank
-        return d.extent(peer, ctx) <= d.slot_bytes and s.peer_place[in_slot].tolist() == uniform[0][peer]
-    return max(d.extents(ctx)) <= d.slot_bytes and s.places[in_slot].tolist() == uniform[0]
+        return (READS_EXTENT < d.extent(peer, ctx) <= d.slot_bytes
+                and s.peer_place[in_slot].tolist() == uniform[0][peer])
+    extents = d.extents(ctx)
+    return (min(extents) > READS_EXTENT and max(extents) <= d.slot_bytes
+            and s.places[in_slot].tolist() == uniform[0])
 
 
 def after_first_round(s: AllToAll, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
@@ -153,6 +163,11 @@ def after_first_round(s: AllToAll, send: np.ndarray, send_counts: Sequence[int],
     for q, block in zip(d.peers, uniform[1][in_slot], strict=True):
         copy(out[recv_offsets[q]:recv_offsets[q + 1]], block)
     copy(out[recv_offsets[r]:recv_offsets[r + 1]], send[send_offsets[r]:send_offsets[r + 1]])
+
+
+class _ReadingPeer(Exception):
+    """A peer started the call reading directly (``shm_cma.READS_EXTENT``): ``_rounds``'
+    ``verify`` ends the rounds with it before anything is read."""
 
 
 def bind(plan: Plan, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
@@ -181,6 +196,8 @@ def _rounds(ctx: Ctx, s: AllToAll, send: np.ndarray, send_counts: Sequence[int],
     whole: list[tuple[np.ndarray, ...]] = []  # each peer's block in its slot, when that applies
 
     def verify(in_slot: int, extents: list[int]) -> None:
+        if READS_EXTENT in extents:
+            raise _ReadingPeer
         pairs = s.places[in_slot].tolist()  # where each member's block for r lies
         if uniform is not None and pairs == uniform[0] and max(extents) <= d.slot_bytes:
             whole.append(uniform[1][in_slot])
@@ -209,6 +226,11 @@ def _rounds(ctx: Ctx, s: AllToAll, send: np.ndarray, send_counts: Sequence[int],
                 copy(raw[base + a - start:base + b - start], d.inbox[q][in_slot][a - lo:b - lo])
 
     blocks = [send[send_offsets[j]:send_offsets[j + 1]] for j in d.peers]
-    run_rounds(ctx, Stream.of(blocks, start=header_bytes), read, verify=verify, header=header,
-               started=started)
+    try:
+        run_rounds(ctx, Stream.of(blocks, start=header_bytes), read, verify=verify, header=header,
+                   started=started)
+    except _ReadingPeer:  # every member saw it in the first round's extents: all read directly
+        assert s.reads is not None  # a peer reads directly only where the group can (``select``)
+        shm_cma.all_to_all_joined(ctx, s.reads, send, send_counts, out, recv_counts)
+        return
     copy(out[recv_offsets[r]:recv_offsets[r + 1]], send[send_offsets[r]:send_offsets[r + 1]])

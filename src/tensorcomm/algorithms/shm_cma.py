@@ -83,9 +83,18 @@ def _parts(count: int, size: int, itemsize: int) -> list[int]:
     return [min(q * part, count) for q in range(size + 1)]
 
 
-def _publish(ctx: Ctx, s: Reads, *arrays: np.ndarray, extra: Sequence[int] = ()) -> list[list[int]]:
-    """Publish where ``arrays`` lie (and ``extra`` words after them), start the call, and
-    return every member's published words, in group-rank order."""
+def _publish(ctx: Ctx, s: Reads, *arrays: np.ndarray, extra: Sequence[int] = (),
+             extent: int | None = None) -> list[list[int]]:
+    """Publish where ``arrays`` lie (and ``extra`` words after them), start the call (announcing
+    ``extent``), and return every member's published words, in group-rank order."""
+    head = _write_head(s, arrays, extra)
+    s.d.start(ctx, extent)
+    return head.tolist()
+
+
+def _write_head(s: Reads, arrays: Sequence[np.ndarray], extra: Sequence[int]) -> np.ndarray:
+    """Write where ``arrays`` lie, then ``extra``, at the head of this member's IN slot of the
+    call's next round; return every member's head of that slot (a view)."""
     d = s.d
     head = s.heads[d.next_round()]
     words: list[int] = []
@@ -93,8 +102,7 @@ def _publish(ctx: Ctx, s: Reads, *arrays: np.ndarray, extra: Sequence[int] = ())
         words.extend(d.place(a))
     words.extend(extra)
     head[d.rank, :len(words)] = words
-    d.start(ctx)
-    return head.tolist()
+    return head
 
 
 def _done(ctx: Ctx, d: Any) -> None:
@@ -210,16 +218,58 @@ def prepare_all_to_all(team: Team, plan: Plan, send: np.ndarray, send_counts: Se
     return _prepare(team, plan, WORDS + team.size + 1, bounds(recv_counts))
 
 
+# What a member reading directly announces as its extent for all_to_all: the slots' design
+# (``shm_alltoall``) always announces more (its stream has a header). ``select`` picks each
+# member's design by the member's own size, which all_to_all's members may not share, so a call
+# can start with some members reading directly and others through the slots; every member then
+# sees an extent of each kind, and all go on reading directly (``all_to_all_joined``).
+READS_EXTENT = 0
+
+
 def all_to_all(ctx: Ctx, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
                recv_counts: Sequence[int]) -> None:
     """Block ``j`` of member ``i``'s ``send`` lands in block ``i`` of member ``j``'s ``out``;
     each member publishes its blocks' byte bounds beside its array."""
     s: Reads = ctx.plan.state
     d, recv = s.d, s.offsets
-    r, itemsize = d.rank, send.itemsize
+    r = d.rank
     sent = bounds(send_counts)
     copy(out[recv[r]:recv[r + 1]], send[sent[r]:sent[r + 1]])
-    table = _publish(ctx, s, send, extra=[b * itemsize for b in sent])
+    extra = [b * send.itemsize for b in sent]
+    table = _publish(ctx, s, send, extra=extra, extent=READS_EXTENT)
+    if any(d.extents(ctx)):  # a peer started through the slots: one more round, publishing
+        table = _published_round(ctx, s, send, extra)
+    _read_blocks(ctx, s, table, send, out, recv_counts)
+
+
+def all_to_all_joined(ctx: Ctx, s: Reads, send: np.ndarray, send_counts: Sequence[int],
+                      out: np.ndarray, recv_counts: Sequence[int]) -> None:
+    """``all_to_all`` for a member that started the call through the slots (``shm_alltoall``)
+    and found a peer reading directly (``READS_EXTENT``): one more round, in which every member
+    publishes where its blocks lie, then as ``all_to_all``; ``s`` is ``prepare_all_to_all``'s."""
+    recv, r = s.offsets, s.d.rank
+    sent = bounds(send_counts)
+    copy(out[recv[r]:recv[r + 1]], send[sent[r]:sent[r + 1]])
+    table = _published_round(ctx, s, send, [b * send.itemsize for b in sent])
+    _read_blocks(ctx, s, table, send, out, recv_counts)
+
+
+def _published_round(ctx: Ctx, s: Reads, send: np.ndarray, extra: Sequence[int]) -> list[list[int]]:
+    """A round in which this member publishes where ``send`` lies (and ``extra``), as every
+    member does; returns every member's published words."""
+    d = s.d
+    head = _write_head(s, (send,), extra)
+    d.post()
+    d.wait(d.peers, d.posts, ctx)
+    return head.tolist()
+
+
+def _read_blocks(ctx: Ctx, s: Reads, table: list[list[int]], send: np.ndarray, out: np.ndarray,
+                 recv_counts: Sequence[int]) -> None:
+    """Read this member's block of every peer's published array into ``out``, after checking
+    its size, then ``_done``."""
+    d, recv = s.d, s.offsets
+    r, itemsize = d.rank, send.itemsize
     for q in d.peers:
         lo, hi = table[q][WORDS + r], table[q][WORDS + r + 1]
         if hi - lo != recv_counts[q] * itemsize:
