@@ -129,3 +129,43 @@ def body_mismatch_within_the_call(kind: str) -> str:
 def test_a_rank_that_only_sends_learns_of_a_mismatch_in_the_call(kind, transport):
     for message in run_ranks(body_mismatch_within_the_call, 3, kind, timeout=60, env=TRANSPORTS[transport]):
         assert "called" in message, message
+
+
+def body_algorithms_that_differ(algorithm: str, collective: str) -> str:
+    """Rank 1 alone forces ``algorithm`` for ``collective`` (``TENSORCOMM_ALGORITHMS`` set on one
+    rank: a launcher or a per-node script that passed it to some ranks only)."""
+    import os
+
+    if os.environ["RANK"] == "1":
+        os.environ["TENSORCOMM_ALGORITHMS"] = f"{collective}={algorithm}"
+    tc.init()
+    try:
+        rank, size = tc.get_rank(), tc.get_world_size()
+        x = np.full(1000, rank + 1.0, np.float32)
+        try:
+            if collective == "all_reduce":
+                tc.all_reduce(x)
+                got = x.tolist() == [size * (size + 1) / 2] * 1000
+            elif collective == "broadcast":
+                tc.broadcast(x, src=0)
+                got = x.tolist() == [1.0] * 1000
+            else:
+                out = np.zeros(1000 * size, np.float32)
+                tc.all_gather_into_tensor(out, x)
+                got = out.tolist() == np.repeat(np.arange(1.0, size + 1), 1000).tolist()
+        except tc.CollectiveMismatchError as exc:
+            return str(exc)
+        return f"no error ({'right' if got else 'wrong'} values, {tc.WORLD.last_call.algorithm})"
+    finally:
+        tc.destroy()
+
+
+@pytest.mark.parametrize(("collective", "algorithm"), [("all_reduce", "shm_pipelined"),
+                                                       ("broadcast", "shm_cma"), ("all_gather", "shm_cma")])
+def test_ranks_that_choose_different_algorithms_for_one_call_fail_it(collective, algorithm):
+    """On shared memory the members read each other's slots as their algorithm lays them out: a
+    call run by two algorithms returned wrong values on one rank and failed on the other with an
+    unrelated error (IndexError, a size "mismatch" of garbage)."""
+    for text in run_ranks(body_algorithms_that_differ, 2, algorithm, collective, timeout=60, init=False):
+        assert "chose different algorithms" in text and collective in text, text
+        assert "TENSORCOMM_ALGORITHMS" in text, text

@@ -9,6 +9,7 @@ collectives (or two groups) never mix.
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -248,7 +249,7 @@ class Plan:
     """
 
     __slots__ = ("label", "signature", "algorithm", "run", "op", "reduction", "state", "bind", "choices",
-                 "learned")
+                 "learned", "design")
 
     def __init__(self, label: str, signature: Signature, algorithm: str,
                  run: Callable[..., Any], op: Any = None, reduction: Reduction | None = None) -> None:
@@ -262,6 +263,18 @@ class Plan:
         self.bind: Bind | None = None
         self.choices: Any = None
         self.learned: Any = None
+        self.design = 0
+
+
+def design(row: Row) -> int:
+    """A code of ``row``'s algorithm that every process computes alike, which a shared-memory
+    call announces beside its signature (``Slots.start``), so that members that run different
+    algorithms for one call (their ``TENSORCOMM_ALGORITHMS``, keep-going setting or tuning file
+    differ) fail it with ``CollectiveMismatchError`` on every member instead of reading each
+    other's slots as something else. all_to_all's shared-memory designs share one code: members
+    may pick them by their own sizes, and they meet (``shm_cma.READS_EXTENT``)."""
+    name = "shm" if row.collective == "all_to_all" and row.name.startswith("shm_") else row.name
+    return zlib.crc32(f"{row.collective}/{name}".encode())
 
 
 def make_plan(row: Row, label: str, signature: Signature, team: Team, args: Sequence[Any],
@@ -274,6 +287,7 @@ def make_plan(row: Row, label: str, signature: Signature, team: Team, args: Sequ
             group without a domain).
     """
     plan = Plan(label, signature, row.name, row.fn, op, reduction)
+    plan.design = design(row)
     if row.prepare is not None:
         plan.state = row.prepare(team, plan, *args)
     plan.bind = row.bind
@@ -289,19 +303,21 @@ class Ctx:
         seq: the call's sequence number in the group.
         name: the collective's name, for error messages (the plan's label; read through it).
         signature: what this call is (the plan's); peers compare it with theirs.
+        design: the plan's algorithm's code (``design``); peers compare it with theirs.
         deadline: ``time.monotonic()`` value the call must finish by.
 
-    Made by ``Ctx.of`` from the group's team and the call's plan, which costs five attribute
+    Made by ``Ctx.of`` from the group's team and the call's plan, which costs six attribute
     stores, a clock read and a look at whether the group's scratch is due a sweep: every call
     makes one, so whatever only some calls need (the messages' tags, the name for errors) is
     worked out where it is used.
     """
 
-    __slots__ = ("team", "plan", "seq", "signature", "deadline")
+    __slots__ = ("team", "plan", "seq", "signature", "design", "deadline")
     team: Team
     plan: Plan
     seq: int
     signature: Signature
+    design: int
     deadline: float
 
     @classmethod
@@ -312,6 +328,7 @@ class Ctx:
         ctx.plan = plan
         ctx.seq = seq
         ctx.signature = plan.signature
+        ctx.design = plan.design
         now = _monotonic()
         ctx.deadline = now + team.timeout
         if now >= team.scratch.sweep_at:  # scratch idle for long is given back (``Scratch``)

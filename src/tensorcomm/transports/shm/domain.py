@@ -383,6 +383,7 @@ class _Setup:
     timeout: float
     deadline: float
     signature: tuple[int, ...]
+    design: int = 0
 
 
 def _write_header(mm: mmap.mmap, size: int, nbytes: int, slot_bytes: int, out_bytes: int) -> None:

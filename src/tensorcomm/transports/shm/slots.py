@@ -10,7 +10,8 @@ it writes. A collective is a fixed sequence of *posts* (counter += 1) and *waits
 >= target"); every rank makes the same number of posts per call, so nothing is ever reset and a
 wait is one comparison. The first post of a call (``start``) also *announces* the call: its step
 (sequence number), a 64-bit *token* (the hash of its signature, the five integers collective,
-dtype, count, op, root, mixed with the step) and an *extent* (how many bytes this rank
+dtype, count, op, root, mixed with the step and with the code of the algorithm that runs the call,
+so that members that chose different algorithms for it fail it too) and an *extent* (how many bytes this rank
 contributes), written before the counter, on its cache line; the signature itself goes on the
 next line (rewritten only when it changes), for messages. ``start`` then waits for every peer's
 first post and compares their tokens with this rank's: a difference raises
@@ -73,7 +74,7 @@ SLEEP_SECONDS = 0.02  # longest futex sleep: bounds a lost wake-up and the check
 LIVENESS_SECONDS = 0.1  # how often a waiter checks that its peers' processes are alive
 
 MAGIC = 0x4D48534D43544E45  # b"ENTCMSHM" read little-endian
-VERSION = 2  # 2: announcements carry a token (hash mixed with the step)
+VERSION = 3  # 2: announcements carry a token (hash mixed with the step); 3: and the algorithm
 PAGE = 4096
 HEADER_BYTES = 512
 LINE_BYTES = 1024  # per rank
@@ -187,7 +188,7 @@ class Slots:
         step_parity = seq & 1
         written = self._written[step_parity]
         digest = written[1] if signature is written[0] else self._announce_signature(step_parity, signature)
-        token = digest ^ seq
+        token = digest ^ seq ^ ctx.design
         entry = self._my_entry[step_parity]
         words[entry] = seq
         words[entry + 1] = token
@@ -213,9 +214,10 @@ class Slots:
     def announce(self, ctx: CallInfo, extent: int | None = None) -> None:
         """Announce a call with this rank's first post of it, without waiting for the peers'.
 
-        The announcement is the call's step, a token (its signature's hash mixed with the step)
-        and, when given, ``extent``: the bytes this rank contributes, for algorithms whose peers
-        read it (``extents``); None leaves it unwritten. ``meet`` completes the start.
+        The announcement is the call's step, a token (its signature's hash mixed with the step
+        and the algorithm's code) and, when given, ``extent``: the bytes this rank contributes,
+        for algorithms whose peers read it (``extents``); None leaves it unwritten. ``meet``
+        completes the start.
 
         Raises:
             CommError: a call failed earlier here or on a peer: an error of the same kind.
@@ -229,7 +231,7 @@ class Slots:
         digest = written[1] if signature is written[0] else self._announce_signature(step_parity, signature)
         entry = self._my_entry[step_parity]
         words[entry] = seq
-        words[entry + 1] = digest ^ seq
+        words[entry + 1] = digest ^ seq ^ ctx.design
         if extent is not None:
             words[entry + 2] = extent
         self.posts = target = self.posts + 1
@@ -385,6 +387,11 @@ class Slots:
             return CollectiveMismatchError(
                 f"rank {them} called {self.describe(theirs)} at step {theirs_seq} while rank {me} "
                 f"called {self.describe(ctx.signature)} at step {seq} of group {self.group_name!r}")
+        if tuple(theirs) == tuple(ctx.signature):  # one call, run by different algorithms
+            return CollectiveMismatchError(
+                f"ranks {them} and {me} called {self.describe(theirs)} at step {seq} of group "
+                f"{self.group_name!r} but chose different algorithms to run it: give every rank the "
+                "same TENSORCOMM_ALGORITHMS, TENSORCOMM_KEEP_GOING and tuning file")
         return CollectiveMismatchError(
             f"rank {them} called {self.describe(theirs)} while rank {me} called "
             f"{self.describe(ctx.signature)} at step {seq} of group {self.group_name!r}")
@@ -546,6 +553,7 @@ class CallInfo(Protocol):
     seq: int
     timeout: float
     deadline: float
+    design: int  # the code of the algorithm that runs the call (``algorithms.base.design``)
 
     @property
     def signature(self) -> Sequence[int]:
