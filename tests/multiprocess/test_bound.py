@@ -13,13 +13,14 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
 
 import tensorcomm as tc
 from tensorcomm.algorithms import select
-from tensorcomm.core import collectives
+from tensorcomm.core import collectives, engine
 from tensorcomm.testing import run_ranks
 from tensorcomm.trace import recorder
 
@@ -513,9 +514,10 @@ def body_all_to_all_that_goes_on_started_last() -> list[bool]:
     if tc.get_rank() == 0:
         _until_every_peer_posted()
     out[...] = -1
-    request.start()
-    found = [request._bound.parked] if tc.get_rank() == 0 else []
-    request.wait()
+    with mock.patch.object(engine, "DEFER_SECONDS", 30):  # the worker leaves the parked run to wait()
+        request.start()
+        found = [request._bound.parked] if tc.get_rank() == 0 else []
+        request.wait()
     return [*found, bool(np.array_equal(out, expected))]
 
 
